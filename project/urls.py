@@ -1,0 +1,11 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from project.demo import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", include("project.demo.api_urls")),
+    path("hello/", views.hello, name="hello"),
+    path("health/", views.health, name="health"),
+]

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class RatelimitAppConfig(AppConfig):
+    name = "ratelimit_app"
+    verbose_name = "Rate limits"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from django.core.signals import setting_changed
+
+        from . import checks, signals  # noqa: F401  (registers checks and receivers)
+        from .conf import reset_config
+
+        setting_changed.connect(reset_config, dispatch_uid="ratelimit_app.reset_config")

@@ -1,0 +1,93 @@
+"""System checks: misconfiguration is reported at start-up with an id and a hint."""
+
+import ipaddress
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.utils.module_loading import import_string
+
+from .conf import get_config, unknown_keys
+
+MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
+THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+@register()
+def check_settings(app_configs=None, **kwargs):
+    errors = []
+    unknown = unknown_keys()
+    if unknown:
+        errors.append(Error(
+            f"RATELIMIT_APP has unknown keys: {', '.join(unknown)}.",
+            hint="Check the spelling against the settings table in the README.",
+            id="ratelimit_app.E003"))
+    config = get_config()
+    alias = config["CACHE_ALIAS"]
+    cache = settings.CACHES.get(alias)
+    if cache is None:
+        errors.append(Error(
+            f"RATELIMIT_APP['CACHE_ALIAS'] is {alias!r}, but CACHES has no such alias.",
+            hint="Add a django-redis cache under that alias or point CACHE_ALIAS at one.",
+            id="ratelimit_app.E001"))
+    elif not cache.get("BACKEND", "").startswith("django_redis."):
+        errors.append(Error(
+            f"The cache {alias!r} uses {cache.get('BACKEND')}, not django-redis.",
+            hint="Buckets must live in Redis shared by every worker: use "
+                 "'django_redis.cache.RedisCache'.",
+            id="ratelimit_app.E001"))
+    else:
+        options = cache.get("OPTIONS", {})
+        if "SOCKET_TIMEOUT" not in options or "SOCKET_CONNECT_TIMEOUT" not in options:
+            errors.append(Warning(
+                f"The cache {alias!r} sets no SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.",
+                hint="Without them a hung Redis stalls requests until the OS gives up; "
+                     "0.1–0.25 seconds suits a local Redis.",
+                id="ratelimit_app.W002"))
+    for proxy in config["TRUSTED_PROXIES"]:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            errors.append(Error(
+                f"RATELIMIT_APP['TRUSTED_PROXIES'] holds {proxy!r}, which is not an address or "
+                f"network.", hint="Use addresses or CIDR networks such as '10.0.0.0/8'.",
+                id="ratelimit_app.E004"))
+    for name in ("TENANT_RESOLVER", "PLAN_RESOLVER"):
+        path = config[name]
+        if path:
+            try:
+                import_string(path)
+            except ImportError as exc:
+                errors.append(Error(
+                    f"RATELIMIT_APP['{name}'] = {path!r} cannot be imported: {exc}",
+                    hint="Give the dotted path of a callable.", id="ratelimit_app.E005"))
+    return errors
+
+
+@register()
+def check_adapters(app_configs=None, **kwargs):
+    errors = []
+    middleware = list(settings.MIDDLEWARE)
+    rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
+    throttle_default = THROTTLE_PATH in (rest.get("DEFAULT_THROTTLE_CLASSES") or ())
+    if MIDDLEWARE_PATH in middleware:
+        if AUTH_MIDDLEWARE in middleware and \
+                middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE):
+            errors.append(Error(
+                "QuotaMiddleware comes before AuthenticationMiddleware.",
+                hint="Move it after AuthenticationMiddleware, or every signed-in user is "
+                     "limited as an anonymous client.",
+                id="ratelimit_app.E002"))
+    elif throttle_default:
+        errors.append(Warning(
+            "QuotaThrottle is configured but QuotaMiddleware is not in MIDDLEWARE.",
+            hint="Add it: it writes the RateLimit headers on allowed responses and the "
+                 "problem+json body on 429s.",
+            id="ratelimit_app.W001"))
+    if MIDDLEWARE_PATH not in middleware and not throttle_default:
+        errors.append(Warning(
+            "Neither QuotaMiddleware nor QuotaThrottle (in DEFAULT_THROTTLE_CLASSES) is "
+            "configured; only views that list QuotaThrottle themselves are limited.",
+            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE.",
+            id="ratelimit_app.W003"))
+    return errors

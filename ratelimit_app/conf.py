@@ -1,0 +1,84 @@
+"""The one entry point for the app's settings: ``settings.RATELIMIT_APP`` merged over DEFAULTS.
+
+Read lazily through :func:`get_config` and cached; the cache is cleared on ``setting_changed`` so
+``override_settings`` works (see ``apps.py``). Never copy values into module or class attributes
+at import time.
+"""
+
+import functools
+from types import MappingProxyType
+
+from django.conf import settings
+
+DEFAULTS = {
+    # django-redis cache alias whose connection holds the buckets.
+    "CACHE_ALIAS": "default",
+    # Prefix of every Redis key the app writes.
+    "KEY_PREFIX": "rl",
+    # What to do when Redis cannot answer: True lets requests through, False refuses them.
+    # A rule's own "on Redis failure" field overrides this.
+    "FAIL_OPEN": True,
+    # Header that carries an API key (as sent by the client, e.g. "X-Api-Key").
+    "API_KEY_HEADER": "X-Api-Key",
+    # Dotted path to callable(request) -> str | None naming the caller's tenant. None: the tenant
+    # stored on the caller's API key or plan assignment.
+    "TENANT_RESOLVER": None,
+    # Dotted path to callable(request, identity) -> plan slug | None, for projects that keep plans
+    # elsewhere. None (or a None result): API key plan, then plan assignment, then the defaults.
+    "PLAN_RESOLVER": None,
+    # Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For is believed.
+    "TRUSTED_PROXIES": [],
+    # IPv6 clients are limited per network of this prefix length (a /64 is one subscriber).
+    "IPV6_PREFIX_LENGTH": 64,
+    # Optional request header that sets a request's cost (e.g. "X-Request-Cost"). None: off.
+    "COST_HEADER": None,
+    # Upper bound for a cost taken from COST_HEADER.
+    "MAX_COST": 100,
+    # Path prefixes the middleware never limits.
+    "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
+    # Whether the middleware also limits DRF views (the throttle then reuses its decision).
+    "MIDDLEWARE_INCLUDES_DRF": False,
+    # Upper bound of the deterministic per-identity jitter added to Retry-After, in seconds.
+    "RETRY_AFTER_JITTER_S": 1,
+    # Consecutive Redis failures that open the circuit breaker, and how long it stays open
+    # before one trial request is let through.
+    "BREAKER_FAILURES": 3,
+    "BREAKER_COOLDOWN_S": 2.0,
+    # A worker that has not seen the config version for this long asks Redis for it.
+    "CONFIG_CHECK_INTERVAL_S": 1.0,
+    # Remember denials in-process until Redis would certainly deny again (see deny_cache.py).
+    "LOCAL_DENY_CACHE": True,
+    # Metrics: flush interval, per-minute series retention, hot-key tracker capacity.
+    "METRICS_ENABLED": True,
+    "METRICS_FLUSH_INTERVAL_S": 1.0,
+    "METRICS_RETENTION_S": 24 * 3600,
+    "HOT_KEYS_CAPACITY": 1000,
+}
+
+
+@functools.cache
+def get_config():
+    """Return the merged, read-only settings mapping."""
+    user = getattr(settings, "RATELIMIT_APP", {}) or {}
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        # Reported by system check ratelimit_app.E004; keep going with the known keys.
+        user = {k: v for k, v in user.items() if k in DEFAULTS}
+    return MappingProxyType({**DEFAULTS, **user})
+
+
+def unknown_keys():
+    """Return the RATELIMIT_APP keys that are not settings of this app."""
+    return sorted(set(getattr(settings, "RATELIMIT_APP", {}) or {}) - set(DEFAULTS))
+
+
+def reset_config(**kwargs):
+    """``setting_changed`` receiver: forget the cached settings and everything built from them."""
+    if kwargs.get("setting") not in (None, "RATELIMIT_APP", "CACHES"):
+        return
+    get_config.cache_clear()
+    from . import identity, policy, storage
+
+    storage.reset()
+    policy.reset()
+    identity.reset()

@@ -1,0 +1,89 @@
+"""A per-process memory of recent denials, so a client hammering while denied costs no Redis call.
+
+Why it only denies what Redis would deny: when Redis denied a request at its time T, every
+bucket of that request held some level L. Until the config changes, a bucket's level can only
+grow by refill: other requests debit it, never credit it. So at any later time its level is at
+most ``L + refill × elapsed``. We measure ``elapsed`` from the moment the denied call was *sent*
+(T is later than that), which overestimates the refill, and add a safety margin for the network
+trip of the request we did not send. If that upper bound is still below the cost of a new request
+for an enforced bucket, Redis would certainly deny it as well, and we answer locally.
+
+What would invalidate the bound: a rule edit, an override, or a bucket reset from the dashboard.
+Each of these bumps the config version, and an entry is used only while the worker's snapshot
+has the version the entry was written at (workers see a new version within about a second).
+A Redis restart that loses the buckets is the one case where Redis would briefly be more lenient;
+entries live at most until the bucket would be full again, so that window is bounded too.
+"""
+
+import threading
+import time
+
+__all__ = ["DenyCache", "deny_cache"]
+
+# Refill we pretend happened during the round trip we skip (generous: Redis is local).
+SAFETY_MARGIN_S = 0.010
+
+
+class DenyCache:
+    def __init__(self, max_entries=10_000, clock=time.monotonic):
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries = {}  # bucket key -> (level_units, sent_at, version, expires_at)
+        self.hits = 0
+
+    def clear(self):
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self):
+        return len(self._entries)
+
+    def remember(self, buckets, statuses, version, sent_at):
+        """Record the bucket levels of a request Redis denied; ``sent_at`` is the clock reading
+        taken just before the call was sent."""
+        from .conf import get_config
+
+        if not get_config()["LOCAL_DENY_CACHE"]:
+            return
+        now = self._clock()
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._prune(now)
+            for bucket, status in zip(buckets, statuses):
+                level = status.level_units
+                full_after_s = (bucket.capacity_units - level) / bucket.rule.rate / 1000
+                self._entries[bucket.key] = (level, sent_at, version, sent_at + full_after_s)
+
+    def lookup(self, buckets, version):
+        """Return projected statuses if Redis would certainly deny this request, else None."""
+        if not self._entries:
+            return None
+        now = self._clock()
+        projected = []
+        deny = False
+        for bucket in buckets:
+            capacity = bucket.capacity_units
+            entry = self._entries.get(bucket.key)
+            if entry is None or entry[2] != version:
+                upper = capacity  # nothing known: it may be full
+            else:
+                level, sent_at = entry[0], entry[1]
+                upper = min(capacity,
+                            level + bucket.rule.rate * (now - sent_at + SAFETY_MARGIN_S) * 1000)
+            short = upper < bucket.cost * bucket.period_ms
+            deny = deny or (short and not bucket.rule.shadow)
+            projected.append((bucket, upper, short))
+        if not deny:
+            return None
+        self.hits += 1
+        return tuple(bucket.status(upper, short) for bucket, upper, short in projected)
+
+    def _prune(self, now):
+        for key in [k for k, e in self._entries.items() if now >= e[3]]:
+            del self._entries[key]
+        while len(self._entries) >= self.max_entries:
+            del self._entries[next(iter(self._entries))]
+
+
+deny_cache = DenyCache()

@@ -1,0 +1,171 @@
+"""The decision: every bucket that applies to a request, checked and debited in one Lua call.
+
+``check_request`` is what the adapters call; ``plan_buckets`` and ``take`` are its two halves and
+are public so the admin simulator, the dashboard inspector and the benchmarks can use them.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+
+from . import policy, storage
+from .buckets import Bucket
+from .conf import get_config
+from .deny_cache import deny_cache
+from .headers import retry_after_with_jitter
+from .identity import identify
+from .keys import bucket_key
+from .models import Scope
+
+__all__ = ["Decision", "check_request", "plan_buckets", "take",
+           "request_cost"]
+
+logger = logging.getLogger("ratelimit_app")
+
+# Bucket order in a request: the hierarchy from the widest scope to the narrowest.
+_SCOPE_ORDER = {Scope.GLOBAL: 0, Scope.PLAN: 1, Scope.TENANT: 2, Scope.USER: 3, Scope.IP: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one request. ``retry_after_s`` is 0 when allowed."""
+
+    allowed: bool
+    retry_after_s: int = 0
+    policies: tuple = ()
+    violated: tuple = ()            # names of enforced policies that denied
+    shadow_violations: tuple = ()   # names of shadow policies that would have denied
+    identity: object = None
+    endpoint: str = ""
+    cost: int = 0
+    degraded: str = ""              # "fail-open" / "fail-closed" when Redis could not answer
+    exempt: bool = False
+    from_deny_cache: bool = False
+
+    @property
+    def limited(self):
+        """True if any bucket applied (and so rate-limit headers are due)."""
+        return bool(self.policies)
+
+
+def request_cost(snapshot, request, endpoint, plan):
+    """Return the tokens this request costs: the endpoint's cost, or a valid COST_HEADER value
+    clamped to MAX_COST (a missing, non-numeric or negative header falls back to the former)."""
+    cost = snapshot.cost_for(endpoint, request.method, plan)
+    header = get_config()["COST_HEADER"]
+    if header:
+        raw = request.META.get("HTTP_" + header.upper().replace("-", "_"))
+        if raw is not None:
+            raw = raw.strip()
+            if raw.isascii() and raw.isdigit() and len(raw) <= 12 and int(raw) >= 1:
+                cost = min(int(raw), get_config()["MAX_COST"])
+            else:
+                logger.info("ratelimit_app: ignored %s header %.40r", header, raw)
+    return cost
+
+
+def _overrides_for(snapshot, identity):
+    if not snapshot.overrides:
+        return ()
+    found = []
+    for who in (("key", identity.api_key_id), ("user", identity.user_id), ("ip", identity.ip)):
+        if who[1] is not None:
+            found.extend(snapshot.overrides.get(who, ()))
+    return found
+
+
+def plan_buckets(snapshot, identity, endpoint, cost):
+    """Return the buckets a request is charged against, widest scope first, or None if the
+    caller is exempt. Endpoint rules count calls (1 token); other rules are charged ``cost``."""
+    overrides = _overrides_for(snapshot, identity)
+    if any(o.exempt for o in overrides):
+        return None
+    prefix = get_config()["KEY_PREFIX"]
+    buckets = []
+    for rule in snapshot.rules_for(identity.plan, endpoint):
+        token = identity.token_for(rule.scope)
+        if token is None:
+            continue  # e.g. a user rule for an anonymous caller, a tenant rule without tenant
+        if overrides and rule.scope in (Scope.USER, Scope.IP):
+            for o in overrides:
+                if o.rule_id in (None, rule.id):
+                    rule = rule.with_numbers(o.rate, o.period_s, o.burst)
+        buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
+                              1 if rule.endpoint else cost))
+    buckets.sort(key=lambda b: (_SCOPE_ORDER[b.rule.scope], bool(b.rule.endpoint)))
+    return buckets
+
+
+def take(buckets, *, now_ms=None, debit=True):
+    """Run the one Lua call for ``buckets`` and return ``(allowed, statuses, config_version)``.
+
+    ``now_ms`` is for tests only (the default is the Redis server clock). Raises
+    ``storage.StorageUnavailable`` when Redis cannot answer.
+    """
+    args = ["" if now_ms is None else int(now_ms), "1" if debit else "0"]
+    for bucket in buckets:
+        args.extend(bucket.lua_args())
+    reply = storage.run_take([b.key for b in buckets], args)
+    allowed, version = reply[0] == 1, reply[1]
+    version = version.decode() if isinstance(version, bytes) else str(version)
+    statuses = tuple(
+        bucket.status(reply[3 + 2 * i], reply[4 + 2 * i] == -1)
+        for i, bucket in enumerate(buckets)
+    )
+    return allowed, statuses, version
+
+
+def _decision_from(statuses, allowed, identity, endpoint, cost):
+    violated = tuple(s.name for s in statuses if s.short and not s.shadow)
+    retry_after = 0
+    if not allowed:
+        # never earlier than the `t` of any policy that denied; at least one second
+        retry_after = max([1] + [s.reset_s for s in statuses if s.short and not s.shadow])
+        retry_after = retry_after_with_jitter(retry_after, identity.primary_token)
+    return Decision(
+        allowed=allowed, retry_after_s=retry_after,
+        policies=statuses, violated=violated,
+        shadow_violations=tuple(s.name for s in statuses if s.short and s.shadow),
+        identity=identity, endpoint=endpoint, cost=cost,
+    )
+
+
+def _degraded_decision(buckets, identity, endpoint, cost):
+    default_open = get_config()["FAIL_OPEN"]
+    closed = [b.rule.name for b in buckets if not b.rule.shadow
+              and not (default_open if b.rule.fail_open is None else b.rule.fail_open)]
+    if closed:
+        cooldown = math.ceil(get_config()["BREAKER_COOLDOWN_S"])
+        return Decision(allowed=False, retry_after_s=max(1, cooldown), violated=tuple(closed),
+                        identity=identity, endpoint=endpoint, cost=cost, degraded="fail-closed")
+    return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost,
+                    degraded="fail-open")
+
+
+def check_request(request, user, endpoint, *, now_ms=None):
+    """Decide one request: identity, policy, buckets, the Lua call. Returns a Decision.
+
+    ``user`` is the authenticated user (or None); ``endpoint`` the URL name of the view.
+    Raises nothing the caller must handle except programming errors.
+    """
+    snapshot = policy.get_snapshot()
+    identity = identify(request, user, snapshot)
+    cost = request_cost(snapshot, request, endpoint, identity.plan)
+    buckets = plan_buckets(snapshot, identity, endpoint, cost)
+    if buckets is None:
+        return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost, exempt=True)
+    if not buckets:
+        return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
+    cached = deny_cache.lookup(buckets, snapshot.version)
+    if cached is not None:
+        return replace(_decision_from(cached, False, identity, endpoint, cost), from_deny_cache=True)
+    sent_at = time.monotonic()
+    try:
+        allowed, statuses, version = take(buckets, now_ms=now_ms)
+    except storage.StorageUnavailable:
+        return _degraded_decision(buckets, identity, endpoint, cost)
+    policy.observe_version(version)
+    if not allowed and now_ms is None:
+        deny_cache.remember(buckets, statuses, version, sent_at)
+    return _decision_from(statuses, allowed, identity, endpoint, cost)

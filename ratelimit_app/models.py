@@ -1,0 +1,297 @@
+"""Quota configuration edited in the Django admin.
+
+Rows here are never read on the request path: ``policy.py`` compiles them into an in-process
+snapshot, and ``signals.py`` bumps a version in Redis on every committed change so each worker
+reloads within about a second.
+"""
+
+import hashlib
+import re
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+__all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride"]
+
+# Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
+MAX_BUCKET_UNITS = 2**50
+MAX_PERIOD_S = 366 * 24 * 3600
+RULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Plan(models.Model):
+    """A tier such as free, pro or enterprise."""
+
+    slug = models.SlugField(unique=True, help_text="Short identifier, e.g. 'pro'.")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    default_for_authenticated = models.BooleanField(
+        default=False, help_text="Plan of signed-in users and API keys without an assignment."
+    )
+    default_for_anonymous = models.BooleanField(
+        default=False, help_text="Plan of clients that are not signed in."
+    )
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        for field, label in (
+            ("default_for_authenticated", "signed-in users"),
+            ("default_for_anonymous", "anonymous clients"),
+        ):
+            if getattr(self, field):
+                other = Plan.objects.filter(**{field: True}).exclude(pk=self.pk).first()
+                if other:
+                    raise ValidationError(
+                        {field: f"“{other}” is already the default plan for {label}; "
+                                f"untick it there first."}
+                    )
+
+
+class PlanAssignment(models.Model):
+    """Which plan (and tenant) a user is on."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_plan"
+    )
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="assignments")
+    tenant = models.CharField(
+        max_length=100, blank=True, help_text="Organisation the user belongs to, if any."
+    )
+
+    def __str__(self):
+        return f"{self.user} → {self.plan}"
+
+
+def hash_api_key(raw_key):
+    """Return the stored digest of an API key (keys themselves are never stored)."""
+    return hashlib.sha256(raw_key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class ApiKey(models.Model):
+    """An API key. Only a digest and a short prefix (for display) are stored."""
+
+    PREFIX_LENGTH = 8
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_api_keys"
+    )
+    name = models.CharField(max_length=100, help_text="What the key is used for.")
+    prefix = models.CharField(max_length=16, editable=False, db_index=True)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.SET_NULL,
+        help_text="Empty: the plan of the key's user.",
+    )
+    tenant = models.CharField(max_length=100, blank=True)
+    active = models.BooleanField(default=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self):
+        return f"{self.prefix}… ({self.name})"
+
+    @classmethod
+    def create_key(cls, user, name, raw_key=None, **fields):
+        """Create a key and return ``(api_key, raw_key)``; the raw key is shown once only."""
+        raw_key = raw_key or "rk_" + secrets.token_urlsafe(24)
+        api_key = cls.objects.create(
+            user=user, name=name, prefix=raw_key[: cls.PREFIX_LENGTH],
+            digest=hash_api_key(raw_key), **fields,
+        )
+        return api_key, raw_key
+
+
+class Scope(models.TextChoices):
+    GLOBAL = "global", "Global (all clients together)"
+    PLAN = "plan", "Plan (all clients of the plan together)"
+    TENANT = "tenant", "Tenant (each organisation)"
+    USER = "user", "User or API key (each signed-in caller)"
+    IP = "ip", "Client IP (each address)"
+
+
+class Mode(models.TextChoices):
+    ENFORCE = "enforce", "Enforce"
+    SHADOW = "shadow", "Shadow (count would-be denials, never deny)"
+
+
+class FailureMode(models.TextChoices):
+    DEFAULT = "default", "Project default (FAIL_OPEN setting)"
+    OPEN = "open", "Allow requests"
+    CLOSED = "closed", "Refuse requests"
+
+
+class Rule(models.Model):
+    """One token bucket per scope value: ``rate`` tokens per ``period_s`` up to ``burst``."""
+
+    name = models.CharField(
+        max_length=64, unique=True,
+        help_text="Shown to clients in the RateLimit headers: letters, digits, '.', '_' or '-'.",
+    )
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.CASCADE, related_name="rules",
+        help_text="Empty: the rule applies to every plan.",
+    )
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.USER)
+    endpoint = models.CharField(
+        max_length=200, blank=True,
+        help_text="Empty: every endpoint, each request charged its endpoint cost. "
+                  "Set: only this endpoint, one token per request.",
+    )
+    rate = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)], help_text="Tokens added per period."
+    )
+    period_s = models.PositiveIntegerField(
+        "period (seconds)", validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)]
+    )
+    burst = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="Bucket capacity: the most tokens a client can spend at once.",
+    )
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE)
+    on_redis_failure = models.CharField(
+        max_length=10, choices=FailureMode.choices, default=FailureMode.DEFAULT
+    )
+    enabled = models.BooleanField(default=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["plan__slug", "scope", "name"]
+
+    def __str__(self):
+        return self.name
+
+    def describe(self):
+        """Spell the rule out for an operator: '100 per 60 s, burst 20'."""
+        return f"{self.rate} per {self.period_s} s, burst {self.burst}"
+
+    def clean(self):
+        errors = {}
+        if self.name and not RULE_NAME_RE.match(self.name):
+            errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
+                              "or digit: clients read this name in the RateLimit headers.")
+        if self.rate is not None and self.rate < 1:
+            errors["rate"] = "The rate must be at least 1 token per period."
+        if self.period_s is not None and self.period_s < 1:
+            errors["period_s"] = "The period must be at least 1 second."
+        if self.burst is not None and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
+            errors["burst"] = "Burst × period is too large; lower the burst or the period."
+        if self.burst and not errors:
+            largest = self._largest_cost()
+            if largest and self.burst < largest[0]:
+                errors["burst"] = (
+                    f"Burst {self.burst} is below the cost of {largest[1]} ({largest[0]} tokens): "
+                    f"such requests could never pass. Raise the burst to at least {largest[0]}."
+                )
+        if errors:
+            raise ValidationError(errors)
+
+    def _largest_cost(self):
+        """Return (cost, description) of the most expensive request this rule is charged for."""
+        if self.endpoint:
+            return None  # endpoint rules count calls: one token each
+        costs = EndpointCost.objects.all()
+        if self.plan_id:
+            costs = costs.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
+        top = costs.order_by("-cost").first()
+        return (top.cost, top.describe()) if top else None
+
+
+HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+class EndpointCost(models.Model):
+    """How many tokens a request to an endpoint costs (1 when no row matches)."""
+
+    ANY_METHOD = "*"
+    METHOD_CHOICES = [(ANY_METHOD, "Any method")] + [(m, m) for m in HTTP_METHODS]
+
+    endpoint = models.CharField(max_length=200, help_text="URL name of the view, e.g. 'api:search'.")
+    method = models.CharField(max_length=8, choices=METHOD_CHOICES, default=ANY_METHOD)
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.CASCADE, related_name="costs",
+        help_text="Empty: the cost for every plan without its own row.",
+    )
+    cost = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10**6)])
+
+    class Meta:
+        ordering = ["endpoint", "method"]
+
+    def __str__(self):
+        return self.describe()
+
+    def describe(self):
+        method = "any method" if self.method == self.ANY_METHOD else self.method
+        plan = f" on {self.plan}" if self.plan_id else ""
+        return f"{self.endpoint} ({method}{plan})"
+
+    def clean(self):
+        errors = {}
+        duplicate = EndpointCost.objects.filter(
+            endpoint=self.endpoint, method=self.method, plan_id=self.plan_id
+        ).exclude(pk=self.pk)
+        if self.endpoint and duplicate.exists():
+            errors["__all__"] = (f"{self.describe()} already has a cost; edit that row instead "
+                                 f"of adding a second one.")
+        if self.cost:
+            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost)
+            if self.plan_id:
+                rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
+            smallest = rules.order_by("burst").first()
+            if smallest:
+                errors["cost"] = (
+                    f"Rule “{smallest.name}” has burst {smallest.burst}, below this cost: such "
+                    f"requests could never pass. Lower the cost or raise that rule's burst."
+                )
+        if errors:
+            raise ValidationError(errors)
+
+
+class IdentityOverride(models.Model):
+    """Special treatment for one caller: exempt from limits, or its own numbers."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE)
+    ip = models.GenericIPAddressField("client IP", null=True, blank=True)
+    rule = models.ForeignKey(
+        Rule, null=True, blank=True, on_delete=models.CASCADE,
+        help_text="Empty: every user/key/IP rule that applies to this caller.",
+    )
+    exempt = models.BooleanField(default=False, help_text="Never limit this caller at all.")
+    rate = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    period_s = models.PositiveIntegerField(
+        "period (seconds)", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)],
+    )
+    burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    note = models.CharField(max_length=200, blank=True)
+
+    def __str__(self):
+        who = self.user or self.api_key or self.ip
+        return f"{who}: " + ("exempt" if self.exempt else f"{self.rate} per {self.period_s} s, burst {self.burst}")
+
+    def clean(self):
+        chosen = [f for f in ("user", "api_key", "ip") if getattr(self, f if f == "ip" else f + "_id")]
+        if len(chosen) != 1:
+            raise ValidationError("Choose exactly one of user, API key or client IP.")
+        numbers = [self.rate, self.period_s, self.burst]
+        if not self.exempt and None in numbers:
+            raise ValidationError("Either tick “exempt” or give rate, period and burst.")
+        if self.exempt and any(n is not None for n in numbers):
+            raise ValidationError("An exempt caller has no numbers; clear rate, period and burst.")
+        if self.burst and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
+            raise ValidationError({"burst": "Burst × period is too large."})
+        if self.rule_id and self.rule.scope not in (Scope.USER, Scope.IP):
+            raise ValidationError({"rule": "Only user/API key or IP rules can be overridden per caller."})

@@ -1,0 +1,226 @@
+"""DB rows → an immutable in-process snapshot, reloaded when the config version in Redis changes.
+
+The request path reads only the snapshot: no database query per request once it is warm. Every
+committed admin change bumps the version (``signals.py``); a worker notices the new version in
+the reply of its next Lua call (the script returns it for free), or by asking Redis when it has
+not made a call for ``CONFIG_CHECK_INTERVAL_S``, and reloads.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .conf import get_config
+
+__all__ = ["CompiledRule", "Snapshot", "get_snapshot", "observe_version", "reset"]
+
+logger = logging.getLogger("ratelimit_app")
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    """A rule as the engine needs it. ``fail_open`` is None when the project default applies."""
+
+    id: int
+    name: str
+    scope: str
+    plan: str | None
+    endpoint: str
+    rate: int
+    period_s: int
+    burst: int
+    shadow: bool
+    fail_open: bool | None
+
+    def with_numbers(self, rate, period_s, burst):
+        """Return a copy with an identity override's own numbers."""
+        return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
+                            rate, period_s, burst, self.shadow, self.fail_open)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyEntry:
+    id: int
+    prefix: str
+    user_id: str
+    plan: str | None
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideEntry:
+    exempt: bool
+    rule_id: int | None
+    rate: int | None
+    period_s: int | None
+    burst: int | None
+
+
+@dataclass
+class Snapshot:
+    """Everything the request path needs, compiled from the database at one config version."""
+
+    version: str
+    rules: tuple = ()
+    plans: frozenset = frozenset()
+    default_authenticated_plan: str | None = None
+    default_anonymous_plan: str | None = None
+    api_keys: dict = field(default_factory=dict)      # digest -> ApiKeyEntry
+    assignments: dict = field(default_factory=dict)   # str(user pk) -> (plan slug, tenant)
+    overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
+    costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
+    _rules_for: dict = field(default_factory=dict, repr=False)
+
+    def rules_for(self, plan, endpoint):
+        """Return the enabled rules that apply to a plan and endpoint (memoised per pair, so the
+        cost does not grow with rules that do not apply)."""
+        cache_key = (plan, endpoint)
+        found = self._rules_for.get(cache_key)
+        if found is None:
+            found = tuple(
+                r for r in self.rules
+                if (r.plan is None or r.plan == plan) and (not r.endpoint or r.endpoint == endpoint)
+            )
+            if len(self._rules_for) < 10_000:  # endpoints are finite; bound it anyway
+                self._rules_for[cache_key] = found
+        return found
+
+    def cost_for(self, endpoint, method, plan):
+        """Return the tokens a request costs: the most specific EndpointCost row, else 1."""
+        costs = self.costs
+        for candidate in ((endpoint, method, plan), (endpoint, "*", plan),
+                          (endpoint, method, None), (endpoint, "*", None)):
+            cost = costs.get(candidate)
+            if cost is not None:
+                return cost
+        return 1
+
+
+def compile_snapshot(version):
+    """Read every configuration row and return a Snapshot (the only DB access of the app)."""
+    from .models import (ApiKey, EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
+                         PlanAssignment, Rule)
+
+    plans = list(Plan.objects.all())
+    rules = tuple(
+        CompiledRule(
+            id=r.id, name=r.name, scope=r.scope, plan=r.plan.slug if r.plan_id else None,
+            endpoint=r.endpoint, rate=r.rate, period_s=r.period_s, burst=r.burst,
+            shadow=r.mode == Mode.SHADOW,
+            fail_open={FailureMode.OPEN: True, FailureMode.CLOSED: False}.get(r.on_redis_failure),
+        )
+        for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
+    )
+    assignments = {
+        str(a.user_id): (a.plan.slug, a.tenant)
+        for a in PlanAssignment.objects.select_related("plan")
+    }
+    api_keys = {
+        k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id), k.plan.slug if k.plan_id else None,
+                              k.tenant)
+        for k in ApiKey.objects.filter(active=True).select_related("plan")
+    }
+    overrides = {}
+    for o in IdentityOverride.objects.all():
+        if o.user_id:
+            who = ("user", str(o.user_id))
+        elif o.api_key_id:
+            who = ("key", o.api_key_id)
+        else:
+            who = ("ip", o.ip)
+        overrides.setdefault(who, []).append(
+            OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
+    costs = {
+        (c.endpoint, c.method, c.plan.slug if c.plan_id else None): c.cost
+        for c in EndpointCost.objects.select_related("plan")
+    }
+    return Snapshot(
+        version=version,
+        rules=rules,
+        plans=frozenset(p.slug for p in plans),
+        default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
+        default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),
+        api_keys=api_keys,
+        assignments=assignments,
+        overrides={k: tuple(v) for k, v in overrides.items()},
+        costs=costs,
+    )
+
+
+class _Cache:
+    """The process's current snapshot and what it knows about the version in Redis."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.snapshot = None
+        self.stale = True
+        self.checked_at = 0.0  # monotonic time the version was last confirmed
+
+
+_cache = _Cache()
+
+
+def reset():
+    """Drop the snapshot; the next request compiles a new one."""
+    with _cache.lock:
+        _cache.snapshot = None
+        _cache.stale = True
+
+
+def observe_version(version):
+    """Record the config version seen in a Lua reply; a new one makes the snapshot stale."""
+    _cache.checked_at = time.monotonic()
+    snapshot = _cache.snapshot
+    if snapshot is not None and version != snapshot.version:
+        _cache.stale = True
+
+
+def get_snapshot():
+    """Return the current snapshot, reloading it if the config version changed."""
+    snapshot = _cache.snapshot
+    if snapshot is not None and not _cache.stale:
+        if time.monotonic() - _cache.checked_at < get_config()["CONFIG_CHECK_INTERVAL_S"]:
+            return snapshot
+        _poll_version(snapshot)
+        if not _cache.stale:
+            return snapshot
+    return _reload()
+
+
+def _poll_version(snapshot):
+    from . import storage
+
+    _cache.checked_at = time.monotonic()
+    try:
+        version = storage.read_config_version()
+    except storage.StorageUnavailable:
+        return  # keep serving the rules we have
+    if version != snapshot.version:
+        _cache.stale = True
+
+
+def _reload():
+    from . import storage
+
+    with _cache.lock:
+        if _cache.snapshot is not None and not _cache.stale:
+            return _cache.snapshot  # another thread reloaded while we waited
+        try:
+            version = storage.read_config_version()
+        except storage.StorageUnavailable:
+            version = "unknown"  # differs from any real version: reload once Redis answers
+        try:
+            snapshot = compile_snapshot(version)
+        except Exception:  # a DB outage must not turn into 500s: keep the old rules
+            logger.exception("ratelimit_app: could not load the quota configuration")
+            if _cache.snapshot is None:
+                _cache.snapshot = Snapshot(version="unknown")
+            # try again at the next version poll, not on every request
+            _cache.stale = False
+            _cache.checked_at = time.monotonic()
+            return _cache.snapshot
+        _cache.snapshot = snapshot
+        _cache.stale = False
+        _cache.checked_at = time.monotonic()
+        return snapshot

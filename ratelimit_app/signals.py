@@ -1,0 +1,34 @@
+"""Bump the config version in Redis after every committed change of a quota row.
+
+Workers compare the version with their snapshot's and reload, so an admin edit is enforced
+everywhere within about a second without a restart.
+"""
+
+import logging
+
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from . import storage
+from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+
+logger = logging.getLogger("ratelimit_app")
+
+WATCHED_MODELS = (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride)
+
+
+def bump_config_version():
+    """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again)."""
+    try:
+        storage.bump_config_version()
+    except storage.StorageUnavailable as exc:
+        logger.error("ratelimit_app: config change not announced, Redis unavailable: %s", exc)
+
+
+def _on_change(sender, **kwargs):
+    transaction.on_commit(bump_config_version)
+
+
+for model in WATCHED_MODELS:
+    post_save.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.save.{model.__name__}")
+    post_delete.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.delete.{model.__name__}")

@@ -1,0 +1,143 @@
+"""take.lua through engine.take: token math, all-or-nothing, shadow, TTLs, clock guard, units."""
+
+from ratelimit_app.engine import take
+
+from .helpers import make_bucket, make_rule
+
+T0 = 1_700_000_000_000  # an arbitrary "now" in ms; the script accepts it in tests
+
+
+def remaining(statuses):
+    return [s.remaining for s in statuses]
+
+
+def test_new_bucket_starts_full_and_burst_caps_spending():
+    bucket = make_bucket(make_rule(rate=1, period_s=60, burst=3))
+    results = [take([bucket], now_ms=T0)[0] for _ in range(4)]
+    assert results == [True, True, True, False]
+
+
+def test_refill_adds_rate_per_period_exactly():
+    bucket = make_bucket(make_rule(rate=10, period_s=1, burst=10))
+    for _ in range(10):
+        assert take([bucket], now_ms=T0)[0]
+    assert not take([bucket], now_ms=T0)[0]
+    assert not take([bucket], now_ms=T0 + 99)[0]       # 0.99 token refilled
+    allowed, statuses, _ = take([bucket], now_ms=T0 + 100)  # exactly one token
+    assert allowed and statuses[0].remaining == 0
+    allowed, statuses, _ = take([bucket], now_ms=T0 + 10_000)  # long idle: capped at burst
+    assert allowed and statuses[0].remaining == 9
+
+
+def test_refill_never_drifts_when_touched_every_millisecond():
+    # 1 token per 7 s touched every ms: a rounding limiter would lose the fractions forever.
+    bucket = make_bucket(make_rule(rate=1, period_s=7, burst=1))
+    assert take([bucket], now_ms=T0)[0]
+    for ms in range(1, 7000, 1):
+        if ms % 500 == 0:
+            assert not take([bucket], now_ms=T0 + ms)[0]
+    assert take([bucket], now_ms=T0 + 7000)[0]
+
+
+def test_cost_greater_than_one():
+    bucket = make_bucket(make_rule(rate=1, period_s=1, burst=10), cost=4)
+    assert [take([bucket], now_ms=T0)[0] for _ in range(3)] == [True, True, False]
+    _, statuses, _ = take([bucket], now_ms=T0)
+    assert statuses[0].remaining == 2 and statuses[0].short
+    assert statuses[0].reset_s == 2  # 2 more tokens at 1 per second
+
+
+def test_all_or_nothing_across_five_levels(redis_client):
+    rules = [make_rule(rate=1, period_s=60, burst=b, scope=s) for b, s in
+             [(100, "global"), (100, "plan"), (100, "tenant"), (100, "user"), (2, "user")]]
+    buckets = [make_bucket(r, token=f"t{i}") for i, r in enumerate(rules)]
+    assert take(buckets, now_ms=T0)[0]
+    assert take(buckets, now_ms=T0)[0]
+    before = [redis_client.get(b.key) for b in buckets]
+    allowed, statuses, _ = take(buckets, now_ms=T0)
+    assert not allowed
+    assert [redis_client.get(b.key) for b in buckets] == before  # nothing debited
+    assert remaining(statuses) == [98, 98, 98, 98, 0]
+    assert [s.short for s in statuses] == [False] * 4 + [True]
+
+
+def test_shadow_bucket_never_denies_but_reports_would_be_denial():
+    enforced = make_bucket(make_rule(rate=1, period_s=60, burst=100), token="a")
+    shadow = make_bucket(make_rule(rate=1, period_s=60, burst=1, shadow=True), token="b")
+    first = take([enforced, shadow], now_ms=T0)
+    second = take([enforced, shadow], now_ms=T0)
+    assert first[0] and second[0]
+    assert remaining(first[1]) == [99, 0]
+    assert second[1][1].short and not second[1][0].short
+    assert remaining(second[1]) == [98, 0]
+
+
+def test_shadow_bucket_is_debited_like_an_enforced_one():
+    shadow = make_bucket(make_rule(rate=1, period_s=60, burst=5, shadow=True))
+    for expected in [4, 3, 2]:
+        assert take([shadow], now_ms=T0)[1][0].remaining == expected
+
+
+def test_every_key_gets_a_ttl_of_the_time_to_refill(redis_client):
+    bucket = make_bucket(make_rule(rate=1, period_s=10, burst=5), cost=2)
+    take([bucket], now_ms=T0)
+    ttl_ms = redis_client.pttl(bucket.key)
+    assert 19_000 <= ttl_ms <= 20_000  # 2 tokens at 1 per 10 s
+
+
+def test_denied_call_writes_nothing(redis_client):
+    bucket = make_bucket(make_rule(rate=1, period_s=60, burst=1), token="x")
+    take([bucket], now_ms=T0)
+    stored = redis_client.get(bucket.key)
+    assert not take([bucket], now_ms=T0 + 1)[0]
+    assert redis_client.get(bucket.key) == stored
+
+
+def test_timestamp_never_moves_backwards(redis_client):
+    bucket = make_bucket(make_rule(rate=1, period_s=1, burst=1))
+    assert take([bucket], now_ms=T0 + 1000)[0]
+    # A call carrying an older clock must neither refill nor rewind the stamp.
+    assert not take([bucket], now_ms=T0)[0]
+    assert not take([bucket], now_ms=T0 + 1500)[0]
+    assert take([bucket], now_ms=T0 + 2000)[0]
+    level, stamp, period = redis_client.get(bucket.key).decode().split(":")
+    assert int(stamp) == T0 + 2000
+
+
+def test_state_is_stored_as_integers(redis_client):
+    bucket = make_bucket(make_rule(rate=3, period_s=7, burst=5))
+    take([bucket], now_ms=T0)
+    take([bucket], now_ms=T0 + 1234)
+    value = redis_client.get(bucket.key).decode()
+    assert all(part.isdigit() for part in value.split(":")), value
+    level, stamp, period = map(int, value.split(":"))
+    assert period == 7000
+    # 5 tokens - 1, + 1234 ms * 3 units/ms, - 1 token (7000 units each)
+    assert level == 5 * 7000 - 7000 + 1234 * 3 - 7000
+
+
+def test_period_change_rescales_the_stored_level():
+    old = make_rule(rate=1, period_s=10, burst=10)
+    take([make_bucket(old)], now_ms=T0)  # 9 of 10 tokens left, in 10 s units
+    changed = old.with_numbers(rate=1, period_s=20, burst=10)
+    _, statuses, _ = take([make_bucket(changed)], now_ms=T0, debit=False)
+    assert statuses[0].remaining == 9
+
+
+def test_peek_debits_nothing(redis_client):
+    bucket = make_bucket(make_rule(rate=1, period_s=60, burst=2))
+    for _ in range(3):
+        allowed, statuses, _ = take([bucket], now_ms=T0, debit=False)
+        assert allowed and statuses[0].remaining == 2
+    assert redis_client.get(bucket.key) is None
+
+
+def test_server_clock_is_used_without_now():
+    bucket = make_bucket(make_rule(rate=1, period_s=3600, burst=1))
+    assert take([bucket])[0]
+    assert not take([bucket])[0]
+
+
+def test_reply_carries_the_config_version(redis_client):
+    redis_client.set("rl:config:version", "41")
+    assert take([make_bucket(make_rule())], now_ms=T0)[2] == "41"
