@@ -15,7 +15,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-__all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride"]
+__all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
+           "Dashboard"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -295,3 +296,17 @@ class IdentityOverride(models.Model):
             raise ValidationError({"burst": "Burst × period is too large."})
         if self.rule_id and self.rule.scope not in (Scope.USER, Scope.IP):
             raise ValidationError({"rule": "Only user/API key or IP rules can be overridden per caller."})
+
+
+class Dashboard(models.Model):
+    """No table: gives the staff dashboard a place in the admin and its permissions."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_dashboard", "Can view the rate-limit dashboard"),
+            ("reset_buckets", "Can reset a client's buckets"),
+        ]
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
