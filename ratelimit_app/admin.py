@@ -1,58 +1,255 @@
-"""Model admins for plans, rules, endpoint costs, API keys and overrides."""
+"""Model admins for plans, rules, endpoint costs, API keys and overrides, and the simulator.
 
-from django.contrib import admin
+Validation lives in the models' ``clean()`` and in ``forms.py``; the simulator's logic in
+``simulator.py``. This module wires them into the admin.
+"""
 
-from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils.html import format_html
+
+from .endpoints import endpoint_names
+from .forms import (
+    MISSING_ENDPOINT,
+    EndpointCostForm,
+    EndpointCostInlineFormSet,
+    PlanInlineFormSet,
+    RuleForm,
+    RuleInlineFormSet,
+    SimulatorForm,
+    is_missing_endpoint,
+)
+from .models import (
+    ApiKey,
+    EndpointCost,
+    IdentityOverride,
+    Plan,
+    PlanAssignment,
+    Rule,
+    Scope,
+)
+from .simulator import simulate
+
+
+def _endpoint_cell(endpoint, empty_text):
+    """An endpoint for a list or read-only cell, flagged when it left the URLconf."""
+    if not endpoint:
+        return empty_text
+    if is_missing_endpoint(endpoint):
+        return format_html('{} <strong style="color: var(--error-fg)">⚠ {}</strong>',
+                           endpoint, MISSING_ENDPOINT)
+    return endpoint
+
+
+def explain_rule(rule):
+    """Spell a rule out in a sentence, e.g. 'Each client IP: 20 tokens per 60 s (…)'."""
+    if not (rule.rate and rule.period_s and rule.burst):
+        return "—"
+    who = {
+        Scope.GLOBAL: "All clients together", Scope.PLAN: "All clients of the plan together",
+        Scope.TENANT: "Each tenant", Scope.USER: "Each user or API key", Scope.IP: "Each client IP",
+    }.get(rule.scope, "Each client")
+    pace = f"per {rule.period_s} s (one more every {rule.period_s / rule.rate:.3g} s)"
+    if rule.endpoint:
+        return (f"{who}: {rule.rate} requests to {rule.endpoint} {pace}, "
+                f"at most {rule.burst} in a row.")
+    return (f"{who}: {rule.rate} tokens {pace}, at most {rule.burst} saved up; each request "
+            f"spends its endpoint's cost (1 token unless an endpoint cost says otherwise).")
+
+
+class EndpointFilter(admin.SimpleListFilter):
+    """Find rows whose endpoint is gone from the URLconf (they never match a request)."""
+
+    title = "endpoint"
+    parameter_name = "endpoint_state"
+
+    def lookups(self, request, model_admin):
+        return [("current", "In the URLconf"), ("missing", "⚠ Not in the URLconf")]
+
+    def queryset(self, request, queryset):
+        known = endpoint_names()
+        if self.value() == "current":
+            return queryset.filter(endpoint__in=known)
+        if self.value() == "missing":
+            return queryset.exclude(endpoint__in=known).exclude(endpoint="")
+        return queryset
 
 
 class RuleInline(admin.TabularInline):
     model = Rule
+    form = RuleForm
+    formset = RuleInlineFormSet
     extra = 0
-    fields = ["name", "scope", "endpoint", "rate", "period_s", "burst", "mode", "enabled"]
+    fields = ["name", "scope", "endpoint", "rate", "period_s", "burst", "summary", "mode",
+              "enabled"]
+    readonly_fields = ["summary"]
+    show_change_link = True
+
+    @admin.display(description="in short")
+    def summary(self, rule):
+        return rule.describe() if rule.pk else "—"
 
 
 class EndpointCostInline(admin.TabularInline):
     model = EndpointCost
+    form = EndpointCostForm
+    formset = EndpointCostInlineFormSet
     extra = 0
+    fields = ["endpoint", "method", "cost"]
+    verbose_name = "endpoint cost for this plan"
+    verbose_name_plural = "endpoint costs for this plan (override the costs of every plan)"
 
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "default_for_authenticated", "default_for_anonymous"]
-    search_fields = ["slug", "name"]
+    list_display = ["name", "slug", "rule_count", "cost_count", "default_for_authenticated",
+                    "default_for_anonymous"]
+    list_filter = ["default_for_authenticated", "default_for_anonymous"]
+    search_fields = ["slug", "name", "description"]
+    prepopulated_fields = {"slug": ["name"]}
     inlines = [RuleInline, EndpointCostInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            rule_count=Count("rules", distinct=True), cost_count=Count("costs", distinct=True))
+
+    @admin.display(description="rules", ordering="rule_count")
+    def rule_count(self, plan):
+        return plan.rule_count
+
+    @admin.display(description="own endpoint costs", ordering="cost_count")
+    def cost_count(self, plan):
+        return plan.cost_count
+
+    def get_inline_instances(self, request, obj=None):
+        # Rules and costs are checked against their plan's other rows: the plan must exist
+        # first. The add page says so (see add_view).
+        return super().get_inline_instances(request, obj) if obj is not None else []
+
+    def add_view(self, request, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}), "subtitle":
+                         "Save the plan first (“Save and continue editing”), then add its "
+                         "rules and endpoint costs on the same page."}
+        return super().add_view(request, form_url, extra_context)
+
+    def get_formset_kwargs(self, request, obj, inline, prefix):
+        kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
+        # One list per request shared by the rule and cost inlines, so a rule and a cost
+        # typed in the same save are checked against each other (forms.PlanInlineFormSet).
+        if issubclass(inline.formset, PlanInlineFormSet):
+            kwargs["siblings"] = request.__dict__.setdefault("_ratelimit_plan_inlines", [])
+        return kwargs
 
 
 @admin.register(Rule)
 class RuleAdmin(admin.ModelAdmin):
-    list_display = ["name", "plan", "scope", "endpoint", "rate", "period_s", "burst", "mode",
-                    "enabled"]
-    list_filter = ["plan", "scope", "mode", "enabled"]
-    search_fields = ["name", "endpoint"]
+    form = RuleForm
+    list_display = ["name", "plan", "scope", "endpoint_cell", "summary", "mode", "enabled"]
+    list_filter = ["plan", "scope", "mode", "enabled", "on_redis_failure", EndpointFilter]
+    list_select_related = ["plan"]
+    search_fields = ["name", "endpoint", "plan__name", "plan__slug"]
+    readonly_fields = ["in_words", "updated"]
+    fieldsets = [
+        (None, {"fields": ["name", "plan", "scope", "endpoint"]}),
+        ("Limit", {
+            "fields": ["rate", "period_s", "burst", "in_words"],
+            "description": "A bucket holding up to <em>burst</em> tokens, refilled with "
+                           "<em>rate</em> tokens every <em>period</em> seconds. A request "
+                           "passes only if every bucket that applies holds its cost.",
+        }),
+        ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
+    ]
+
+    @admin.display(description="endpoint", ordering="endpoint")
+    def endpoint_cell(self, rule):
+        return _endpoint_cell(rule.endpoint, "every endpoint")
+
+    @admin.display(description="limit")
+    def summary(self, rule):
+        return rule.describe()
+
+    @admin.display(description="in words")
+    def in_words(self, rule):
+        return explain_rule(rule) if rule.pk else "Shown once the rule is saved."
+
+    def get_urls(self):
+        simulator = path("simulate/", self.admin_site.admin_view(self.simulator_view),
+                         name="ratelimit_app_rule_simulate")
+        return [simulator, *super().get_urls()]  # before the catch-all "<object_id>/"
+
+    def simulator_view(self, request):
+        """The read-only “what would this request do” page (staff who may view rules)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = SimulatorForm(request.GET or None)
+        result = simulate(**form.cleaned_data) if form.is_bound and form.is_valid() else None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "What would this request do?",
+            "subtitle": "A read-only look at the buckets: nothing is debited.",
+            "opts": self.opts,
+            "form": form,
+            "result": result,
+        }
+        return TemplateResponse(request, "admin/ratelimit_app/simulator.html", context)
 
 
 @admin.register(EndpointCost)
 class EndpointCostAdmin(admin.ModelAdmin):
-    list_display = ["endpoint", "method", "plan", "cost"]
-    list_filter = ["plan", "method"]
-    search_fields = ["endpoint"]
+    form = EndpointCostForm
+    list_display = ["endpoint_cell", "method", "plan", "cost"]
+    list_filter = ["plan", "method", EndpointFilter]
+    list_select_related = ["plan"]
+    search_fields = ["endpoint", "plan__name", "plan__slug"]
+
+    @admin.display(description="endpoint", ordering="endpoint")
+    def endpoint_cell(self, cost):
+        return _endpoint_cell(cost.endpoint, "—")
 
 
 @admin.register(PlanAssignment)
 class PlanAssignmentAdmin(admin.ModelAdmin):
     list_display = ["user", "plan", "tenant"]
     list_filter = ["plan"]
+    list_select_related = ["user", "plan"]
     search_fields = ["user__username", "tenant"]
+    raw_id_fields = ["user"]
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "plan", "tenant", "active"]
+    list_display = ["prefix", "name", "user", "plan", "tenant", "active", "created"]
     list_filter = ["plan", "active"]
-    search_fields = ["prefix", "name", "user__username"]
+    list_select_related = ["user", "plan"]
+    search_fields = ["prefix", "name", "user__username", "tenant"]
+    raw_id_fields = ["user"]
+    readonly_fields = ["prefix", "created"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["user", "name", "plan", "tenant", "active"]
+        # the prefix is generated with the key: nothing to show before it exists
+        return fields if obj is None else [*fields, "prefix", "created"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        raw_key = obj.set_new_key()
+        super().save_model(request, obj, form, change)
+        messages.warning(request, format_html(
+            "The new API key is <code>{}</code> — copy it now. Only its digest is stored, so it "
+            "cannot be shown again.", raw_key))
 
 
 @admin.register(IdentityOverride)
 class IdentityOverrideAdmin(admin.ModelAdmin):
     list_display = ["__str__", "rule", "exempt", "note"]
-    list_filter = ["exempt"]
+    list_filter = ["exempt", "rule"]
+    list_select_related = ["user", "api_key", "rule"]
+    search_fields = ["user__username", "api_key__prefix", "ip", "note"]
+    raw_id_fields = ["user", "api_key"]
+
+
+from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)

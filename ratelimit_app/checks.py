@@ -44,7 +44,13 @@ def check_settings(app_configs=None, **kwargs):
                 hint="Without them a hung Redis stalls requests until the OS gives up; "
                      "0.1–0.25 seconds suits a local Redis.",
                 id="ratelimit_app.W002"))
-    for proxy in config["TRUSTED_PROXIES"]:
+    proxies = config["TRUSTED_PROXIES"]
+    if isinstance(proxies, str):
+        errors.append(Error(
+            "RATELIMIT_APP['TRUSTED_PROXIES'] is a string, not a list of addresses.",
+            hint=f"Write it as a list: [{proxies!r}].", id="ratelimit_app.E004"))
+        proxies = ()
+    for proxy in proxies:
         try:
             ipaddress.ip_network(proxy, strict=False)
         except ValueError:

@@ -53,6 +53,16 @@ DEFAULTS = {
     "METRICS_FLUSH_INTERVAL_S": 1.0,
     "METRICS_RETENTION_S": 24 * 3600,
     "HOT_KEYS_CAPACITY": 1000,
+    # Identities kept per metric (tokens, denials, requests) in each per-minute and per-hour
+    # hot-key sorted set in Redis (each flush trims the sets to this size).
+    "METRICS_HOT_KEYS_STORED": 100,
+    # Seconds between the dashboard's live refreshes.
+    "DASHBOARD_REFRESH_S": 3,
+    # Prometheus endpoint (ratelimit_app.urls, "metrics/"): off unless enabled. With a token,
+    # scrapers send "Authorization: Bearer <token>"; staff with the dashboard permission may
+    # always read it.
+    "PROMETHEUS_ENABLED": False,
+    "PROMETHEUS_TOKEN": None,
 }
 
 
@@ -62,7 +72,7 @@ def get_config():
     user = getattr(settings, "RATELIMIT_APP", {}) or {}
     unknown = set(user) - set(DEFAULTS)
     if unknown:
-        # Reported by system check ratelimit_app.E004; keep going with the known keys.
+        # Reported by system check ratelimit_app.E003; keep going with the known keys.
         user = {k: v for k, v in user.items() if k in DEFAULTS}
     return MappingProxyType({**DEFAULTS, **user})
 

@@ -20,8 +20,11 @@ import time
 
 __all__ = ["DenyCache", "deny_cache"]
 
-# Refill we pretend happened during the round trip we skip (generous: Redis is local).
-SAFETY_MARGIN_S = 0.010
+# Refill we pretend happened during the trip to Redis of the request we do not send (its
+# one-way latency; local or same-rack Redis answers a whole round trip in well under 1 ms).
+# Every request in this window before a token is due goes to Redis, so a larger margin costs
+# Redis calls under a flood; raise it only for a Redis across a slow network.
+SAFETY_MARGIN_S = 0.002
 
 
 class DenyCache:
@@ -31,6 +34,10 @@ class DenyCache:
         self._lock = threading.Lock()
         self._entries = {}  # bucket key -> (level_units, sent_at, version, expires_at)
         self.hits = 0
+
+    def now(self):
+        """Return this cache's clock reading (seconds); take ``sent_at`` from here."""
+        return self._clock()
 
     def clear(self):
         with self._lock:
@@ -48,8 +55,8 @@ class DenyCache:
             return
         now = self._clock()
         with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._prune(now)
+            if len(self._entries) + len(buckets) > self.max_entries:
+                self._prune(now, room=len(buckets))
             for bucket, status in zip(buckets, statuses):
                 level = status.level_units
                 full_after_s = (bucket.capacity_units - level) / bucket.rule.rate / 1000
@@ -79,10 +86,11 @@ class DenyCache:
         self.hits += 1
         return tuple(bucket.status(upper, short) for bucket, upper, short in projected)
 
-    def _prune(self, now):
+    def _prune(self, now, room):
+        """Drop entries of buckets that are full again, then the oldest, until ``room`` fit."""
         for key in [k for k, e in self._entries.items() if now >= e[3]]:
             del self._entries[key]
-        while len(self._entries) >= self.max_entries:
+        while self._entries and len(self._entries) + room > self.max_entries:
             del self._entries[next(iter(self._entries))]
 
 

@@ -6,7 +6,6 @@ are public so the admin simulator, the dashboard inspector and the benchmarks ca
 
 import logging
 import math
-import time
 from dataclasses import dataclass, replace
 
 from . import policy, storage
@@ -50,8 +49,9 @@ class Decision:
 
 
 def request_cost(snapshot, request, endpoint, plan):
-    """Return the tokens this request costs: the endpoint's cost, or a valid COST_HEADER value
-    clamped to MAX_COST (a missing, non-numeric or negative header falls back to the former)."""
+    """Return the tokens this request costs: the endpoint's cost, raised (never lowered) by a
+    valid COST_HEADER value clamped to MAX_COST. A missing, non-numeric or non-positive header
+    is ignored, so a client can declare a bigger request but never buy a cheaper one."""
     cost = snapshot.cost_for(endpoint, request.method, plan)
     header = get_config()["COST_HEADER"]
     if header:
@@ -59,7 +59,7 @@ def request_cost(snapshot, request, endpoint, plan):
         if raw is not None:
             raw = raw.strip()
             if raw.isascii() and raw.isdigit() and len(raw) <= 12 and int(raw) >= 1:
-                cost = min(int(raw), get_config()["MAX_COST"])
+                cost = max(cost, min(int(raw), get_config()["MAX_COST"]))
             else:
                 logger.info("ratelimit_app: ignored %s header %.40r", header, raw)
     return cost
@@ -160,12 +160,14 @@ def check_request(request, user, endpoint, *, now_ms=None):
     cached = deny_cache.lookup(buckets, snapshot.version)
     if cached is not None:
         return replace(_decision_from(cached, False, identity, endpoint, cost), from_deny_cache=True)
-    sent_at = time.monotonic()
+    sent_at = deny_cache.now()  # the cache's own clock, so an injected one stays consistent
     try:
         allowed, statuses, version = take(buckets, now_ms=now_ms)
     except storage.StorageUnavailable:
         return _degraded_decision(buckets, identity, endpoint, cost)
     policy.observe_version(version)
     if not allowed and now_ms is None:
-        deny_cache.remember(buckets, statuses, version, sent_at)
+        # the snapshot's version, not the reply's: the levels are only a valid bound for the
+        # rules these buckets were built from
+        deny_cache.remember(buckets, statuses, snapshot.version, sent_at)
     return _decision_from(statuses, allowed, identity, endpoint, cost)

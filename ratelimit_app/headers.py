@@ -11,6 +11,7 @@ until more quota is available (for a policy that denied: until this request's co
 policies are not shown to clients.
 """
 
+import functools
 import hashlib
 import json
 
@@ -21,6 +22,7 @@ from .conf import get_config
 __all__ = ["apply_headers", "problem_response", "retry_after_with_jitter"]
 
 
+@functools.lru_cache(maxsize=4096)  # policy names come from the admin: few, and asked per request
 def _sf_string(value):
     """Serialise an RFC 9651 sf-string (printable ASCII; quote and backslash escaped)."""
     text = "".join(c for c in value if " " <= c <= "~")

@@ -16,7 +16,7 @@ from .conf import get_config
 from .keys import scope_token
 from .models import Scope, hash_api_key
 
-__all__ = ["Identity", "identify", "client_ip", "reset"]
+__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -112,6 +112,17 @@ def client_ip(meta):
             address = hop_address
             if not _is_trusted(hop_address):
                 break
+    return _as_limited(address)
+
+
+def limited_ip(text):
+    """Return the address ``text`` as ``Identity.ip`` holds it (IPv6: its network), or None if
+    ``text`` is not an address. Used to match per-IP overrides."""
+    address = _parse_ip(text or "")
+    return None if address is None else _as_limited(address)
+
+
+def _as_limited(address):
     if address.version == 6:
         prefix = get_config()["IPV6_PREFIX_LENGTH"]
         return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
@@ -125,7 +136,11 @@ def _api_key(meta, snapshot):
     raw = meta.get("HTTP_" + header.upper().replace("-", "_"))
     if not raw or len(raw) > MAX_API_KEY_LENGTH:
         return None
-    return snapshot.api_keys.get(hash_api_key(raw))
+    try:
+        digest = hash_api_key(raw)
+    except UnicodeEncodeError:  # a lone surrogate (test clients, odd servers): not a key we issued
+        return None
+    return snapshot.api_keys.get(digest)
 
 
 def identify(request, user, snapshot):

@@ -36,7 +36,8 @@ class QuotaMiddleware:
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         config = get_config()
-        if request.path_info.startswith(tuple(config["EXEMPT_PATHS"])):
+        if request.path_info.startswith(tuple(config["EXEMPT_PATHS"])) or \
+                getattr(view_func, "ratelimit_exempt", False):
             return None
         if _is_drf_view(view_func) and not config["MIDDLEWARE_INCLUDES_DRF"]:
             return None

@@ -105,12 +105,16 @@ class ApiKey(models.Model):
     @classmethod
     def create_key(cls, user, name, raw_key=None, **fields):
         """Create a key and return ``(api_key, raw_key)``; the raw key is shown once only."""
-        raw_key = raw_key or "rk_" + secrets.token_urlsafe(24)
-        api_key = cls.objects.create(
-            user=user, name=name, prefix=raw_key[: cls.PREFIX_LENGTH],
-            digest=hash_api_key(raw_key), **fields,
-        )
+        api_key = cls(user=user, name=name, **fields)
+        raw_key = api_key.set_new_key(raw_key)
+        api_key.save()
         return api_key, raw_key
+
+    def set_new_key(self, raw_key=None):
+        """Give this key a new secret (not saved yet); return the raw key to show once."""
+        raw_key = raw_key or "rk_" + secrets.token_urlsafe(24)
+        self.prefix, self.digest = raw_key[: self.PREFIX_LENGTH], hash_api_key(raw_key)
+        return raw_key
 
 
 class Scope(models.TextChoices):
@@ -190,10 +194,7 @@ class Rule(models.Model):
         if self.burst and not errors:
             largest = self._largest_cost()
             if largest and self.burst < largest[0]:
-                errors["burst"] = (
-                    f"Burst {self.burst} is below the cost of {largest[1]} ({largest[0]} tokens): "
-                    f"such requests could never pass. Raise the burst to at least {largest[0]}."
-                )
+                errors["burst"] = burst_below_cost_message(self.burst, *largest)
         if errors:
             raise ValidationError(errors)
 
@@ -206,6 +207,18 @@ class Rule(models.Model):
             costs = costs.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
         top = costs.order_by("-cost").first()
         return (top.cost, top.describe()) if top else None
+
+
+def burst_below_cost_message(burst, cost, what):
+    """The error for a rule whose burst cannot hold the ``cost`` of requests to ``what``."""
+    return (f"Burst {burst} is below the cost of {what} ({cost} tokens): such requests could "
+            f"never pass. Raise the burst to at least {cost}.")
+
+
+def cost_above_burst_message(rule_name, burst):
+    """The error for an endpoint cost above the burst of a rule that charges it."""
+    return (f"Rule “{rule_name}” has burst {burst}, below this cost: such requests could never "
+            f"pass. Lower the cost or raise that rule's burst.")
 
 
 HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -250,10 +263,7 @@ class EndpointCost(models.Model):
                 rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
             smallest = rules.order_by("burst").first()
             if smallest:
-                errors["cost"] = (
-                    f"Rule “{smallest.name}” has burst {smallest.burst}, below this cost: such "
-                    f"requests could never pass. Lower the cost or raise that rule's burst."
-                )
+                errors["cost"] = cost_above_burst_message(smallest.name, smallest.burst)
         if errors:
             raise ValidationError(errors)
 

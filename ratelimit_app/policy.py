@@ -99,6 +99,7 @@ class Snapshot:
 
 def compile_snapshot(version):
     """Read every configuration row and return a Snapshot (the only DB access of the app)."""
+    from .identity import limited_ip
     from .models import (ApiKey, EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
                          PlanAssignment, Rule)
 
@@ -128,7 +129,7 @@ def compile_snapshot(version):
         elif o.api_key_id:
             who = ("key", o.api_key_id)
         else:
-            who = ("ip", o.ip)
+            who = ("ip", limited_ip(o.ip))  # as identify() sees it: an IPv6 client is its /64
         overrides.setdefault(who, []).append(
             OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
     costs = {
@@ -156,6 +157,7 @@ class _Cache:
         self.snapshot = None
         self.stale = True
         self.checked_at = 0.0  # monotonic time the version was last confirmed
+        self.retry_at = 0.0    # after a failed load: monotonic time the DB may be tried again
 
 
 _cache = _Cache()
@@ -166,6 +168,7 @@ def reset():
     with _cache.lock:
         _cache.snapshot = None
         _cache.stale = True
+        _cache.retry_at = 0.0
 
 
 def observe_version(version):
@@ -185,6 +188,8 @@ def get_snapshot():
         _poll_version(snapshot)
         if not _cache.stale:
             return snapshot
+    if snapshot is not None and time.monotonic() < _cache.retry_at:
+        return snapshot  # the last load failed moments ago; Lua replies keep marking it stale
     return _reload()
 
 
@@ -219,6 +224,7 @@ def _reload():
             # try again at the next version poll, not on every request
             _cache.stale = False
             _cache.checked_at = time.monotonic()
+            _cache.retry_at = _cache.checked_at + get_config()["CONFIG_CHECK_INTERVAL_S"]
             return _cache.snapshot
         _cache.snapshot = snapshot
         _cache.stale = False

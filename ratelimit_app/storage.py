@@ -111,5 +111,18 @@ def read_config_version():
 
 
 def bump_config_version():
-    """Increment the config version so every worker reloads its policy snapshot."""
-    return _guarded(lambda s: s["client"].incr(keys.config_version_key(s["prefix"])))
+    """Increment the config version so every worker reloads its policy snapshot; return it.
+
+    A missing counter (new or restarted Redis) starts from the clock in ms, not from 0: counting
+    from 0 again would reissue a version that workers loaded before the restart, and they would
+    never load the change.
+    """
+
+    def bump(state):
+        key = keys.config_version_key(state["prefix"])
+        transaction = state["client"].pipeline()  # MULTI/EXEC: atomic, one round trip
+        transaction.set(key, int(time.time() * 1000), nx=True)
+        transaction.incr(key)
+        return transaction.execute()[1]
+
+    return _guarded(bump)

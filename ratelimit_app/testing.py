@@ -49,11 +49,15 @@ class RedisServer:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if self.client().ping():
+                # another test run may have grabbed the same free port first: make sure the
+                # server answering is ours
+                if self.client().info("server")["process_id"] == self.process.pid:
                     return self
+                raise RuntimeError(f"port {self.port} is served by another redis-server")
             except redis.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                    raise RuntimeError(
+                        f"redis-server did not start on port {self.port}") from None
                 time.sleep(0.02)  # waiting for a process to come up, not for test timing
 
     def stop(self):

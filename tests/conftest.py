@@ -5,7 +5,7 @@ import os
 import pytest
 from django.test import override_settings
 
-from ratelimit_app import policy, storage
+from ratelimit_app import metrics, policy, storage
 from ratelimit_app.deny_cache import deny_cache
 from ratelimit_app.testing import RedisServer
 
@@ -46,6 +46,7 @@ def _clean_state(redis_server):
     storage.reset()
     policy.reset()
     deny_cache.clear()
+    metrics.reset(background=False)  # tests flush with metrics.flusher.flush_now()
     yield
 
 

@@ -1,0 +1,37 @@
+"""1. Decision cost in-process: ours (whole path, 4 levels) vs the bare EVALSHA floor vs DRF
+UserRateThrottle (history 10 / 1,000 / 10,000) vs django-ratelimit, all on the same Redis."""
+
+from . import alternatives
+from .harness import interleave, median, paired_ratio, spread, table, verdict
+
+TARGET = 1.15
+
+
+def run(env, quick):
+    user = env.users[4]
+    variants = {
+        "django-redis GET (reference)": alternatives.cache_get(),
+        "floor: bare 4-key EVALSHA": alternatives.floor(),
+        "ours: 4 levels, whole path": alternatives.ours(user),
+        "DRF UserRateThrottle, history 10": alternatives.drf_user_throttle(user, 10),
+        "DRF UserRateThrottle, history 1,000": alternatives.drf_user_throttle(user, 1000),
+        "DRF UserRateThrottle, history 10,000": alternatives.drf_user_throttle(user, 10_000),
+        "django-ratelimit is_ratelimited": alternatives.django_ratelimit(user),
+    }
+    rounds, batch = (5, 200) if quick else (15, 500)
+    samples = interleave(variants, rounds, batch)
+    floor_name, ours_name = "floor: bare 4-key EVALSHA", "ours: 4 levels, whole path"
+    rows, results = [], {}
+    for name, values in samples.items():
+        vs_floor = paired_ratio(samples, name, floor_name)
+        vs_ours = paired_ratio(samples, name, ours_name)
+        rows.append([name, median(values), f"{spread(values):.0%}", f"{vs_floor:.2f}×",
+                     f"{vs_ours:.2f}×"])
+        results[name] = {"median_us": median(values), "samples_us": values,
+                         "ratio_to_floor": vs_floor, "ratio_to_ours": vs_ours}
+    ratio = results[ours_name]["ratio_to_floor"]
+    markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ floor", "÷ ours"],
+                     rows)
+    targets = [("1. ours ≤ 1.15× the bare EVALSHA floor", f"{ratio:.2f}×", verdict(ratio <= TARGET))]
+    return {"title": "1. Decision cost in-process", "markdown": markdown, "results": results,
+            "rounds": rounds, "batch": batch, "targets": targets}

@@ -1,0 +1,122 @@
+"""What every benchmark section shares: the environment (own Redis, SQLite in a temp dir,
+Django), interleaved timing, medians, ratios and markdown tables."""
+
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Environment:
+    """A private redis-server and a migrated SQLite database loaded with bench/fixtures.py.
+
+    Sets the environment variables the gunicorn servers and worker processes inherit.
+    """
+
+    def __init__(self):
+        self.tmpdir = tempfile.mkdtemp(prefix="ratelimit-bench-")
+        self.redis = None
+        self.users = {}
+
+    def start(self):
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from ratelimit_app.testing import RedisServer
+
+        self.redis = RedisServer().start()
+        self.redis.assert_empty()
+        os.environ.update(
+            REDIS_URL=self.redis.url,
+            BENCH_SQLITE_PATH=os.path.join(self.tmpdir, "bench.sqlite3"),
+            DJANGO_SETTINGS_MODULE="bench.settings",
+            BENCH_VARIANT="ours",
+        )
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+        from bench import fixtures
+
+        self.users = fixtures.load()
+        return self
+
+    def stop(self):
+        if self.redis is not None:
+            self.redis.stop()
+            shutil.rmtree(self.redis.workdir, ignore_errors=True)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def client(self):
+        return self.redis.client()
+
+    def reset_redis(self):
+        """Empty Redis and forget every process-local limiter state."""
+        from ratelimit_app import policy, storage
+        from ratelimit_app.deny_cache import deny_cache
+
+        self.client().flushall()
+        storage.reset()
+        policy.reset()
+        deny_cache.clear()
+
+
+def interleave(variants, rounds, batch, warmup=200):
+    """Time each callable in ``variants`` (name -> fn) in ``rounds`` rounds of ``batch`` calls,
+    the variants taking turns (A B C A B C …, the order rotated each round) so drift and noise
+    hit them alike. Returns name -> list of per-call µs, one per round."""
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    samples = {name: [] for name in names}
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = variants[name]
+            gc.collect()
+            started = time.perf_counter_ns()
+            for _ in range(batch):
+                fn()
+            samples[name].append((time.perf_counter_ns() - started) / batch / 1000)
+    return samples
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def paired_ratio(samples, name, baseline):
+    """Median over rounds of name/baseline measured in the same round (robust to drift)."""
+    return median([a / b for a, b in zip(samples[name], samples[baseline]) if b])
+
+
+def spread(values):
+    """Relative interquartile range, to show how noisy a median is."""
+    if len(values) < 4:
+        return float("nan")
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / statistics.median(values)
+
+
+def table(headers, rows):
+    """Return a markdown table."""
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdict(ok):
+    return "met" if ok else "NOT met"

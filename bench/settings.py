@@ -1,0 +1,56 @@
+"""Settings of the benchmark servers and processes: the demo project's, pointed at the
+benchmark's own Redis and SQLite file, with the throttle chosen by ``BENCH_VARIANT``.
+
+Variants (all serve the same DRF view, so only the throttle differs):
+    none       no throttle at all
+    ours       ratelimit_app.throttling.QuotaThrottle (+ QuotaMiddleware for the headers)
+    lua        a bare 4-key Lua token bucket (bench/naive.py), no headers, no policy
+    drf        DRF AnonRateThrottle
+    ratelimit  django-ratelimit's is_ratelimited
+"""
+
+import os
+
+from project.settings import *  # noqa: F401,F403
+from project.settings import INSTALLED_APPS, REST_FRAMEWORK
+
+VARIANT = os.environ.get("BENCH_VARIANT", "ours")
+
+DEBUG = False
+ROOT_URLCONF = "bench.urls"
+INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "project.demo"] + ["bench"]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("BENCH_SQLITE_PATH", "/nonexistent/bench.sqlite3"),
+    }
+}
+
+# Only what every variant needs; the limiter's own middleware only where it is measured.
+MIDDLEWARE = ["django.middleware.common.CommonMiddleware"]
+if VARIANT == "ours":
+    MIDDLEWARE.append("ratelimit_app.middleware.QuotaMiddleware")
+
+_THROTTLES = {
+    "none": [],
+    "ours": ["ratelimit_app.throttling.QuotaThrottle"],
+    "lua": ["bench.throttles.BareLuaThrottle"],
+    "drf": ["rest_framework.throttling.AnonRateThrottle"],
+    "ratelimit": ["bench.throttles.DjangoRatelimitThrottle"],
+}
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_THROTTLE_CLASSES": _THROTTLES[VARIANT],
+    # Generous: the benchmark measures the allowed path. DRF keeps one timestamp per request of
+    # the last second in its history (about as many entries as requests per second).
+    "DEFAULT_THROTTLE_RATES": {"anon": "1000000/s", "user": "1000000/s"},
+    "UNAUTHENTICATED_USER": None,
+}
+
+SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "loggers": {"ratelimit_app": {"level": "ERROR"}}}

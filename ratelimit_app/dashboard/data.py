@@ -1,0 +1,142 @@
+"""What the dashboard shows, assembled from the metrics in Redis and this process's health.
+
+``dashboard_data`` returns plain data (the JSON endpoint's body); the page renders the same data
+with the fragment templates, and the JSON carries those fragments too so the live refresh
+replaces them without reloading the page.
+"""
+
+import time
+from urllib.parse import urlencode
+
+from django.template.loader import render_to_string
+from django.urls import reverse
+from redis.exceptions import RedisError
+
+from .. import metrics, policy, storage
+from ..models import ApiKey
+from .charts import requests_chart
+
+__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate"]
+
+# Fragment name -> template; each is a <div data-fragment="name"> on the page.
+FRAGMENTS = {
+    "summary": "ratelimit_app/dashboard_summary.html",
+    "chart": "ratelimit_app/dashboard_chart.html",
+    "rates": "ratelimit_app/dashboard_rates.html",
+    "hot_keys": "ratelimit_app/dashboard_hot_keys.html",
+    "near_limit": "ratelimit_app/dashboard_near_limit.html",
+    "health": "ratelimit_app/dashboard_health.html",
+}
+HOT_KEYS_SHOWN = 10
+
+
+def rate(denied, total):
+    """Return ``denied / total`` as a percentage rounded to 0.1 (0 when there is no traffic)."""
+    return round(100 * denied / total, 1) if total else 0.0
+
+
+def inspect_url(ref):
+    return reverse("admin:ratelimit_app_dashboard_inspect") + "?" + urlencode({"q": ref})
+
+
+def _outcome_rows(items, dimension):
+    rows = []
+    for name, counts in items.items():
+        if dimension == "rule":
+            total, denied = counts.get("checked", 0), counts.get("denied", 0)
+        else:
+            denied = counts.get("denied", 0)
+            total = counts.get("allowed", 0) + denied
+        rows.append({"name": name, "requests": total, "denied": denied,
+                     "shadow": counts.get("shadow", 0), "rate": rate(denied, total)})
+    return sorted(rows, key=lambda row: (-row["rate"], -row["requests"], row["name"]))
+
+
+def _labels(refs):
+    """Return ``{ref: label}`` for API key refs (their display alone is just a shared prefix)."""
+    ids = [int(ref[4:]) for ref in refs if ref.startswith("key:") and ref[4:].isdigit()]
+    found = ApiKey.objects.filter(pk__in=ids).select_related("user")
+    return {f"key:{k.id}": f"{k.user.get_username()} · key {k.prefix}…" for k in found}
+
+
+def _decorate(rows, labels):
+    for row in rows:
+        row["label"] = labels.get(row["ref"], row["display"])
+        row["inspect_url"] = inspect_url(row["ref"])
+        if "requests" in row:
+            row["rate"] = rate(row["denials"], row["requests"])
+    return rows
+
+
+def _health(now):
+    health = {"redis_ok": True, "redis_latency_ms": None, "redis_error": "",
+              "breaker": storage.breaker().state, "redis_errors": storage.stats.redis_errors,
+              "config_version": None, "last_flush_age_s": None,
+              "flush_error": metrics.flusher.last_error, "dropped": metrics.recorder.dropped}
+    try:
+        started = time.perf_counter()
+        storage.get_client().ping()
+        health["redis_latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        flushed_at = metrics.read_last_flush_at()
+        if flushed_at is not None:
+            health["last_flush_age_s"] = round(max(0.0, now - flushed_at), 1)
+        health["config_version"] = storage.read_config_version()
+    except (RedisError, storage.StorageUnavailable) as exc:
+        health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+    return health
+
+
+def _shadow_rules(rule_rows):
+    names = {rule.name for rule in policy.get_snapshot().rules if rule.shadow}
+    names |= {row["name"] for row in rule_rows if row["shadow"]}
+    by_name = {row["name"]: row for row in rule_rows}
+    rows = []
+    for name in sorted(names):
+        row = by_name.get(name, {"requests": 0, "shadow": 0})
+        rows.append({"name": name, "requests": row["requests"], "would_deny": row["shadow"],
+                     "rate": rate(row["shadow"], row["requests"])})
+    return rows
+
+
+def dashboard_data(window="1h", now=None, with_html=True):
+    """Return everything the dashboard shows for ``window`` ("5m", "1h" or "24h") as plain data
+    (plus ``html`` fragments when ``with_html``). Redis being down gives empty tables and a
+    health section that says so, never an exception."""
+    window = window if window in metrics.WINDOWS else "1h"
+    now = time.time() if now is None else now
+    health = _health(now)
+    series, breakdown, hot, near = [], {}, {"tokens": [], "denials": []}, []
+    if health["redis_ok"]:
+        try:
+            series = metrics.read_series(60, now=now)
+            breakdown = metrics.read_breakdown(window, now=now)
+            hot = metrics.read_hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
+            near = metrics.read_near_limit(now=now)
+        except RedisError as exc:
+            health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+    overall = breakdown.get("all", {}).get("", {})
+    allowed, denied = overall.get("allowed", 0), overall.get("denied", 0)
+    rules = _outcome_rows(breakdown.get("rule", {}), "rule")
+    labels = _labels({row["ref"] for rows in (*hot.values(), near) for row in rows})
+    data = {
+        "window": window,
+        "windows": list(metrics.WINDOWS),
+        "generated_at": now,
+        "summary": {"requests": allowed + denied, "allowed": allowed, "denied": denied,
+                    "shadow": overall.get("shadow", 0), "rate_429": rate(denied, allowed + denied),
+                    "degraded": sum(c.get("count", 0)
+                                    for c in breakdown.get("degraded", {}).values())},
+        "series": series,
+        "rates": {"plan": _outcome_rows(breakdown.get("plan", {}), "plan"),
+                  "rule": [row for row in rules if row["requests"] or row["denied"]],
+                  "endpoint": _outcome_rows(breakdown.get("endpoint", {}), "endpoint")},
+        "shadow_rules": _shadow_rules(rules),
+        "hot_keys": {metric: _decorate(rows, labels) for metric, rows in hot.items()},
+        "near_limit": _decorate(near, labels),
+        "health": health,
+    }
+    if with_html:
+        context = {**data, "chart_svg": requests_chart(series) if series else ""}
+        data["html"] = {name: render_to_string(template, context)
+                        for name, template in FRAGMENTS.items()}
+    return data

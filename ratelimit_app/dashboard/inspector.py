@@ -1,0 +1,170 @@
+"""The bucket inspector: find a client from what an operator types, show its buckets, reset them.
+
+A client is found by user name, API key prefix, IP address, or the ``ref`` a hot-key row links
+with (``user:<id>``, ``key:<id>``, ``ip:<address>``). Its identity comes from
+``identity.identify`` on a synthetic request, so plans, tenants and overrides resolve exactly as
+they do for its real requests; buckets are read with a non-debiting Lua call.
+"""
+
+import dataclasses
+import ipaddress
+
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest
+from redis.exceptions import RedisError
+
+from .. import engine, policy, storage
+from ..identity import identify
+from ..models import ApiKey, Scope
+
+__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "ref_of"]
+
+MAX_QUERY_LENGTH = 200
+# Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
+CLIENT_SCOPES = (Scope.USER, Scope.IP)
+
+
+@dataclasses.dataclass
+class Lookup:
+    """What a query found: one ``identity``, several ``choices`` [(ref, label)], or nothing."""
+
+    query: str
+    identity: object = None
+    label: str = ""
+    choices: list = dataclasses.field(default_factory=list)
+
+
+def ref_of(identity):
+    """Return the ref that finds ``identity`` again (as hot-key rows link to it)."""
+    if identity.kind == "key":
+        return f"key:{identity.api_key_id}"
+    if identity.kind == "user":
+        return f"user:{identity.user_id}"
+    return f"ip:{identity.ip}"
+
+
+def key_label(api_key):
+    return f"key {api_key.prefix}… ({api_key.user.get_username()} / {api_key.name})"
+
+
+def _request(ip="0.0.0.0"):
+    request = HttpRequest()
+    request.META = {"REMOTE_ADDR": ip}
+    request.method = "GET"
+    return request
+
+
+def _ip_identity(text, snapshot):
+    try:
+        network = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return None
+    # an IPv6 client is limited per network: any address of it finds the same buckets
+    return identify(_request(str(network.network_address)), None, snapshot)
+
+
+def _user_identity(user, snapshot):
+    return identify(_request(), user, snapshot)
+
+
+def _key_identity(api_key, snapshot):
+    base = identify(_request(), api_key.user, snapshot)
+    return dataclasses.replace(
+        base, kind="key", display=f"key {api_key.prefix}…", api_key_id=api_key.id,
+        user_id=str(api_key.user_id), tenant=api_key.tenant or base.tenant,
+        plan=(api_key.plan.slug if api_key.plan_id else None) or base.plan)
+
+
+def find_identity(query, snapshot):
+    """Return a :class:`Lookup` for what an operator typed (never raises on odd input)."""
+    text = (query or "").strip()[:MAX_QUERY_LENGTH]
+    lookup = Lookup(query=text)
+    if not text:
+        return lookup
+    kind, _, value = text.partition(":")
+    User = get_user_model()
+    keys = ApiKey.objects.select_related("user", "plan")
+    if kind == "key" and value.isdigit():
+        api_key = keys.filter(pk=int(value)).first()
+        if api_key:
+            lookup.identity, lookup.label = _key_identity(api_key, snapshot), key_label(api_key)
+        return lookup
+    if kind == "user" and value.isdigit():
+        user = User.objects.filter(pk=int(value)).first()
+        if user:
+            lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
+        return lookup
+    if kind == "ip":
+        text = value
+    identity = _ip_identity(text, snapshot)
+    if identity is not None:
+        lookup.identity, lookup.label = identity, f"IP {identity.ip}"
+        return lookup
+    user = User.objects.filter(**{User.USERNAME_FIELD: text}).first()
+    if user is not None:
+        lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
+        return lookup
+    prefix = text.removeprefix("key ").rstrip("…").strip()[:ApiKey.PREFIX_LENGTH]
+    found = list(keys.filter(prefix__startswith=prefix).order_by("id")[:20]) if len(prefix) >= 3 \
+        else []
+    if len(found) == 1:
+        lookup.identity, lookup.label = _key_identity(found[0], snapshot), key_label(found[0])
+    else:
+        lookup.choices = [(f"key:{k.id}", key_label(k)) for k in found]
+    return lookup
+
+
+def _client_buckets(identity, snapshot):
+    """Return the buckets of every endpoint that apply to ``identity`` (None when exempt)."""
+    endpoints = [""] + sorted({rule.endpoint for rule in snapshot.rules if rule.endpoint})
+    found = {}
+    for endpoint in endpoints:
+        buckets = engine.plan_buckets(snapshot, identity, endpoint, 1)
+        if buckets is None:
+            return None
+        for bucket in buckets:
+            # a signed-in client's IP buckets depend on where it calls from: inspect the IP
+            if bucket.rule.scope == Scope.IP and identity.kind != "anonymous":
+                continue
+            found.setdefault(bucket.key, bucket)
+    return list(found.values())
+
+
+def bucket_rows(identity, snapshot):
+    """Return ``(rows, exempt)``: one dict per bucket with rule, scope, endpoint, mode, tokens,
+    capacity, percent and time to full. Raises ``storage.StorageUnavailable``."""
+    buckets = _client_buckets(identity, snapshot)
+    if buckets is None:
+        return [], True
+    if not buckets:
+        return [], False
+    _allowed, statuses, _version = engine.take(buckets, debit=False)
+    rows = []
+    for bucket, status in zip(buckets, statuses):
+        rule = bucket.rule
+        rows.append({
+            "rule": rule.name, "scope": rule.scope, "endpoint": rule.endpoint or "every endpoint",
+            "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
+            "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
+            "full_in_s": status.full_s, "rate": f"{rule.rate} per {rule.period_s} s",
+            "own": rule.scope in CLIENT_SCOPES,
+        })
+    return rows, False
+
+
+def reset_buckets(identity, snapshot):
+    """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay) and
+    bump the config version so workers drop stale local denials. Returns
+    ``(keys deleted, new config version)``; raises ``storage.StorageUnavailable``."""
+    buckets = _client_buckets(identity, snapshot) or []
+    own = [b.key for b in buckets if b.rule.scope in CLIENT_SCOPES]
+    deleted = 0
+    if own:
+        try:
+            # one identity's keys share a hash tag: one DEL, even on Redis Cluster
+            deleted = storage.get_client().delete(*own)
+        except RedisError as exc:
+            raise storage.StorageUnavailable(str(exc)) from exc
+    version = storage.bump_config_version()
+    policy.observe_version(str(version))  # this process need not wait for its next poll
+    return deleted, version

@@ -1,0 +1,122 @@
+"""System checks: each id appears when misconfigured, not when configured right, with a hint."""
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.checks import run_checks
+from django.test import override_settings
+
+MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
+THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+REDIS_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0",
+               "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}}
+
+
+def messages():
+    """Return {id: message} of this app's checks under the current settings."""
+    found = {}
+    for message in run_checks():
+        if message.id.startswith("ratelimit_app."):
+            assert message.hint, message.id
+            found[message.id] = message
+    return found
+
+
+def ratelimit(**changes):
+    return override_settings(RATELIMIT_APP={**django_settings.RATELIMIT_APP, **changes})
+
+
+def without_middleware():
+    return [m for m in django_settings.MIDDLEWARE if m != MIDDLEWARE_PATH]
+
+
+def test_demo_settings_pass_every_check():
+    assert messages() == {}
+
+
+@pytest.mark.parametrize("caches, alias", [
+    ({"default": REDIS_CACHE}, "buckets"),                                      # no such alias
+    ({"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}, "default"),
+    ({"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",     # Django's own
+                  "LOCATION": "redis://127.0.0.1:1/0"}}, "default"),
+])
+def test_e001_cache_alias_must_be_a_django_redis_cache(caches, alias):
+    with override_settings(CACHES=caches), ratelimit(CACHE_ALIAS=alias):
+        found = messages()
+    assert "ratelimit_app.E001" in found
+    assert alias in found["ratelimit_app.E001"].msg
+
+
+def test_e001_not_raised_for_a_django_redis_alias():
+    with override_settings(CACHES={"default": REDIS_CACHE, "buckets": REDIS_CACHE}), \
+            ratelimit(CACHE_ALIAS="buckets"):
+        assert "ratelimit_app.E001" not in messages()
+
+
+def test_e002_middleware_before_authentication():
+    order = [m for m in without_middleware() if m != AUTH_MIDDLEWARE]
+    with override_settings(MIDDLEWARE=[MIDDLEWARE_PATH, *order[:-1], AUTH_MIDDLEWARE, order[-1]]):
+        assert "ratelimit_app.E002" in messages()
+    with override_settings(MIDDLEWARE=[*order, AUTH_MIDDLEWARE, MIDDLEWARE_PATH]):
+        assert "ratelimit_app.E002" not in messages()
+
+
+def test_e003_unknown_setting():
+    with ratelimit(TRUSTED_PROXY=["10.0.0.1"]):
+        found = messages()
+    assert "TRUSTED_PROXY" in found["ratelimit_app.E003"].msg
+    with ratelimit(TRUSTED_PROXIES=["10.0.0.1"]):
+        assert "ratelimit_app.E003" not in messages()
+
+
+@pytest.mark.parametrize("proxies", [["10.0.0.1", "proxy.local"], ["10.0.0.0/33"], "10.0.0.1"])
+def test_e004_bad_trusted_proxies(proxies):
+    with ratelimit(TRUSTED_PROXIES=proxies):
+        assert "ratelimit_app.E004" in messages()
+
+
+def test_e004_says_a_string_is_not_a_list():
+    with ratelimit(TRUSTED_PROXIES="10.0.0.1"):
+        found = [m for m in run_checks() if m.id == "ratelimit_app.E004"]
+    assert len(found) == 1 and "not a list" in found[0].msg
+
+
+def test_e004_not_raised_for_addresses_and_networks():
+    with ratelimit(TRUSTED_PROXIES=["10.0.0.1", "10.0.0.0/8", "2001:db8::/32", "::1"]):
+        assert "ratelimit_app.E004" not in messages()
+
+
+@pytest.mark.parametrize("name", ["TENANT_RESOLVER", "PLAN_RESOLVER"])
+def test_e005_unimportable_resolver(name):
+    for path in ("no.such.module.resolver", "tests.test_checks.no_such_function", "nodots"):
+        with ratelimit(**{name: path}):
+            found = messages()
+        assert "ratelimit_app.E005" in found and name in found["ratelimit_app.E005"].msg
+    with ratelimit(**{name: "tests.test_checks.resolver"}):
+        assert "ratelimit_app.E005" not in messages()
+
+
+def resolver(*args):
+    return None
+
+
+def test_w001_throttle_without_middleware():
+    with override_settings(MIDDLEWARE=without_middleware()):
+        assert "ratelimit_app.W001" in messages()
+
+
+def test_w002_cache_without_socket_timeouts():
+    bare = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
+    with override_settings(CACHES={"default": bare}):
+        assert "ratelimit_app.W002" in messages()
+    with override_settings(CACHES={"default": REDIS_CACHE}):
+        assert "ratelimit_app.W002" not in messages()
+
+
+def test_w003_neither_adapter_configured():
+    rest = {**django_settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": []}
+    with override_settings(MIDDLEWARE=without_middleware(), REST_FRAMEWORK=rest):
+        found = messages()
+    assert "ratelimit_app.W003" in found and "ratelimit_app.W001" not in found
+    with override_settings(REST_FRAMEWORK=rest):  # the middleware alone is enough
+        assert "ratelimit_app.W003" not in messages()

@@ -1,0 +1,117 @@
+"""The dashboard in headless Debian Chromium (Playwright) against pytest-django's live server.
+
+Traffic comes from the ``ratelimit_traffic`` command sent to the live server over HTTP, so it
+crosses the real middleware and throttle; the test flushes the metrics itself (no sleeps).
+Screenshots go to the git-ignored ``screenshots/`` folder.
+"""
+
+import io
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from playwright.sync_api import expect
+
+import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
+from ratelimit_app import metrics
+from ratelimit_app.keys import scope_token
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
+DASHBOARD = "/admin/ratelimit_app/dashboard/"
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="session")
+def base_url():
+    """Replaces pytest-playwright's fallback ``base_url`` (a plugin method pytest 9 warns about,
+    and warnings are errors here). Pages are opened by full URL."""
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright(django_db_setup):
+    """Playwright's sync API runs an event loop in this thread, which Django takes for an async
+    context; the ORM calls of these tests are plain sync code. (Depending on django_db_setup
+    creates the test database before Playwright starts.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
+
+
+def send_traffic(live_server, requests):
+    call_command("ratelimit_traffic", url=live_server.url, requests=requests, rps=0,
+                 duration=60, stdout=io.StringIO())
+    metrics.flusher.flush_now()
+
+
+@pytest.fixture
+def dashboard(live_server, page, settings):
+    """A signed-in admin on the dashboard after demo traffic; yields (page, console errors)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "DASHBOARD_REFRESH_S": 1}
+    call_command("load_demo", stdout=io.StringIO())
+    send_traffic(live_server, 120)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{live_server.url}/admin/login/?next={DASHBOARD}")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "admin")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{DASHBOARD}")
+    # Collected from here on: the admin's own login page has no favicon link, ours do.
+    errors = []
+    page.on("console", lambda message: errors.append(message.text)
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("response", lambda response: errors.append(f"{response.status} {response.url}")
+            if response.status >= 400 else None)
+    page.reload()
+    SCREENSHOTS.mkdir(exist_ok=True)
+    yield page, errors
+
+
+def test_dashboard_shows_real_data_without_console_errors(dashboard):
+    page, errors = dashboard
+    bars = page.locator(".rl-chart .rl-bar")
+    expect(bars).to_have_count(60)
+    allowed = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.allowed)"))
+    denied = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.denied)"))
+    assert allowed + denied == 120 and denied > 0
+    expect(page.locator('[data-stat="requests"]')).to_have_text("120")
+    top = page.locator('[data-table="hot-denials"] tbody tr').first
+    expect(top.locator(".rl-identity")).to_have_text("127.0.0.1")  # the anonymous scraper
+    expect(page.get_by_text("Requests per minute", exact=True)).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-light.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-dark.png"), full_page=True)
+    assert errors == []
+
+
+def test_live_refresh_updates_numbers_without_reloading(dashboard, live_server):
+    page, errors = dashboard
+    counter = page.locator('[data-stat="requests"]')
+    expect(counter).to_have_text("120")
+    page.evaluate("window.rlNotReloaded = true")
+    send_traffic(live_server, 30)
+    expect(counter).to_have_text("150", timeout=TIMEOUT_MS)  # polls until the refresh lands
+    assert page.evaluate("window.rlNotReloaded") is True
+    expect(page.locator("[data-status]")).to_contain_text("updated")
+    assert errors == []
+
+
+def test_reset_from_the_inspector_empties_the_clients_buckets(dashboard, redis_server):
+    page, errors = dashboard
+    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    free_ip = page.locator('[data-table="buckets"] tr[data-rule="free-ip"]')
+    expect(free_ip).to_have_attribute("data-capacity", "40")
+    assert int(free_ip.get_attribute("data-tokens")) < 5  # drained (refills 1 per 3 s)
+    page.click("text=Reset this client's buckets…")
+    expect(page.get_by_text("Reset the buckets of")).to_be_visible()
+    page.click("input[value='Yes, reset']")
+    expect(page.locator(".messagelist")).to_contain_text("Reset the buckets of IP 127.0.0.1")
+    expect(free_ip).to_have_attribute("data-tokens", "40")
+    page.screenshot(path=str(SCREENSHOTS / "inspector-after-reset.png"), full_page=True)
+    token = scope_token("ip", "127.0.0.1")
+    assert redis_server.client().keys(f"rl:{{{token}}}*") == []
+    assert errors == []

@@ -1,0 +1,310 @@
+"""metrics.py: in-process counting, the hot-key sketch, the flush to Redis and the reads back."""
+
+import contextlib
+import io
+import random
+import threading
+import time
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.test import override_settings
+
+from ratelimit_app import metrics
+from ratelimit_app.buckets import PolicyStatus
+from ratelimit_app.engine import Decision
+from ratelimit_app.identity import Identity
+from ratelimit_app.metrics import Flusher, Recorder, SpaceSaving
+
+T0 = 1_700_000_040.0  # unix seconds, 0 s into a minute
+
+
+class FakeClock:
+    def __init__(self, now=T0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def config(**extra):
+    """override_settings for RATELIMIT_APP that keeps the project's own keys."""
+    return override_settings(RATELIMIT_APP={**settings.RATELIMIT_APP, **extra})
+
+
+def ip_identity(ip="10.0.0.1", plan="free"):
+    return Identity(kind="anonymous", display=ip, ip=ip, plan=plan)
+
+
+def key_identity(key_id=7, plan="pro"):
+    return Identity(kind="key", display="key rk_test_…", ip="10.0.0.9", plan=plan,
+                    user_id="3", api_key_id=key_id)
+
+
+def status(name, remaining=5, burst=10, short=False, shadow=False, token="ip.abc"):
+    return PolicyStatus(name=name, quota=10, window_s=60, burst=burst, remaining=remaining,
+                        reset_s=1, full_s=10, cost=1, shadow=shadow, short=short,
+                        key=f"rl:{{{token}}}:1:{token}", level_units=remaining * 60000)
+
+
+def decision(allowed=True, identity=None, policies=(), endpoint="api:items", cost=1,
+             shadow=()):
+    policies = tuple(policies) or (status("free-ip", short=not allowed),)
+    violated = tuple(p.name for p in policies if p.short and not p.shadow)
+    return Decision(allowed=allowed, policies=policies, violated=violated,
+                    shadow_violations=tuple(shadow), identity=identity or ip_identity(),
+                    endpoint=endpoint, cost=cost)
+
+
+def hash_of(redis_client, key):
+    return {k.decode(): int(v) for k, v in redis_client.hgetall(key).items()}
+
+
+@contextlib.contextmanager
+def commands_sent(redis_client):
+    """Collect the commands clients send to the server, by name, from the slow log with a zero
+    threshold. Commands a Lua script runs inside are logged from the fake address "?:0" (and
+    would be counted by INFO commandstats): they are not round trips, so they are left out."""
+    sent = []
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    redis_client.config_set("slowlog-max-len", 10_000)
+    redis_client.slowlog_reset()
+    try:
+        yield sent
+        entries = redis_client.slowlog_get(10_000)
+    finally:
+        redis_client.config_set("slowlog-log-slower-than", 10_000)
+        redis_client.slowlog_reset()
+    for entry in reversed(entries):
+        name = entry["command"].split()[0].decode().lower()
+        if name not in ("slowlog", "config") and entry["client_address"] != b"?:0":
+            sent.append(name)
+
+
+# --- the sketch ---------------------------------------------------------------------------------
+
+def test_space_saving_keeps_every_heavy_hitter_within_capacity():
+    rng = random.Random(7)
+    sketch, truth = SpaceSaving(20), {}
+    stream = [f"heavy{i}" for i in range(5) for _ in range(1000)]
+    stream += [f"noise{rng.randrange(100_000)}" for _ in range(5000)]
+    rng.shuffle(stream)
+    for member in stream:
+        sketch.add(member, 1, 1, 0)
+        truth[member] = truth.get(member, 0) + 1
+    assert len(sketch) == 20
+    threshold = len(stream) / 20
+    for member, count in truth.items():
+        if count > threshold:
+            weight, error = sketch.entries[member][:2]
+            assert weight - error <= count <= weight  # Space-Saving's bounds
+    assert {m for m, _ in sketch.top(5)} == {f"heavy{i}" for i in range(5)}
+
+
+def test_space_saving_ignores_untracked_zero_weight_but_updates_tracked_stats():
+    sketch = SpaceSaving(2)
+    sketch.add("a", 0, 0, 1)
+    assert len(sketch) == 0
+    sketch.add("a", 5, 5, 0)
+    sketch.add("a", 0, 0, 1)  # a denial of a tracked member is counted in its stats
+    assert sketch.entries["a"] == [5, 0, 5, 1, 2]
+
+
+# --- counting -----------------------------------------------------------------------------------
+
+def test_record_counts_allowed_denied_and_shadow_by_rule_plan_and_endpoint():
+    recorder = Recorder(clock=FakeClock())
+    recorder.record(decision(True, policies=[status("free-ip"), status("trial", shadow=True,
+                                                                       short=True)],
+                             shadow=["trial"]))
+    recorder.record(decision(False, endpoint="api:search"))
+    counts = recorder.counts()
+    assert counts["all", "", "allowed"] == 1 and counts["all", "", "denied"] == 1
+    assert counts["all", "", "shadow"] == 1
+    assert counts["plan", "free", "allowed"] == 1 and counts["plan", "free", "denied"] == 1
+    assert counts["endpoint", "api:search", "denied"] == 1
+    assert counts["rule", "free-ip", "checked"] == 2 and counts["rule", "free-ip", "denied"] == 1
+    assert counts["rule", "trial", "shadow"] == 1 and ("rule", "trial", "denied") not in counts
+
+
+def test_tokens_count_only_allowed_requests_and_denials_per_identity():
+    recorder = Recorder(clock=FakeClock())
+    for _ in range(3):
+        recorder.record(decision(True, identity=key_identity(), cost=5))
+    recorder.record(decision(False, identity=key_identity(), cost=5))
+    pending = recorder.take_pending()[int(T0 // 60)]
+    member = metrics.identity_member(key_identity())
+    assert member == "key:7|pro|key rk_test_…"
+    assert pending.by_tokens.entries[member][2:] == [15, 1, 4]  # tokens, denials, requests
+
+
+def test_record_decision_is_off_when_metrics_are_disabled():
+    with config(METRICS_ENABLED=False):
+        metrics.record_decision(decision())
+    assert metrics.recorder.counts() == {}
+    metrics.record_decision(decision())
+    assert metrics.recorder.counts()["all", "", "allowed"] == 1
+    assert not metrics.flusher.running  # the suite keeps the background thread off
+
+
+def test_hot_key_memory_is_bounded_when_an_attacker_uses_100k_identities(redis_client):
+    """100 000 distinct attacker IPs and one heavy hitter: the process keeps at most
+    HOT_KEYS_CAPACITY identities per sketch, Redis at most METRICS_HOT_KEYS_STORED per set, and
+    the heavy hitter is ranked first with its exact count."""
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    heavy = ip_identity("203.0.113.7")
+    with config(HOT_KEYS_CAPACITY=50, METRICS_HOT_KEYS_STORED=20):
+        for i in range(100_000):
+            recorder.record(decision(False, identity=ip_identity(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}")))
+            if i % 10 == 0:
+                recorder.record(decision(False, identity=heavy))
+        assert recorder.sketch_sizes() <= 2 * 50
+        Flusher(recorder, clock=clock).flush_now()
+        hot = metrics.read_hot_keys("5m", now=clock.now)
+    for key in redis_client.keys("rl:m:hot*"):
+        assert redis_client.zcard(key) <= 20
+    top = hot["denials"][0]
+    assert top["display"] == "203.0.113.7" and top["denials"] == 10_000
+
+
+def test_near_limit_tracks_client_buckets_only_and_stays_capped():
+    recorder = Recorder(clock=FakeClock())
+    low_client = status("free-user", remaining=1, burst=10, token="key.abc")
+    low_shared = status("global", remaining=0, burst=10, token="global")
+    recorder.record(decision(True, identity=key_identity(), policies=[low_client, low_shared]))
+    for i in range(metrics.NEAR_LIMIT_CAPACITY + 50):
+        recorder.record(decision(True, identity=ip_identity(f"10.1.{i >> 8}.{i & 255}"),
+                                 policies=[status("free-ip", remaining=0, burst=40)]))
+    near = recorder.take_pending()[int(T0 // 60)].near
+    assert len(near) == metrics.NEAR_LIMIT_CAPACITY
+    assert not any(rule == "global" for _member, rule in near)
+
+
+# --- flushing -----------------------------------------------------------------------------------
+
+def test_flush_writes_per_minute_and_hourly_series_with_ttl(redis_client):
+    clock = FakeClock(T0 + 59)  # the last second of a minute
+    recorder = Recorder(clock=clock)
+    flusher = Flusher(recorder, clock=clock)
+    recorder.record(decision(True))
+    clock.now = T0 + 61  # the next minute
+    recorder.record(decision(False))
+    with config(METRICS_RETENTION_S=600):
+        sent = flusher.flush_now()
+    assert sent > 0 and flusher.flush_now() == 0  # nothing left to send
+    minute = int(T0 // 60)
+    first, second = hash_of(redis_client, f"rl:m:c:{minute}"), hash_of(redis_client, f"rl:m:c:{minute + 1}")
+    assert first["all||allowed"] == 1 and "all||denied" not in first
+    assert second["all||denied"] == 1 and second["rule|free-ip|denied"] == 1
+    assert 590 < redis_client.ttl(f"rl:m:c:{minute}") <= 600
+    assert 4190 < redis_client.ttl(f"rl:m:ch:{minute // 60}") <= 4200
+    assert hash_of(redis_client, f"rl:m:ch:{minute // 60}")["all||allowed"] == 1
+    assert metrics.read_totals()["all", "", "denied"] == 1
+    series = metrics.read_series(60, now=clock.now)
+    assert len(series) == 60 and series[-1] == {"minute": (minute + 1) * 60, "allowed": 0,
+                                                "denied": 1, "shadow": 0}
+    assert series[-2]["allowed"] == 1
+    assert metrics.read_last_flush_at() == clock.now
+
+
+def test_flush_adds_up_counts_from_several_flushes_and_processes(redis_client):
+    clock = FakeClock()
+    workers = [Recorder(clock=clock), Recorder(clock=clock)]
+    for worker in workers:
+        worker.record(decision(False, identity=key_identity()))
+        worker.record(decision(True, identity=key_identity(), cost=3))
+        Flusher(worker, clock=clock).flush_now()
+    breakdown = metrics.read_breakdown("5m", now=clock.now)
+    assert breakdown["all"][""] == {"allowed": 2, "denied": 2}
+    row = metrics.read_hot_keys("1h", now=clock.now)["denials"][0]
+    assert (row["ref"], row["tokens"], row["denials"], row["requests"]) == ("key:7", 6, 2, 4)
+    assert metrics.read_hot_keys("24h", now=clock.now)["tokens"][0]["tokens"] == 6
+
+
+def test_metric_keys_have_no_hash_tag_and_no_command_touches_two_keys(redis_server, redis_client):
+    """What makes the metrics work unchanged on Redis Cluster."""
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    recorder.record(decision(False, policies=[status("free-ip", remaining=0, short=True)]))
+    before = redis_client.info("commandstats")
+    Flusher(recorder, clock=clock).flush_now()
+    metrics.read_breakdown("1h", now=clock.now)
+    metrics.read_hot_keys("1h", now=clock.now)
+    metrics.read_near_limit(now=clock.now)
+    after = redis_client.info("commandstats")
+    used = {k.removeprefix("cmdstat_") for k in after
+            if after[k]["calls"] != before.get(k, {}).get("calls", 0)} - {"info"}
+    assert used <= {"hincrby", "expire", "zincrby", "zremrangebyrank", "zadd", "set", "hgetall",
+                    "zrange"}
+    written = [k.decode() for k in redis_client.keys("*")]
+    assert written and all(k.startswith("rl:m:") and "{" not in k for k in written)
+
+
+def test_near_limit_sightings_are_read_back_newest_per_identity_and_rule():
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    recorder.record(decision(True, identity=key_identity(),
+                             policies=[status("pro-user", remaining=3, burst=200, token="key.x")]))
+    clock.now += 1
+    recorder.record(decision(True, identity=key_identity(),
+                             policies=[status("pro-user", remaining=2, burst=200, token="key.x")]))
+    Flusher(recorder, clock=clock).flush_now()
+    near = metrics.read_near_limit(now=clock.now)
+    assert [(row["ref"], row["rule"], row["remaining"], row["burst"]) for row in near] == [
+        ("key:7", "pro-user", 2, 200)]
+
+
+def test_a_failed_flush_drops_the_counts_and_never_raises(redis_server):
+    recorder = Recorder(clock=FakeClock())
+    flusher = Flusher(recorder)
+    recorder.record(decision())
+    recorder.record(decision(False))
+    redis_server.kill()
+    try:
+        assert flusher.flush_now() == 0
+    finally:
+        redis_server.start()
+    assert recorder.dropped == 2 and "ConnectionError" in flusher.last_error
+    assert flusher.flush_now() == 0  # nothing pending any more
+
+
+def test_background_thread_flushes_by_itself_and_stops(redis_client):
+    recorder = Recorder()
+    flusher = Flusher(recorder)
+    recorder.record(decision())
+    with config(METRICS_FLUSH_INTERVAL_S=0.02):
+        flusher.ensure_running()
+        try:
+            deadline = time.monotonic() + 5
+            while flusher.flushes == 0 and time.monotonic() < deadline:
+                threading.Event().wait(0.01)  # polling a real thread, with a deadline
+        finally:
+            flusher.stop()
+    assert flusher.flushes == 1 and not flusher.running
+    assert redis_client.keys("rl:m:c:*")
+
+
+# --- the request path ---------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_a_request_costs_one_redis_command_and_the_flush_none_of_its_own(client, redis_server):
+    """Requests through the real middleware and throttle send only their EVALSHA; the counts
+    reach Redis later, in the flusher's pipeline."""
+    call_command("load_demo", stdout=io.StringIO())
+    headers = {"HTTP_X_API_KEY": "rk_demo_bob_pro"}
+    client.get("/api/items/", **headers)  # warm-up: the snapshot loads (reads the version)
+    client.get("/hello/")
+    with commands_sent(redis_server.client()) as sent:
+        for _ in range(10):
+            assert client.get("/api/items/", **headers).status_code == 200
+            assert client.get("/hello/").status_code == 200
+    assert sent == ["evalsha"] * 20
+    assert metrics.recorder.counts()["all", "", "allowed"] == 22
+    with commands_sent(redis_server.client()) as sent:
+        metrics.flusher.flush_now()
+    assert "hincrby" in sent and "evalsha" not in sent
+    breakdown = metrics.read_breakdown("5m")
+    assert breakdown["plan"]["pro"]["allowed"] == 11
+    assert breakdown["endpoint"]["hello"]["allowed"] == 11
