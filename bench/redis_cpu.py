@@ -1,16 +1,27 @@
 """2. Redis CPU per decision: ``usec_per_call`` of EVALSHA in INFO commandstats (the script's whole
-run inside Redis), ours vs the naive script, 1 to 6 levels. Also the redis.call count per call."""
+run inside Redis), ours vs the naive script, 1 to 6 levels, plus the redis.call count per call.
 
-from . import alternatives
+Measured two ways. *Under load*: the exact calls of a decision (ours: the keys and arguments the
+engine builds; naive: its own) are sent back to back in pipelines, as a busy Redis receives them;
+this is the CPU a decision costs a loaded server, and what the target is judged on. *One at a
+time*: one call per round trip through the whole path; an idle Redis wakes up for every call, so
+cache misses inflate both columns alike on a shared VM.
+"""
+
+from django.test import RequestFactory
+from django.urls import resolve
+
+from ratelimit_app import engine, guard, policy, storage
+from ratelimit_app.identity import identify
+
+from . import alternatives, naive
 from .harness import median, table, verdict
 
 TARGET_US = 10.0
+PIPELINE = 100
 
 
-def _measure(client, fn, calls):
-    client.config_resetstat()
-    for _ in range(calls):
-        fn()
+def _stats(client, calls):
     stats = client.info("commandstats")
     evalsha = stats["cmdstat_evalsha"]
     inner = sum(v["calls"] for k, v in stats.items()
@@ -18,35 +29,80 @@ def _measure(client, fn, calls):
     return evalsha["usec_per_call"], inner / evalsha["calls"]
 
 
+def _one_at_a_time(client, fn, calls):
+    client.config_resetstat()
+    for _ in range(calls):
+        fn()
+    return _stats(client, calls)
+
+
+def _under_load(client, sha, keys, args, calls):
+    client.config_resetstat()
+    pipe = client.pipeline(transaction=False)
+    for i in range(1, calls + 1):
+        pipe.evalsha(sha, len(keys), *keys, *args)
+        if i % PIPELINE == 0:
+            pipe.execute()
+    pipe.execute()
+    return _stats(client, calls)
+
+
+def _our_call(user):
+    """The keys and arguments of one decision for ``user``, exactly as the engine sends them."""
+    request = RequestFactory().get("/item/", REMOTE_ADDR="10.1.2.3")
+    request.resolver_match = resolve("/item/")
+    snapshot = policy.get_snapshot()
+    identity = identify(request, user, snapshot)
+    endpoint = guard.endpoint_name(request)
+    buckets = engine.plan_buckets(snapshot, identity, endpoint,
+                                  engine.request_cost(snapshot, request, endpoint, identity.plan))
+    args = [b"", b"1"]
+    for bucket in buckets:
+        args.extend(bucket.lua_args)
+    state = storage._load()
+    return state["take"].sha, [b.key for b in buckets] + [state["version_key"]], args
+
+
 def run(env, quick):
     client = env.client()
-    variants = {}
+    sequential, loaded = {}, {}
     for depth in range(1, 7):
-        variants[("ours", depth)] = alternatives.ours(env.users[depth])
-        variants[("naive", depth)] = alternatives.floor(f"cpu-{depth}", depth)
+        sequential[("ours", depth)] = alternatives.ours(env.users[depth])
+        sequential[("naive", depth)] = alternatives.floor(f"cpu-{depth}", depth)
+        loaded[("ours", depth)] = _our_call(env.users[depth])
+        keys, args = naive.naive_keys(f"cpu-{depth}", depth), naive.naive_args(depth)
+        loaded[("naive", depth)] = (naive.script().sha, keys, args)
     rounds, calls = (3, 500) if quick else (7, 2000)
-    for fn in variants.values():
-        fn()
-    cpu = {name: [] for name in variants}
+    for fn in sequential.values():
+        fn()  # loads both scripts
+    cpu_seq = {name: [] for name in sequential}
+    cpu_load = {name: [] for name in loaded}
     inner_calls = {}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            usec, inner = _measure(client, fn, calls)
-            cpu[name].append(usec)
+    for _ in range(rounds):  # interleaved: every variant once per round
+        for name in loaded:
+            usec, inner = _under_load(client, *loaded[name], calls * 2)
+            cpu_load[name].append(usec)
             inner_calls[name] = inner
+            usec, _ = _one_at_a_time(client, sequential[name], calls)
+            cpu_seq[name].append(usec)
     rows, results = [], {}
     for depth in range(1, 7):
-        ours, naive = median(cpu[("ours", depth)]), median(cpu[("naive", depth)])
-        rows.append([depth, ours, f"{inner_calls[('ours', depth)]:.0f}", naive,
-                     f"{inner_calls[('naive', depth)]:.0f}", f"{ours / naive:.2f}×"])
-        results[depth] = {"ours_us": ours, "naive_us": naive, "ours_samples": cpu[("ours", depth)],
-                          "naive_samples": cpu[("naive", depth)],
-                          "ours_redis_calls": inner_calls[("ours", depth)],
-                          "naive_redis_calls": inner_calls[("naive", depth)]}
-    markdown = table(["levels", "ours µs (Redis CPU)", "ours redis.calls", "naive µs",
-                      "naive redis.calls", "ours ÷ naive"], rows)
+        ours, naive_us = median(cpu_load[("ours", depth)]), median(cpu_load[("naive", depth)])
+        ours_seq, naive_seq = median(cpu_seq[("ours", depth)]), median(cpu_seq[("naive", depth)])
+        rows.append([depth, ours, f"{inner_calls[('ours', depth)]:.0f}", naive_us,
+                     f"{inner_calls[('naive', depth)]:.0f}", f"{ours / naive_us:.2f}×",
+                     ours_seq, naive_seq])
+        results[depth] = {
+            "ours_us": ours, "naive_us": naive_us, "ours_one_at_a_time_us": ours_seq,
+            "naive_one_at_a_time_us": naive_seq, "ours_samples": cpu_load[("ours", depth)],
+            "naive_samples": cpu_load[("naive", depth)],
+            "ours_redis_calls": inner_calls[("ours", depth)],
+            "naive_redis_calls": inner_calls[("naive", depth)]}
+    markdown = table(["levels", "ours µs under load", "ours redis.calls", "naive µs under load",
+                      "naive redis.calls", "ours ÷ naive", "ours µs one at a time",
+                      "naive µs one at a time"], rows)
     four = results[4]["ours_us"]
-    targets = [("2. Redis CPU ≤ 10 µs per 4-level decision", f"{four:.1f} µs",
+    targets = [("2. Redis CPU ≤ 10 µs per 4-level decision (under load)", f"{four:.1f} µs",
                 verdict(four <= TARGET_US))]
     return {"title": "2. Redis CPU per decision (INFO commandstats, evalsha usec_per_call)",
             "markdown": markdown, "results": results, "targets": targets}

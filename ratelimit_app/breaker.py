@@ -34,6 +34,8 @@ class CircuitBreaker:
 
     def allow_call(self):
         """Return True if a call to Redis may be attempted now."""
+        if self._opened_at is None:
+            return True  # closed: the common case needs no lock
         with self._lock:
             if self._opened_at is None:
                 return True
@@ -43,6 +45,8 @@ class CircuitBreaker:
             return True
 
     def record_success(self):
+        if self._opened_at is None and self._failures == 0:
+            return  # already closed and clean: nothing to write, no lock
         with self._lock:
             self._failures = 0
             self._opened_at = None

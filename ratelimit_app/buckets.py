@@ -4,15 +4,18 @@ Units (shared with ``lua/take.lua``): one token is ``period_ms`` units, so a rul
 tokens per period refills exactly ``rate`` units per millisecond and all math stays in integers.
 """
 
+import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Bucket", "PolicyStatus"]
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyStatus:
-    """The state of one bucket after a decision, as the headers and the dashboard show it."""
+class PolicyStatus(NamedTuple):
+    """The state of one bucket after a decision, as the headers and the dashboard show it.
+
+    (A NamedTuple rather than a dataclass: one is built per bucket per request.)
+    """
 
     name: str
     quota: int          # tokens per window (the rule's rate)
@@ -28,33 +31,35 @@ class PolicyStatus:
     level_units: int    # exact level in the script's units
 
 
-@dataclass(frozen=True, slots=True)
+@functools.lru_cache(maxsize=4096)
+def _lua_args(period_ms, burst, rate, cost, shadow):
+    # Encoded once per (rule numbers, cost): the same few tuples serve every request.
+    return tuple(str(n).encode() for n in
+                 (period_ms, burst * period_ms, rate, cost * period_ms, 0 if shadow else 1))
+
+
 class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
-    rule: object        # policy.CompiledRule
-    key: str
-    cost: int           # tokens
+    __slots__ = ("rule", "key", "cost", "period_ms", "capacity_units", "lua_args")
 
-    @property
-    def period_ms(self):
-        return self.rule.period_s * 1000
+    def __init__(self, rule, key, cost):
+        self.rule = rule        # policy.CompiledRule
+        self.key = key
+        self.cost = cost        # tokens
+        self.period_ms = period_ms = rule.period_s * 1000
+        self.capacity_units = rule.burst * period_ms
+        # The five script arguments: period_ms, capacity, refill per ms, cost, enforce.
+        self.lua_args = _lua_args(period_ms, rule.burst, rule.rate, cost, rule.shadow)
 
-    @property
-    def capacity_units(self):
-        return self.rule.burst * self.rule.period_s * 1000
-
-    def lua_args(self):
-        """The five script arguments: period_ms, capacity, refill per ms, cost, enforce."""
-        period_ms = self.period_ms
-        return (period_ms, self.rule.burst * period_ms, self.rule.rate, self.cost * period_ms,
-                0 if self.rule.shadow else 1)
+    def __repr__(self):
+        return f"Bucket({self.rule.name!r}, {self.key!r}, cost={self.cost})"
 
     def status(self, level_units, short):
         """Return the PolicyStatus of this bucket holding ``level_units``."""
         rule = self.rule
         period_ms, refill = self.period_ms, rule.rate
-        capacity = rule.burst * period_ms
+        capacity = self.capacity_units
         if short:
             wait_ms = (self.cost * period_ms - level_units) / refill
         elif level_units < capacity:
@@ -62,8 +67,8 @@ class Bucket:
         else:
             wait_ms = 0
         return PolicyStatus(
-            name=rule.name, quota=rule.rate, window_s=rule.period_s, burst=rule.burst,
-            remaining=int(level_units // period_ms), reset_s=math.ceil(wait_ms / 1000),
-            full_s=math.ceil(max(0, capacity - level_units) / refill / 1000), cost=self.cost,
-            shadow=rule.shadow, short=short, key=self.key, level_units=int(level_units),
+            rule.name, rule.rate, rule.period_s, rule.burst, int(level_units // period_ms),
+            math.ceil(wait_ms / 1000),
+            math.ceil(max(0, capacity - level_units) / refill / 1000), self.cost,
+            rule.shadow, short, self.key, int(level_units),
         )

@@ -6,7 +6,7 @@ are public so the admin simulator, the dashboard inspector and the benchmarks ca
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from . import policy, storage
 from .buckets import Bucket
@@ -22,17 +22,15 @@ __all__ = ["Decision", "check_request", "plan_buckets", "take",
 
 logger = logging.getLogger("ratelimit_app")
 
-# Bucket order in a request: the hierarchy from the widest scope to the narrowest.
-_SCOPE_ORDER = {Scope.GLOBAL: 0, Scope.PLAN: 1, Scope.TENANT: 2, Scope.USER: 3, Scope.IP: 3}
+class Decision(NamedTuple):
+    """The outcome of one request. ``retry_after_s`` is 0 when allowed.
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The outcome of one request. ``retry_after_s`` is 0 when allowed."""
+    (A NamedTuple rather than a dataclass: one is built per request.)
+    """
 
     allowed: bool
     retry_after_s: int = 0
-    policies: tuple = ()
+    policies: tuple = ()            # PolicyStatus per bucket, widest scope first
     violated: tuple = ()            # names of enforced policies that denied
     shadow_violations: tuple = ()   # names of shadow policies that would have denied
     identity: object = None
@@ -83,7 +81,7 @@ def plan_buckets(snapshot, identity, endpoint, cost):
         return None
     prefix = get_config()["KEY_PREFIX"]
     buckets = []
-    for rule in snapshot.rules_for(identity.plan, endpoint):
+    for rule in snapshot.rules_for(identity.plan, endpoint):  # widest scope first
         token = identity.token_for(rule.scope)
         if token is None:
             continue  # e.g. a user rule for an anonymous caller, a tenant rule without tenant
@@ -93,7 +91,6 @@ def plan_buckets(snapshot, identity, endpoint, cost):
                     rule = rule.with_numbers(o.rate, o.period_s, o.burst)
         buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
                               1 if rule.endpoint else cost))
-    buckets.sort(key=lambda b: (_SCOPE_ORDER[b.rule.scope], bool(b.rule.endpoint)))
     return buckets
 
 
@@ -103,9 +100,9 @@ def take(buckets, *, now_ms=None, debit=True):
     ``now_ms`` is for tests only (the default is the Redis server clock). Raises
     ``storage.StorageUnavailable`` when Redis cannot answer.
     """
-    args = ["" if now_ms is None else int(now_ms), "1" if debit else "0"]
+    args = [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0"]
     for bucket in buckets:
-        args.extend(bucket.lua_args())
+        args.extend(bucket.lua_args)
     reply = storage.run_take([b.key for b in buckets], args)
     allowed, version = reply[0] == 1, reply[1]
     version = version.decode() if isinstance(version, bytes) else str(version)
@@ -159,7 +156,8 @@ def check_request(request, user, endpoint, *, now_ms=None):
         return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
     cached = deny_cache.lookup(buckets, snapshot.version)
     if cached is not None:
-        return replace(_decision_from(cached, False, identity, endpoint, cost), from_deny_cache=True)
+        return _decision_from(cached, False, identity, endpoint, cost)._replace(
+            from_deny_cache=True)
     sent_at = deny_cache.now()  # the cache's own clock, so an injected one stays consistent
     try:
         allowed, statuses, version = take(buckets, now_ms=now_ms)

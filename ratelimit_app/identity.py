@@ -8,7 +8,7 @@ parsed with ``ipaddress``, and nothing read from a request is used as a Redis ke
 import functools
 import ipaddress
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.utils.module_loading import import_string
 
@@ -26,9 +26,11 @@ MAX_API_KEY_LENGTH = 200
 MAX_FORWARDED_HOPS = 20
 
 
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """The caller of one request. ``display`` is safe to show staff (never a secret)."""
+class Identity(NamedTuple):
+    """The caller of one request. ``display`` is safe to show staff (never a secret).
+
+    (A NamedTuple rather than a dataclass: one is built per request.)
+    """
 
     kind: str                 # "key", "user" or "anonymous"
     display: str              # user name, "key rk_ab12…" or the client IP
@@ -67,8 +69,8 @@ class Identity:
 
 def reset():
     """Forget parsed settings (called when RATELIMIT_APP changes)."""
-    _trusted_networks.cache_clear()
-    _resolver.cache_clear()
+    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited):
+        cached.cache_clear()
 
 
 @functools.cache
@@ -82,6 +84,7 @@ def _resolver(name):
     return import_string(path) if path else None
 
 
+@functools.lru_cache(maxsize=65536)  # bounded; the same addresses come back request after request
 def _parse_ip(text):
     try:
         address = ipaddress.ip_address(text.strip())
@@ -92,6 +95,7 @@ def _parse_ip(text):
     return address
 
 
+@functools.lru_cache(maxsize=65536)
 def _is_trusted(address):
     return any(address in network for network in _trusted_networks())
 
@@ -122,6 +126,7 @@ def limited_ip(text):
     return None if address is None else _as_limited(address)
 
 
+@functools.lru_cache(maxsize=65536)
 def _as_limited(address):
     if address.version == 6:
         prefix = get_config()["IPV6_PREFIX_LENGTH"]
@@ -175,6 +180,5 @@ def identify(request, user, snapshot):
     if plan_resolver is not None:
         resolved = plan_resolver(request, identity)
         if resolved:
-            identity = Identity(kind, display, ip, resolved, identity.tenant, user_id,
-                                identity.api_key_id)
+            identity = identity._replace(plan=resolved)
     return identity

@@ -7,6 +7,7 @@ bound. The ``{tag}`` hash tag is the scope value itself, so every bucket of one 
 one Cluster slot.
 """
 
+import functools
 import hashlib
 
 __all__ = ["scope_token", "bucket_key", "config_version_key", "metrics_key"]
@@ -15,10 +16,12 @@ __all__ = ["scope_token", "bucket_key", "config_version_key", "metrics_key"]
 _DIGEST_BYTES = 16
 
 
+@functools.lru_cache(maxsize=65536)
 def scope_token(kind, value):
     """Return a key-safe token for a scope value, e.g. ``ip.3f9a…`` for ``("ip", "1.2.3.4")``.
 
     ``kind`` is one of the app's own constants; ``value`` may be anything a client sent.
+    Memoised (bounded): the same callers come back request after request.
     """
     if value is None or value == "":
         return kind

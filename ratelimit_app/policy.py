@@ -17,6 +17,9 @@ __all__ = ["CompiledRule", "Snapshot", "get_snapshot", "observe_version", "reset
 
 logger = logging.getLogger("ratelimit_app")
 
+# The hierarchy, from the widest scope to the narrowest: the order buckets are reported in.
+SCOPE_ORDER = {"global": 0, "plan": 1, "tenant": 2, "user": 3, "ip": 3}
+
 
 @dataclass(frozen=True, slots=True)
 class CompiledRule:
@@ -73,15 +76,17 @@ class Snapshot:
     _rules_for: dict = field(default_factory=dict, repr=False)
 
     def rules_for(self, plan, endpoint):
-        """Return the enabled rules that apply to a plan and endpoint (memoised per pair, so the
-        cost does not grow with rules that do not apply)."""
+        """Return the enabled rules that apply to a plan and endpoint, widest scope first and
+        endpoint rules last within a scope (memoised per pair, so the cost does not grow with
+        rules that do not apply)."""
         cache_key = (plan, endpoint)
         found = self._rules_for.get(cache_key)
         if found is None:
-            found = tuple(
-                r for r in self.rules
-                if (r.plan is None or r.plan == plan) and (not r.endpoint or r.endpoint == endpoint)
-            )
+            found = tuple(sorted(
+                (r for r in self.rules
+                 if (r.plan is None or r.plan == plan) and (not r.endpoint or r.endpoint == endpoint)),
+                key=lambda r: (SCOPE_ORDER[r.scope], bool(r.endpoint)),
+            ))
             if len(self._rules_for) < 10_000:  # endpoints are finite; bound it anyway
                 self._rules_for[cache_key] = found
         return found

@@ -57,6 +57,7 @@ def _load():
                 take=client.register_script(source),
                 breaker=CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"]),
                 prefix=config["KEY_PREFIX"],
+                version_key=keys.config_version_key(config["KEY_PREFIX"]),
             )
         return _state
 
@@ -100,8 +101,7 @@ def _guarded(operation):
 
 def run_take(bucket_keys, args):
     """Run take.lua on ``bucket_keys`` (the version key is appended) and return its reply."""
-    return _guarded(lambda s: s["take"](
-        keys=[*bucket_keys, keys.config_version_key(s["prefix"])], args=args))
+    return _guarded(lambda s: s["take"](keys=[*bucket_keys, s["version_key"]], args=args))
 
 
 def read_config_version():

@@ -69,8 +69,8 @@ def _user_identity(user, snapshot):
 
 def _key_identity(api_key, snapshot):
     base = identify(_request(), api_key.user, snapshot)
-    return dataclasses.replace(
-        base, kind="key", display=f"key {api_key.prefix}…", api_key_id=api_key.id,
+    return base._replace(
+        kind="key", display=f"key {api_key.prefix}…", api_key_id=api_key.id,
         user_id=str(api_key.user_id), tenant=api_key.tenant or base.tenant,
         plan=(api_key.plan.slug if api_key.plan_id else None) or base.plan)
 
