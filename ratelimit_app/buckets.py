@@ -6,9 +6,23 @@ tokens per period refills exactly ``rate`` units per millisecond and all math st
 
 import functools
 import math
+import struct
 from typing import NamedTuple
 
-__all__ = ["Bucket", "PolicyStatus"]
+__all__ = ["Bucket", "PolicyStatus", "pack_state", "unpack_state"]
+
+# A bucket's stored value, as take.lua writes it: level, timestamp_ms, period_ms.
+_STATE = struct.Struct("<qqq")
+
+
+def pack_state(level_units, stamp_ms, period_ms):
+    """Return a bucket value as take.lua stores it (for tests and tools)."""
+    return _STATE.pack(int(level_units), int(stamp_ms), int(period_ms))
+
+
+def unpack_state(value):
+    """Return ``(level_units, stamp_ms, period_ms)`` of a stored bucket value."""
+    return _STATE.unpack(value)
 
 
 class PolicyStatus(NamedTuple):

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from ratelimit_app.buckets import pack_state
+
 from .helpers import make_bucket, make_rule
 
 pytestmark = pytest.mark.slow
@@ -103,15 +105,15 @@ print(json.dumps(seen), flush=True)
 OPEN_GATE = """
 local t = redis.call('TIME')
 local start = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-redis.call('SET', KEYS[1], string.format('%d:%d:%d', ARGV[2], start, ARGV[3]))
-redis.call('SET', KEYS[2], string.format('0:%d:%d', start, ARGV[3]))
+redis.call('SET', KEYS[1], struct.pack('<i8i8i8', tonumber(ARGV[2]), start, tonumber(ARGV[3])))
+redis.call('SET', KEYS[2], struct.pack('<i8i8i8', 0, start, tonumber(ARGV[3])))
 return start
 """
 
 
 def closed(key, redis_client):
     """Seed ``key`` empty with no refill until the far future (nothing can pass yet)."""
-    redis_client.set(key, f"0:{FAR_FUTURE_MS}:{UNITS_PER_TOKEN}")
+    redis_client.set(key, pack_state(0, FAR_FUTURE_MS, UNITS_PER_TOKEN))
 
 
 def start_workers(config):

@@ -1,10 +1,16 @@
 """take.lua through engine.take: token math, all-or-nothing, shadow, TTLs, clock guard, units."""
 
+from ratelimit_app.buckets import unpack_state
 from ratelimit_app.engine import take
 
 from .helpers import make_bucket, make_rule
 
 T0 = 1_700_000_000_000  # an arbitrary "now" in ms; the script accepts it in tests
+
+
+def stored_state(redis_client, bucket):
+    """Return (level, timestamp_ms, period_ms) as the script stored them."""
+    return unpack_state(redis_client.get(bucket.key))
 
 
 def remaining(statuses):
@@ -100,18 +106,18 @@ def test_timestamp_never_moves_backwards(redis_client):
     assert not take([bucket], now_ms=T0)[0]
     assert not take([bucket], now_ms=T0 + 1500)[0]
     assert take([bucket], now_ms=T0 + 2000)[0]
-    level, stamp, period = redis_client.get(bucket.key).decode().split(":")
-    assert int(stamp) == T0 + 2000
+    level, stamp, period = stored_state(redis_client, bucket)
+    assert stamp == T0 + 2000
 
 
 def test_state_is_stored_as_integers(redis_client):
     bucket = make_bucket(make_rule(rate=3, period_s=7, burst=5))
     take([bucket], now_ms=T0)
     take([bucket], now_ms=T0 + 1234)
-    value = redis_client.get(bucket.key).decode()
-    assert all(part.isdigit() for part in value.split(":")), value
-    level, stamp, period = map(int, value.split(":"))
-    assert period == 7000
+    value = redis_client.get(bucket.key)
+    assert len(value) == 24  # three 64-bit integers, nothing else
+    level, stamp, period = stored_state(redis_client, bucket)
+    assert period == 7000 and stamp == T0 + 1234
     # 5 tokens - 1, + 1234 ms * 3 units/ms, - 1 token (7000 units each)
     assert level == 5 * 7000 - 7000 + 1234 * 3 - 7000
 
@@ -141,3 +147,11 @@ def test_server_clock_is_used_without_now():
 def test_reply_carries_the_config_version(redis_client):
     redis_client.set("rl:config:version", "41")
     assert take([make_bucket(make_rule())], now_ms=T0)[2] == "41"
+
+
+def test_a_value_that_is_not_a_bucket_reads_as_full(redis_client):
+    bucket = make_bucket(make_rule(rate=1, period_s=60, burst=3))
+    redis_client.set(bucket.key, "5:garbage")
+    allowed, statuses, _ = take([bucket], now_ms=T0)
+    assert allowed and statuses[0].remaining == 2
+    assert stored_state(redis_client, bucket) == (2 * 60_000, T0, 60_000)
