@@ -8,7 +8,8 @@ VARIANTS = {
     "none": "no throttle",
     "ours": "ours (QuotaThrottle, 4 levels, headers)",
     "lua": "bare 4-key Lua throttle",
-    "drf": "DRF AnonRateThrottle (one hot client)",
+    "drf": "DRF AnonRateThrottle (one hot client, rate per second)",
+    "drf-min": "DRF AnonRateThrottle (one hot client, rate per minute)",
     "ratelimit": "django-ratelimit",
 }
 
@@ -41,12 +42,14 @@ def run(env, quick):
                      f"{paired('ours', variant):.2f}×", non_2xx[variant]])
         results[variant] = {"label": label, "rps_median": median(samples[variant]),
                             "rps_samples": samples[variant], "non_2xx": non_2xx[variant]}
-    vs_lua, vs_drf = paired("ours", "lua"), paired("ours", "drf")
+    vs_lua, vs_drf, vs_drf_min = paired("ours", "lua"), paired("ours", "drf"), paired("ours", "drf-min")
     markdown = table(["variant", "req/s (median)", "÷ no throttle", "ours ÷ this", "non-2xx"],
                      rows)
     targets = [("3. HTTP: ours ≥ 0.95× a bare Lua throttle", f"{vs_lua:.2f}×",
                 verdict(vs_lua >= 0.95)),
-               ("3. HTTP: ours ≥ 1.4× DRF AnonRateThrottle", f"{vs_drf:.2f}×",
+               ("3. HTTP: ours ≥ 1.4× DRF AnonRateThrottle (rate per minute)",
+                f"{vs_drf_min:.2f}×", verdict(vs_drf_min >= 1.4)),
+               ("3. HTTP: ours ≥ 1.4× DRF AnonRateThrottle (rate per second)", f"{vs_drf:.2f}×",
                 verdict(vs_drf >= 1.4))]
     return {"title": f"3. HTTP (gunicorn 2 sync workers, wrk 32 connections, {seconds} s × "
                      f"{rounds} rounds each)", "markdown": markdown, "results": results,

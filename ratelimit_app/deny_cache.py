@@ -1,7 +1,7 @@
 """A per-process memory of recent denials, so a client hammering while denied costs no Redis call.
 
-Why it only denies what Redis would deny: when Redis denied a request at its time T, every
-bucket of that request held some level L. Until the config changes, a bucket's level can only
+Why it only denies what Redis would deny: when Redis answered a request at its time T, every
+bucket of that request held some level L afterwards (after the debit, if it was allowed). Until the config changes, a bucket's level can only
 grow by refill: other requests debit it, never credit it. So at any later time its level is at
 most ``L + refill × elapsed``. We measure ``elapsed`` from the moment the denied call was *sent*
 (T is later than that), which overestimates the refill, and add a safety margin for the network
@@ -46,9 +46,21 @@ class DenyCache:
     def __len__(self):
         return len(self._entries)
 
+    def learn(self, buckets, statuses, allowed, version, sent_at):
+        """Remember a reply from Redis if it can answer later requests: every denial, and an
+        allowed call that left an enforced bucket short of the same cost (the next identical
+        request would be denied, so there is no need to ask)."""
+        if allowed:
+            for bucket, status in zip(buckets, statuses, strict=True):
+                if status.level_units < bucket.cost * bucket.period_ms and not bucket.rule.shadow:
+                    break
+            else:
+                return  # the common case: plenty left, nothing worth remembering
+        self.remember(buckets, statuses, version, sent_at)
+
     def remember(self, buckets, statuses, version, sent_at):
-        """Record the bucket levels of a request Redis denied; ``sent_at`` is the clock reading
-        taken just before the call was sent."""
+        """Record the bucket levels Redis reported for a request; ``sent_at`` is the clock
+        reading taken just before the call was sent."""
         from .conf import get_config
 
         if not get_config()["LOCAL_DENY_CACHE"]:

@@ -164,8 +164,8 @@ def check_request(request, user, endpoint, *, now_ms=None):
     except storage.StorageUnavailable:
         return _degraded_decision(buckets, identity, endpoint, cost)
     policy.observe_version(version)
-    if not allowed and now_ms is None:
+    if now_ms is None:
         # the snapshot's version, not the reply's: the levels are only a valid bound for the
         # rules these buckets were built from
-        deny_cache.remember(buckets, statuses, snapshot.version, sent_at)
+        deny_cache.learn(buckets, statuses, allowed, snapshot.version, sent_at)
     return _decision_from(statuses, allowed, identity, endpoint, cost)

@@ -234,12 +234,39 @@ def test_a_client_hammering_while_denied_barely_touches_redis(db, redis_server):
     load_demo_data()
     client = Client()
     assert [client.get("/hello/").status_code for _ in range(40)] == [200] * 40
-    first_denial = client.get("/hello/")  # free-ip is empty: Redis denies, the cache learns
+    # the 40th call emptied free-ip: the cache learnt that from Redis's (allowed) reply
+    first_denial = client.get("/hello/")
     assert first_denial.status_code == 429
-    assert not first_denial.wsgi_request.ratelimit.from_deny_cache
     before = total_commands(redis_server)
     denied = [client.get("/hello/") for _ in range(300)]
     commands = total_commands(redis_server) - before
     assert all(r.status_code == 429 and "RateLimit" in r for r in denied)
     assert all(r.wsgi_request.ratelimit.from_deny_cache for r in denied)
     assert commands / len(denied) <= 0.1, commands
+
+
+def test_an_allowed_reply_that_empties_a_bucket_is_remembered():
+    clocks = Clocks()
+    cache = DenyCache(clock=clocks.cache_s)
+    bucket = make_bucket(make_rule(rate=1, period_s=10, burst=2))
+    for expected_entries in (0, 1):  # 2 tokens: the second call leaves the bucket empty
+        sent_at = clocks.cache_s()
+        allowed, statuses, version = take([bucket], now_ms=clocks.redis_ms())
+        assert allowed
+        cache.learn([bucket], statuses, allowed, version, sent_at)
+        assert len(cache) == expected_entries
+    assert cache.lookup([bucket], version) is not None      # answered locally ...
+    assert redis_denies([bucket], clocks.redis_ms())        # ... as Redis would
+    clocks.elapsed_ms = 10_000 - MARGIN_MS + 1  # the token may be due by arrival: ask Redis
+    assert cache.lookup([bucket], version) is None
+    assert not redis_denies([bucket], clocks.redis_ms() + MARGIN_MS)
+
+
+def test_an_allowed_reply_with_tokens_left_is_not_remembered():
+    clocks = Clocks()
+    cache = DenyCache(clock=clocks.cache_s)
+    enforced = make_bucket(make_rule(rate=1, period_s=10, burst=5), token="a")
+    shadow = make_bucket(make_rule(rate=1, period_s=10, burst=1, shadow=True), token="b")
+    allowed, statuses, version = take([enforced, shadow], now_ms=clocks.redis_ms())
+    cache.learn([enforced, shadow], statuses, allowed, version, clocks.cache_s())
+    assert allowed and len(cache) == 0  # an empty shadow bucket never makes a denial
