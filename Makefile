@@ -27,7 +27,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	@command -v redis-server >/dev/null || scripts/apt-install.sh redis-server
 	@command -v wrk >/dev/null || scripts/apt-install.sh wrk
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 staticfiles

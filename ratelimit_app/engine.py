@@ -129,9 +129,8 @@ def _decision_from(statuses, allowed, identity, endpoint, cost):
 
 
 def _degraded_decision(buckets, identity, endpoint, cost):
-    default_open = get_config()["FAIL_OPEN"]
-    closed = [b.rule.name for b in buckets if not b.rule.shadow
-              and not (default_open if b.rule.fail_open is None else b.rule.fail_open)]
+    closed = [b.rule.name for b in buckets
+              if not b.rule.shadow and not b.rule.lets_through_without_redis()]
     if closed:
         cooldown = math.ceil(get_config()["BREAKER_COOLDOWN_S"])
         return Decision(allowed=False, retry_after_s=max(1, cooldown), violated=tuple(closed),

@@ -36,6 +36,10 @@ class CompiledRule:
     shadow: bool
     fail_open: bool | None
 
+    def lets_through_without_redis(self):
+        """Return True if this rule allows requests while Redis cannot answer."""
+        return get_config()["FAIL_OPEN"] if self.fail_open is None else self.fail_open
+
     def with_numbers(self, rate, period_s, burst):
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,

@@ -137,7 +137,7 @@ def _with_key_header(request, api_key, snapshot, notes):
 
 def _report(bucket, original_rules, status=None):
     rule = bucket.rule
-    fails_open = get_config()["FAIL_OPEN"] if rule.fail_open is None else rule.fail_open
+    fails_open = rule.lets_through_without_redis()
     report = BucketReport(
         name=rule.name, scope=Scope(rule.scope).label, endpoint=rule.endpoint, rate=rule.rate,
         period_s=rule.period_s, burst=rule.burst, shadow=rule.shadow,
