@@ -1,12 +1,13 @@
 """A per-process memory of recent denials, so a client hammering while denied costs no Redis call.
 
 Why it only denies what Redis would deny: when Redis answered a request at its time T, every
-bucket of that request held some level L afterwards (after the debit, if it was allowed). Until the config changes, a bucket's level can only
-grow by refill: other requests debit it, never credit it. So at any later time its level is at
-most ``L + refill × elapsed``. We measure ``elapsed`` from the moment the denied call was *sent*
-(T is later than that), which overestimates the refill, and add a safety margin for the network
-trip of the request we did not send. If that upper bound is still below the cost of a new request
-for an enforced bucket, Redis would certainly deny it as well, and we answer locally.
+bucket of that request held some level L afterwards (after the debit, if it was allowed). Until
+the config changes, a bucket's level can only grow by refill: other requests debit it, never
+credit it. So at any later time its level is at most ``L + refill × elapsed``. We measure
+``elapsed`` from the moment the call was *sent* (T is later than that), which overestimates the
+refill, and add a safety margin for the network trip of the request we do not send. If that upper
+bound is still below the cost of a new request for an enforced bucket, Redis would certainly deny
+it as well, and we answer locally.
 
 What would invalidate the bound: a rule edit, an override, or a bucket reset from the dashboard.
 Each of these bumps the config version, and an entry is used only while the worker's snapshot
