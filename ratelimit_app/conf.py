@@ -77,6 +77,17 @@ def get_config():
     return MappingProxyType({**DEFAULTS, **user})
 
 
+def ensure_installed(adapter):
+    """Raise ImproperlyConfigured if ``adapter`` is used without ``ratelimit_app`` installed
+    (without the app there are no models, no signals and no system checks)."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not apps.is_installed("ratelimit_app"):
+        raise ImproperlyConfigured(
+            f"{adapter} needs 'ratelimit_app' in INSTALLED_APPS (its models hold the quotas).")
+
+
 def unknown_keys():
     """Return the RATELIMIT_APP keys that are not settings of this app."""
     return sorted(set(getattr(settings, "RATELIMIT_APP", {}) or {}) - set(DEFAULTS))

@@ -17,10 +17,10 @@ from .identity import identify
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "check_request", "plan_buckets", "take",
-           "request_cost"]
+__all__ = ["Decision", "check_request", "plan_buckets", "take", "request_cost"]
 
 logger = logging.getLogger("ratelimit_app")
+
 
 class Decision(NamedTuple):
     """The outcome of one request. ``retry_after_s`` is 0 when allowed.

@@ -6,9 +6,12 @@ responses of DRF views limited by ``QuotaThrottle``. DRF views are left to the t
 ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF authenticates (tokens, keys) inside the view.
 """
 
-from .conf import get_config
-from .guard import DECISION_ATTR, decide
-from .headers import apply_headers, problem_response
+from .conf import ensure_installed, get_config
+
+ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
+
+from .guard import DECISION_ATTR, decide  # noqa: E402  (needs the app's models)
+from .headers import apply_headers, problem_response  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
 

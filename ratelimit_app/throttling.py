@@ -2,7 +2,11 @@
 
 from rest_framework.throttling import BaseThrottle
 
-from .guard import decide
+from .conf import ensure_installed
+
+ensure_installed("ratelimit_app.throttling.QuotaThrottle")
+
+from .guard import decide  # noqa: E402  (needs the app's models)
 
 __all__ = ["QuotaThrottle"]
 

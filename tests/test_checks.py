@@ -120,3 +120,20 @@ def test_w003_neither_adapter_configured():
     assert "ratelimit_app.W003" in found and "ratelimit_app.W001" not in found
     with override_settings(REST_FRAMEWORK=rest):  # the middleware alone is enough
         assert "ratelimit_app.W003" not in messages()
+
+
+def test_adapters_refuse_to_load_without_the_app_installed():
+    import importlib
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    import ratelimit_app.middleware
+    import ratelimit_app.throttling
+
+    apps_without = [a for a in django_settings.INSTALLED_APPS if a != "ratelimit_app"]
+    with override_settings(INSTALLED_APPS=apps_without):
+        for module in (ratelimit_app.throttling, ratelimit_app.middleware):
+            with pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"):
+                importlib.reload(module)
+    for module in (ratelimit_app.throttling, ratelimit_app.middleware):
+        importlib.reload(module)  # and they load again once it is back
