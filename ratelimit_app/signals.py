@@ -9,7 +9,7 @@ import logging
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from . import storage
+from . import policy, storage
 from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
 
 logger = logging.getLogger("ratelimit_app")
@@ -18,7 +18,11 @@ WATCHED_MODELS = (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOver
 
 
 def bump_config_version():
-    """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again)."""
+    """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again).
+
+    This process reloads at once; the others on the reply of their next Lua call.
+    """
+    policy.reset()
     try:
         storage.bump_config_version()
     except storage.StorageUnavailable as exc:

@@ -90,3 +90,35 @@ def test_plan_page_offers_real_endpoints_in_its_inlines(signed_in_page):
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_plan.png", full_page=True)
     assert page.problems == []
+
+
+def rate_limit_of(url, policy):
+    """GET ``url``; return ``(quota, remaining)`` of ``policy`` from the RateLimit headers."""
+    import urllib.request
+
+    response = urllib.request.urlopen(url, timeout=10)
+    for field, param in (("RateLimit-Policy", "q"), ("RateLimit", "r")):
+        items = dict(item.split(";", 1) for item in response.headers[field].split(", "))
+        params = dict(p.split("=") for p in items[f'"{policy}"'].split(";"))
+        if param == "q":
+            quota = int(params["q"])
+    return quota, int(params["r"])
+
+
+def test_a_rule_edited_in_the_admin_is_enforced_without_a_restart(signed_in_page):
+    """What an operator does: open the rule, change its numbers, save; the API follows."""
+    page = signed_in_page
+    hello = f"{page.base}/hello/"
+    assert rate_limit_of(hello, "free-ip") == (20, 39)  # 20 per 60 s, burst 40
+
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/?q=free-ip")
+    page.click("text=free-ip")
+    page.fill("#id_rate", "30")
+    page.fill("#id_burst", "20")  # the smallest burst the demo's costs allow
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+
+    # the next request already sees the new rate, and the 38 tokens held are capped at 20
+    assert rate_limit_of(hello, "free-ip") == (30, 19)
+    page.screenshot(path=str(SCREENSHOTS / "admin_rule_saved.png"))
+    assert page.problems == []
