@@ -55,7 +55,7 @@ def _lua_args(period_ms, burst, rate, cost, shadow):
 class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
-    __slots__ = ("rule", "key", "cost", "period_ms", "capacity_units", "lua_args")
+    __slots__ = ("rule", "key", "cost", "period_ms", "capacity_units", "cost_units", "lua_args")
 
     def __init__(self, rule, key, cost):
         self.rule = rule        # policy.CompiledRule
@@ -63,6 +63,7 @@ class Bucket:
         self.cost = cost        # tokens
         self.period_ms = period_ms = rule.period_s * 1000
         self.capacity_units = rule.burst * period_ms
+        self.cost_units = cost * period_ms
         # The five script arguments: period_ms, capacity, refill per ms, cost, enforce.
         self.lua_args = _lua_args(period_ms, rule.burst, rule.rate, cost, rule.shadow)
 
@@ -72,17 +73,16 @@ class Bucket:
     def status(self, level_units, short):
         """Return the PolicyStatus of this bucket holding ``level_units``."""
         rule = self.rule
-        period_ms, refill = self.period_ms, rule.rate
-        capacity = self.capacity_units
+        period_ms, refill, capacity = self.period_ms, rule.rate, self.capacity_units
         if short:
-            wait_ms = (self.cost * period_ms - level_units) / refill
+            wait_ms = (self.cost_units - level_units) / refill
         elif level_units < capacity:
             wait_ms = (period_ms - level_units % period_ms) / refill  # until the next whole token
         else:
             wait_ms = 0
         return PolicyStatus(
-            rule.name, rule.rate, rule.period_s, rule.burst, int(level_units // period_ms),
-            math.ceil(wait_ms / 1000),
-            math.ceil(max(0, capacity - level_units) / refill / 1000), self.cost,
-            rule.shadow, short, self.key, int(level_units),
+            rule.name, refill, rule.period_s, rule.burst, int(level_units // period_ms),
+            math.ceil(wait_ms / 1000), math.ceil((capacity - level_units) / refill / 1000)
+            if level_units < capacity else 0,
+            self.cost, rule.shadow, short, self.key, int(level_units),
         )

@@ -74,8 +74,29 @@ def _overrides_for(snapshot, identity):
 
 
 def plan_buckets(snapshot, identity, endpoint, cost):
-    """Return the buckets a request is charged against, widest scope first, or None if the
-    caller is exempt. Endpoint rules count calls (1 token); other rules are charged ``cost``."""
+    """Return the buckets a request is charged against (a tuple, widest scope first), or None if
+    the caller is exempt. Endpoint rules count calls (1 token); other rules are charged ``cost``.
+
+    Memoised per snapshot: the same callers come back request after request with the same
+    buckets. The memo is bounded and starts afresh when full (many one-off callers then cost
+    what they would without it).
+    """
+    memo = snapshot.buckets_memo
+    memo_key = (identity, endpoint, cost)
+    found = memo.get(memo_key, _NOT_PLANNED)
+    if found is _NOT_PLANNED:
+        found = _build_buckets(snapshot, identity, endpoint, cost)
+        if len(memo) >= MAX_PLANS_MEMOISED:
+            memo.clear()
+        memo[memo_key] = found
+    return found
+
+
+_NOT_PLANNED = object()
+MAX_PLANS_MEMOISED = 4096
+
+
+def _build_buckets(snapshot, identity, endpoint, cost):
     overrides = _overrides_for(snapshot, identity)
     if any(o.exempt for o in overrides):
         return None
@@ -91,7 +112,7 @@ def plan_buckets(snapshot, identity, endpoint, cost):
                     rule = rule.with_numbers(o.rate, o.period_s, o.burst)
         buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
                               1 if rule.endpoint else cost))
-    return buckets
+    return tuple(buckets)
 
 
 def take(buckets, *, now_ms=None, debit=True):

@@ -30,11 +30,19 @@ def _sf_string(value):
 
 
 def policy_header(policies):
-    return ", ".join(f"{_sf_string(p.name)};q={p.quota};w={p.window_s}" for p in policies)
+    """Return the RateLimit-Policy value for ``policies``."""
+    return _policy_header(tuple((p.name, p.quota, p.window_s) for p in policies))
+
+
+@functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request
+def _policy_header(items):
+    return ", ".join([f"{_sf_string(name)};q={quota};w={window_s}"
+                      for name, quota, window_s in items])
 
 
 def ratelimit_header(policies):
-    return ", ".join(f"{_sf_string(p.name)};r={p.remaining};t={p.reset_s}" for p in policies)
+    """Return the RateLimit value for ``policies``."""
+    return ", ".join([f"{_sf_string(p.name)};r={p.remaining};t={p.reset_s}" for p in policies])
 
 
 def retry_after_with_jitter(seconds, identity_token):

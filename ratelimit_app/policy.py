@@ -78,6 +78,8 @@ class Snapshot:
     overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
     costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
     _rules_for: dict = field(default_factory=dict, repr=False)
+    # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
+    buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
 
     def rules_for(self, plan, endpoint):
         """Return the enabled rules that apply to a plan and endpoint, widest scope first and
