@@ -289,3 +289,25 @@ def test_ip_override_matches_the_address_as_the_identity_sees_it(override_ip, cl
     IdentityOverride.objects.create(ip=override_ip, exempt=True)
     decision = check_request(request_from(client), AnonymousUser(), "api:items", now_ms=T0)
     assert decision.exempt is (client != "::ffff:192.0.2.1")
+
+
+def test_a_callers_bucket_plan_is_memoised_per_snapshot_and_the_memo_is_bounded(monkeypatch):
+    import dataclasses
+
+    from ratelimit_app import engine
+    from ratelimit_app.identity import Identity
+
+    snapshot = Snapshot(version="1", rules=(make_rule(scope="ip"), make_rule(scope="global")))
+    caller = Identity(kind="anonymous", display="203.0.113.7", ip="203.0.113.7", plan=None)
+    first = engine.plan_buckets(snapshot, caller, "", 1)
+    assert [b.rule.scope for b in first] == ["global", "ip"]
+    assert engine.plan_buckets(snapshot, caller, "", 1) is first      # served from the memo
+    assert engine.plan_buckets(snapshot, caller, "", 2) is not first  # another cost, other plan
+
+    monkeypatch.setattr(engine, "MAX_PLANS_MEMOISED", 3)
+    for i in range(10):  # one-off callers never hold more than the bound
+        engine.plan_buckets(snapshot, caller._replace(ip=f"198.51.100.{i}"), "", 1)
+        assert len(snapshot.buckets_memo) <= 3
+
+    # a new snapshot (new rules) starts with an empty memo, even when copied from the old one
+    assert dataclasses.replace(snapshot, version="2").buckets_memo == {}
