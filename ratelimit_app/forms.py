@@ -15,6 +15,7 @@ from .endpoints import endpoint_names, list_endpoints
 from .models import (
     HTTP_METHODS,
     MAX_PERIOD_S,
+    MINIMUM_MESSAGES,
     ApiKey,
     EndpointCost,
     Rule,
@@ -35,13 +36,8 @@ __all__ = [
 
 MISSING_ENDPOINT = "not in the URLconf any more"
 
-# Shown instead of Django's "Ensure this value is greater than or equal to 1."
-MINIMUM_MESSAGES = {
-    "rate": "The rate must be at least 1 token per period.",
-    "period_s": "The period must be at least 1 second.",
-    "burst": "The burst must be at least 1 token.",
-    "cost": "The cost must be at least 1 token.",
-}
+# MINIMUM_MESSAGES (from models) are shown instead of Django's "Ensure this value is greater
+# than or equal to 1."
 # Replace the model validators' "Ensure this value is less than or equal to …".
 MAXIMUM_MESSAGES = {
     "period_s": f"The period can be at most 366 days ({MAX_PERIOD_S} seconds).",

@@ -22,6 +22,13 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
 MAX_BUCKET_UNITS = 2**50
 MAX_PERIOD_S = 366 * 24 * 3600
 RULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# What an operator reads when a number is below 1 (the admin forms show the same words).
+MINIMUM_MESSAGES = {
+    "rate": "The rate must be at least 1 token per period.",
+    "period_s": "The period must be at least 1 second.",
+    "burst": "The burst must be at least 1 token.",
+    "cost": "The cost must be at least 1 token.",
+}
 
 
 class Plan(models.Model):
@@ -185,11 +192,12 @@ class Rule(models.Model):
         if self.name and not RULE_NAME_RE.match(self.name):
             errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
                               "or digit: clients read this name in the RateLimit headers.")
-        if self.rate is not None and self.rate < 1:
-            errors["rate"] = "The rate must be at least 1 token per period."
-        if self.period_s is not None and self.period_s < 1:
-            errors["period_s"] = "The period must be at least 1 second."
-        if self.burst is not None and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
+        for field in ("rate", "period_s"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                errors[field] = MINIMUM_MESSAGES[field]
+        if self.burst is not None and self.period_s and \
+                self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             errors["burst"] = "Burst × period is too large; lower the burst or the period."
         if self.burst and not errors:
             largest = self._largest_cost()
