@@ -77,6 +77,12 @@ def get_config():
     return MappingProxyType({**DEFAULTS, **user})
 
 
+@functools.cache
+def meta_key(header):
+    """Return the ``request.META`` name of an HTTP header: ``X-Api-Key`` -> ``HTTP_X_API_KEY``."""
+    return "HTTP_" + header.upper().replace("-", "_")
+
+
 def ensure_installed(adapter):
     """Raise ImproperlyConfigured if ``adapter`` is used without ``ratelimit_app`` installed
     (without the app there are no models, no signals and no system checks)."""

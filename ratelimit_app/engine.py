@@ -10,14 +10,15 @@ from typing import NamedTuple
 
 from . import policy, storage
 from .buckets import Bucket
-from .conf import get_config
+from .conf import get_config, meta_key
 from .deny_cache import deny_cache
 from .headers import retry_after_with_jitter
 from .identity import identify
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "check_request", "plan_buckets", "take", "request_cost"]
+__all__ = ["Decision", "check_request", "plan_buckets", "take", "request_cost",
+           "earliest_retry_s", "refusing_without_redis"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -53,7 +54,7 @@ def request_cost(snapshot, request, endpoint, plan):
     cost = snapshot.cost_for(endpoint, request.method, plan)
     header = get_config()["COST_HEADER"]
     if header:
-        raw = request.META.get("HTTP_" + header.upper().replace("-", "_"))
+        raw = request.META.get(meta_key(header))
         if raw is not None:
             raw = raw.strip()
             if raw.isascii() and raw.isdigit() and len(raw) <= 12 and int(raw) >= 1:
@@ -134,13 +135,24 @@ def take(buckets, *, now_ms=None, debit=True):
     return allowed, statuses, version
 
 
+def earliest_retry_s(statuses):
+    """Return the whole seconds until every enforced policy that denied holds the cost again:
+    never earlier than their ``t``, at least 1 (no jitter)."""
+    return max([1] + [s.reset_s for s in statuses if s.short and not s.shadow])
+
+
+def refusing_without_redis(buckets):
+    """Return the names of the enforced rules among ``buckets`` that refuse requests while
+    Redis cannot answer (empty: the request is let through)."""
+    return tuple(b.rule.name for b in buckets
+                 if not b.rule.shadow and not b.rule.lets_through_without_redis())
+
+
 def _decision_from(statuses, allowed, identity, endpoint, cost):
     violated = tuple(s.name for s in statuses if s.short and not s.shadow)
     retry_after = 0
     if not allowed:
-        # never earlier than the `t` of any policy that denied; at least one second
-        retry_after = max([1] + [s.reset_s for s in statuses if s.short and not s.shadow])
-        retry_after = retry_after_with_jitter(retry_after, identity.primary_token)
+        retry_after = retry_after_with_jitter(earliest_retry_s(statuses), identity.primary_token)
     return Decision(
         allowed=allowed, retry_after_s=retry_after,
         policies=statuses, violated=violated,
@@ -150,11 +162,10 @@ def _decision_from(statuses, allowed, identity, endpoint, cost):
 
 
 def _degraded_decision(buckets, identity, endpoint, cost):
-    closed = [b.rule.name for b in buckets
-              if not b.rule.shadow and not b.rule.lets_through_without_redis()]
+    closed = refusing_without_redis(buckets)
     if closed:
         cooldown = math.ceil(get_config()["BREAKER_COOLDOWN_S"])
-        return Decision(allowed=False, retry_after_s=max(1, cooldown), violated=tuple(closed),
+        return Decision(allowed=False, retry_after_s=max(1, cooldown), violated=closed,
                         identity=identity, endpoint=endpoint, cost=cost, degraded="fail-closed")
     return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost,
                     degraded="fail-open")

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from django.utils.module_loading import import_string
 
-from .conf import get_config
+from .conf import get_config, meta_key
 from .keys import scope_token
 from .models import Scope, hash_api_key
 
@@ -48,6 +48,16 @@ class Identity(NamedTuple):
         if self.kind == "user":
             return scope_token("user", self.user_id)
         return None
+
+    @property
+    def ref(self):
+        """What finds this caller again (hot-key rows, the inspector): ``key:<id>``,
+        ``user:<id>`` or ``ip:<address>``."""
+        if self.kind == "key":
+            return f"key:{self.api_key_id}"
+        if self.kind == "user":
+            return f"user:{self.user_id}"
+        return f"ip:{self.ip}"
 
     @property
     def primary_token(self):
@@ -138,7 +148,7 @@ def _api_key(meta, snapshot):
     header = get_config()["API_KEY_HEADER"]
     if not header:
         return None
-    raw = meta.get("HTTP_" + header.upper().replace("-", "_"))
+    raw = meta.get(meta_key(header))
     if not raw or len(raw) > MAX_API_KEY_LENGTH:
         return None
     try:

@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 from . import keys, storage
 from .conf import get_config
 
-__all__ = ["record_decision", "snapshot_counts", "SpaceSaving", "Recorder", "Flusher",
+__all__ = ["record_decision", "SpaceSaving", "Recorder", "Flusher",
            "recorder", "flusher", "reset", "identity_member", "parse_member", "WINDOWS",
            "read_series", "read_breakdown", "read_hot_keys", "read_near_limit",
            "read_last_flush_at", "read_totals"]
@@ -65,16 +65,10 @@ _CLIENT_TAGS = ("{user.", "{key.", "{ip.")
 def identity_member(identity):
     """Return the hot-key member of an identity: ``"<ref>|<plan>|<display>"``.
 
-    ``ref`` is ``key:<id>``, ``user:<id>`` or ``ip:<address>``, enough for the inspector to find
-    the caller again; ``display`` is what staff see (never a secret).
+    ``ref`` (``Identity.ref``) is enough for the inspector to find the caller again; ``display``
+    is what staff see (never a secret).
     """
-    if identity.kind == "key":
-        ref = f"key:{identity.api_key_id}"
-    elif identity.kind == "user":
-        ref = f"user:{identity.user_id}"
-    else:
-        ref = f"ip:{identity.ip}"
-    return f"{ref}|{identity.plan or ''}|{identity.display}"
+    return f"{identity.ref}|{identity.plan or ''}|{identity.display}"
 
 
 def parse_member(member):
@@ -397,19 +391,6 @@ def record_decision(decision):
     recorder.record(decision)
     if _background["enabled"] and not flusher.running:
         flusher.ensure_running()
-
-
-def snapshot_counts():
-    """Return this process's pending counters as ``{"allowed": n, "denied:<rule>": n, ...}``."""
-    flat = {}
-    for (dimension, name, outcome), value in recorder.counts().items():
-        if dimension == "all" and outcome in ("allowed", "denied"):
-            flat[outcome] = value
-        elif dimension == "rule" and outcome in ("denied", "shadow"):
-            flat[f"{outcome}:{name}"] = value
-        elif dimension == "degraded":
-            flat[f"degraded:{name}"] = value
-    return flat
 
 
 def reset(background=True):

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
 from . import engine, policy, storage
-from .conf import get_config
+from .conf import get_config, meta_key
 from .endpoints import find_endpoint
 from .identity import identify
 from .models import Scope, hash_api_key
@@ -99,14 +99,12 @@ def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, now_ms=None
         allowed, statuses, version = engine.take(buckets, now_ms=now_ms, debit=False)
     except storage.StorageUnavailable as exc:
         reports = tuple(_report(b, original_rules) for b in buckets)
-        return Simulation(allowed=all(b.fails_open or b.shadow for b in reports),
+        return Simulation(allowed=not engine.refusing_without_redis(buckets),
                           buckets=reports, redis_error=str(exc) or "no answer",
                           notes=tuple(notes), **outcome)
     policy.observe_version(version)
     reports = tuple(_report(b, original_rules, s) for b, s in zip(buckets, statuses))
-    retry_after = 0
-    if not allowed:
-        retry_after = max([1] + [r.reset_s for r in reports if r.short and not r.shadow])
+    retry_after = 0 if allowed else engine.earliest_retry_s(statuses)
     return Simulation(allowed=allowed, buckets=reports, retry_after_s=retry_after,
                       notes=tuple(notes), **outcome)
 
@@ -131,7 +129,7 @@ def _with_key_header(request, api_key, snapshot, notes):
         notes.append(f"The key {api_key.prefix}… is not active: requests carrying it are limited "
                      f"as if they had no key.")
         return snapshot
-    request.META["HTTP_" + header.upper().replace("-", "_")] = _SIMULATED_KEY
+    request.META[meta_key(header)] = _SIMULATED_KEY
     return dataclasses.replace(snapshot, api_keys={hash_api_key(_SIMULATED_KEY): entry})
 
 

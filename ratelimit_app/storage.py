@@ -16,7 +16,7 @@ from .breaker import CircuitBreaker
 from .conf import get_config
 
 __all__ = ["StorageUnavailable", "run_take", "get_client", "read_config_version",
-           "bump_config_version", "breaker", "stats"]
+           "bump_config_version", "delete_keys", "breaker", "stats"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -56,7 +56,6 @@ def _load():
                 # Redis restart or SCRIPT FLUSH), so the source is sent only when needed.
                 take=client.register_script(source),
                 breaker=CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"]),
-                prefix=config["KEY_PREFIX"],
                 version_key=keys.config_version_key(config["KEY_PREFIX"]),
             )
         return _state
@@ -106,7 +105,7 @@ def run_take(bucket_keys, args):
 
 def read_config_version():
     """Return the current config version string ("0" when unset)."""
-    value = _guarded(lambda s: s["client"].get(keys.config_version_key(s["prefix"])))
+    value = _guarded(lambda s: s["client"].get(s["version_key"]))
     return value.decode() if value else "0"
 
 
@@ -119,10 +118,15 @@ def bump_config_version():
     """
 
     def bump(state):
-        key = keys.config_version_key(state["prefix"])
+        key = state["version_key"]
         transaction = state["client"].pipeline()  # MULTI/EXEC: atomic, one round trip
         transaction.set(key, int(time.time() * 1000), nx=True)
         transaction.incr(key)
         return transaction.execute()[1]
 
     return _guarded(bump)
+
+
+def delete_keys(bucket_keys):
+    """Delete ``bucket_keys`` (one call) and return how many existed."""
+    return _guarded(lambda s: s["client"].delete(*bucket_keys)) if bucket_keys else 0

@@ -19,7 +19,7 @@ from .. import policy, storage
 from ..conf import get_config
 from ..models import Dashboard
 from .data import FRAGMENTS, dashboard_data, inspect_url
-from .inspector import bucket_rows, find_identity, ref_of, reset_buckets
+from .inspector import bucket_rows, find_identity, reset_buckets
 
 __all__ = ["DashboardAdmin"]
 
@@ -93,7 +93,7 @@ class DashboardAdmin(admin.ModelAdmin):
                 error = f"Redis is unavailable: {exc}"
         context = {**self._context(request, "Bucket inspector"), "lookup": lookup,
                    "rows": rows, "exempt": exempt, "error": error,
-                   "ref": ref_of(lookup.identity) if lookup.identity else "",
+                   "ref": lookup.identity.ref if lookup.identity else "",
                    "confirm": False}
         return TemplateResponse(request, "ratelimit_app/inspector.html", context)
 
@@ -106,7 +106,7 @@ class DashboardAdmin(admin.ModelAdmin):
         if lookup.identity is None:
             messages.error(request, "No such client; nothing was reset.")
             return HttpResponseRedirect(inspect_url(lookup.query))
-        ref = ref_of(lookup.identity)
+        ref = lookup.identity.ref
         if request.POST.get("confirm") != "yes":
             context = {**self._context(request, "Reset buckets?"), "lookup": lookup,
                        "ref": ref, "confirm": True, "rows": [], "exempt": False, "error": ""}

@@ -11,13 +11,12 @@ import ipaddress
 
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest
-from redis.exceptions import RedisError
 
 from .. import engine, policy, storage
 from ..identity import identify
 from ..models import ApiKey, Scope
 
-__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "ref_of"]
+__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets"]
 
 MAX_QUERY_LENGTH = 200
 # Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
@@ -32,15 +31,6 @@ class Lookup:
     identity: object = None
     label: str = ""
     choices: list = dataclasses.field(default_factory=list)
-
-
-def ref_of(identity):
-    """Return the ref that finds ``identity`` again (as hot-key rows link to it)."""
-    if identity.kind == "key":
-        return f"key:{identity.api_key_id}"
-    if identity.kind == "user":
-        return f"user:{identity.user_id}"
-    return f"ip:{identity.ip}"
 
 
 def key_label(api_key):
@@ -158,13 +148,8 @@ def reset_buckets(identity, snapshot):
     ``(keys deleted, new config version)``; raises ``storage.StorageUnavailable``."""
     buckets = _client_buckets(identity, snapshot) or []
     own = [b.key for b in buckets if b.rule.scope in CLIENT_SCOPES]
-    deleted = 0
-    if own:
-        try:
-            # one identity's keys share a hash tag: one DEL, even on Redis Cluster
-            deleted = storage.get_client().delete(*own)
-        except RedisError as exc:
-            raise storage.StorageUnavailable(str(exc)) from exc
+    # one identity's keys share a hash tag: one DEL, even on Redis Cluster
+    deleted = storage.delete_keys(own)
     version = storage.bump_config_version()
     policy.observe_version(str(version))  # this process need not wait for its next poll
     return deleted, version
