@@ -9,6 +9,9 @@ from ratelimit_app import metrics, policy, storage
 from ratelimit_app.deny_cache import deny_cache
 from ratelimit_app.testing import RedisServer
 
+# the Cluster and Sentinel fixtures (started only by the tests that use them)
+pytest_plugins = ["tests.topologies"]
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -1,0 +1,32 @@
+"""Session fixtures for real Redis topologies: a 3-master/3-replica Cluster and a Sentinel setup.
+
+Registered in conftest.py through ``pytest_plugins``. Each starts only when a test first asks for
+it and stops (by PID, temp dirs removed) at the end of the session, also after failures. A test
+that kills a node must bring the topology back (``restart_node`` / ``ensure_healthy``) so later
+tests in the session get a healthy one.
+"""
+
+import pytest
+
+from ratelimit_app.testing import RedisCluster, SentinelSetup
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real Redis Cluster on 127.0.0.1: 3 masters, 1 replica each, cluster-node-timeout 2 s."""
+    cluster = RedisCluster().start()  # start() stops what it started if it fails
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel():
+    """A real Sentinel setup on 127.0.0.1: master, replica, three sentinels (quorum 2)
+    watching ``mymaster`` with down-after 1 s and failover-timeout 5 s."""
+    setup = SentinelSetup().start()
+    try:
+        yield setup
+    finally:
+        setup.stop()
