@@ -20,9 +20,15 @@ system-packages:
 run: $(VENV)/.installed system-packages
 	PORT=$(PORT) PY=$(PY) scripts/run-demo.sh
 
+# The suite starts its own redis-server (single node, Cluster, Sentinel) and drives Debian's
+# Chromium: install whichever of them this machine lacks.
 test: $(VENV)/.installed
-	@command -v redis-server >/dev/null || scripts/apt-install.sh redis-server
-	$(PY) -m pytest
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then scripts/apt-install.sh $$missing; fi
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	@command -v redis-server >/dev/null || scripts/apt-install.sh redis-server

@@ -2,8 +2,10 @@
 
 import os
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -25,6 +27,7 @@ class Gunicorn:
         self.variant, self.workers = variant, workers
         self.port = _free_port()
         self.process = None
+        self.workdir = None  # its own temp dir, for its log (removed by stop)
 
     def url(self, path="/item/"):
         return f"http://127.0.0.1:{self.port}{path}"
@@ -32,11 +35,18 @@ class Gunicorn:
     def start(self, timeout_s=30):
         env = {**os.environ, "BENCH_VARIANT": self.variant,
                "DJANGO_SETTINGS_MODULE": "bench.settings"}
-        self.process = subprocess.Popen(
-            [GUNICORN, "project.wsgi:application", "--workers", str(self.workers),
-             "--worker-class", "sync", "--bind", f"127.0.0.1:{self.port}",
-             "--log-level", "warning", "--backlog", "2048"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.workdir = tempfile.mkdtemp(prefix=f"bench-gunicorn-{self.variant}-")
+        log_path = os.path.join(self.workdir, "gunicorn.log")
+        # a log file, not a pipe nobody reads (a full pipe would block the server)
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [GUNICORN, "project.wsgi:application", "--workers", str(self.workers),
+                 "--worker-class", "sync", "--bind", f"127.0.0.1:{self.port}",
+                 "--log-level", "warning", "--backlog", "2048",
+                 # gunicorn's default control socket is one path in $HOME: two servers (or
+                 # two bench runs) would fight over it, and the bench never uses it
+                 "--no-control-socket"],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -45,8 +55,10 @@ class Gunicorn:
                         return self
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
+                    with open(log_path, errors="replace") as log:
+                        tail = log.read()[-2000:]
                     self.stop()
-                    raise RuntimeError(f"gunicorn ({self.variant}) did not start")
+                    raise RuntimeError(f"gunicorn ({self.variant}) did not start:\n{tail}")
                 time.sleep(0.1)  # waiting for a server to come up
 
     def stop(self):
@@ -57,6 +69,9 @@ class Gunicorn:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 def wrk(url, seconds, connections=32, threads=2):

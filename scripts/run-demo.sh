@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
 # The demo: a private redis-server (unless REDIS_URL is set), SQLite migrated, demo data loaded,
-# the development server on 127.0.0.1:$PORT. Ctrl-C stops the server and the private Redis.
+# the development server on 127.0.0.1:$PORT. Ctrl-C stops the server and the private Redis,
+# removes the Redis's temp dir and exits 0 (stopping the demo is not a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
+REDIS_PID="" REDIS_DIR="" SERVER_PID=""
+
+cleanup() {
+  # `set -e` must not cut the cleanup short: kill fails for a process that already exited
+  # (the terminal's Ctrl-C reaches redis-server too).
+  set +e
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
+  if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; fi
+  if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
+}
+stop() {
+  trap - INT TERM
+  echo
+  echo "Demo stopped."
+  exit 0  # runs cleanup (the EXIT trap)
+}
+trap cleanup EXIT
+trap stop INT TERM
 
 if [ -z "${REDIS_URL:-}" ]; then
   REDIS_PORT=${REDIS_PORT:-$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-  REDIS_DIR=$(mktemp -d)
+  REDIS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-demo-redis.XXXXXX")
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --dir "$REDIS_DIR" --loglevel warning &
   REDIS_PID=$!
-  trap 'kill $REDIS_PID 2>/dev/null; rm -rf "$REDIS_DIR"' EXIT
   export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+  ready=""
   for _ in $(seq 100); do
-    $PY -c "import redis,sys; redis.Redis.from_url('$REDIS_URL').ping()" 2>/dev/null && break
+    if $PY -c "import redis; redis.Redis.from_url('$REDIS_URL').ping()" 2>/dev/null; then
+      ready=1
+      break
+    fi
+    kill -0 "$REDIS_PID" 2>/dev/null || break  # it exited (e.g. the port was taken)
     sleep 0.1
   done
-  echo "Private redis-server (pid $REDIS_PID) at $REDIS_URL"
+  if [ -z "$ready" ]; then
+    echo "redis-server did not start on 127.0.0.1:$REDIS_PORT" >&2
+    exit 1
+  fi
+  echo "Private redis-server (pid $REDIS_PID) at $REDIS_URL, data dir $REDIS_DIR"
 else
   echo "Using REDIS_URL=$REDIS_URL"
 fi
@@ -30,7 +57,11 @@ cat <<MSG
 Try it (about 40 quick anonymous requests reach 429):
   for i in \$(seq 50); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:$PORT/api/items/; done; echo
   curl -si http://127.0.0.1:$PORT/api/items/
-  curl -si -H 'X-Api-Key: rk_demo_bob_pro' http://127.0.0.1:$PORT/api/search/
+  curl -si -H 'X-Api-Key: rk_bob_pro' http://127.0.0.1:$PORT/api/search/
 
 MSG
-$PY manage.py runserver "127.0.0.1:$PORT" --noreload
+# In the background so that `wait` returns as soon as a signal arrives (a foreground child
+# would delay the trap until it exits); the trap then stops the server by its PID.
+$PY manage.py runserver "127.0.0.1:$PORT" --noreload &
+SERVER_PID=$!
+wait "$SERVER_PID"

@@ -127,7 +127,7 @@ def test_hostile_identities_give_bounded_valid_keys_and_no_500(hostile_setup, re
 def test_one_identitys_buckets_share_a_tag_across_rules(settings, db, redis_client):
     load_demo_data()
     client = Client()
-    client.post("/api/reports/", HTTP_X_API_KEY="rk_demo_alice_free")
+    client.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     bucket_keys = assert_keys_are_valid(all_keys(redis_client))
     key_buckets = [m for m in bucket_keys if m["token"].startswith("key.")]
     # free-user and free-reports: two rules, one tag

@@ -93,7 +93,7 @@ def levels(response):
     return len(response.wsgi_request.ratelimit.policies)
 
 
-KEYS = {"alice": "rk_demo_alice_free", "carol": "rk_demo_carol_enterprise"}
+KEYS = {"alice": "rk_alice_free", "carol": "rk_carol_enterprise"}
 
 CASES = [
     # id, path, API key, expected levels (from the demo rules)

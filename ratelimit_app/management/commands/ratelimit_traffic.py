@@ -19,13 +19,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 # name, share of the requests, method, path, headers. The scraper's share makes it the abuser.
 CLIENTS = [
-    ("alice (free key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_demo_alice_free"}),
-    ("alice (free key)", 1, "GET", "/api/search/?q=item", {"X-Api-Key": "rk_demo_alice_free"}),
-    ("bob (pro key)", 3, "GET", "/api/search/?q=1", {"X-Api-Key": "rk_demo_bob_pro"}),
-    ("bob (pro key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_demo_bob_pro"}),
-    ("carol (enterprise key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_demo_carol_enterprise"}),
+    ("alice (free key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_alice_free"}),
+    ("alice (free key)", 1, "GET", "/api/search/?q=item", {"X-Api-Key": "rk_alice_free"}),
+    ("bob (pro key)", 3, "GET", "/api/search/?q=1", {"X-Api-Key": "rk_bob_pro"}),
+    ("bob (pro key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_bob_pro"}),
+    ("carol (enterprise key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_carol_enterprise"}),
     ("carol (enterprise key)", 1, "POST", "/api/reports/",
-     {"X-Api-Key": "rk_demo_carol_enterprise"}),
+     {"X-Api-Key": "rk_carol_enterprise"}),
     ("scraper (anonymous, abusive)", 12, "GET", "/api/items/", {}),
     ("scraper (anonymous, abusive)", 2, "GET", "/hello/", {}),
 ]
