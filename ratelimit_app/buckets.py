@@ -36,36 +36,46 @@ class PolicyStatus(NamedTuple):
     window_s: int       # the rule's period
     burst: int
     remaining: int      # whole tokens left
-    reset_s: int        # seconds until more quota is available (enough for this request, if short)
+    reset_s: int        # seconds until the next whole token (if short: until this request's cost)
     full_s: int         # seconds until the bucket is full again
     cost: int
     shadow: bool
     short: bool         # did not hold the cost (a denial, or a would-be denial if shadow)
     key: str
     level_units: int    # exact level in the script's units
+    scope: str = ""     # the rule's scope: shared buckets' levels are not shown by default
 
 
 @functools.lru_cache(maxsize=4096)
-def _lua_args(period_ms, burst, rate, cost, shadow):
-    # Encoded once per (rule numbers, cost): the same few tuples serve every request.
-    return tuple(str(n).encode() for n in
-                 (period_ms, burst * period_ms, rate, cost * period_ms, 0 if shadow else 1))
+def _lua_args(period_ms, burst, rate, cost, mode):
+    # Encoded once per (rule numbers, cost, mode): the same few tuples serve every request.
+    return tuple(str(n).encode()
+                 for n in (period_ms, burst * period_ms, rate, cost * period_ms, mode))
+
+
+# take.lua's bucket modes
+ENFORCE, SHADOW, GATE = 1, 0, 2
 
 
 class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
-    __slots__ = ("rule", "key", "cost", "period_ms", "capacity_units", "cost_units", "lua_args")
+    __slots__ = ("rule", "key", "cost", "gate", "period_ms", "capacity_units", "cost_units",
+                 "lua_args")
 
-    def __init__(self, rule, key, cost):
+    def __init__(self, rule, key, cost, gate=False):
         self.rule = rule        # policy.CompiledRule
         self.key = key
         self.cost = cost        # tokens
+        # a gate is checked but never debited: a request needs ``cost`` tokens in it to pass
+        # (the failed-authentication buckets of a client IP, which only failures debit)
+        self.gate = gate
         self.period_ms = period_ms = rule.period_s * 1000
         self.capacity_units = rule.burst * period_ms
         self.cost_units = cost * period_ms
-        # The five script arguments: period_ms, capacity, refill per ms, cost, enforce.
-        self.lua_args = _lua_args(period_ms, rule.burst, rule.rate, cost, rule.shadow)
+        # The five script arguments: period_ms, capacity, refill per ms, cost, mode.
+        mode = GATE if gate else SHADOW if rule.shadow else ENFORCE
+        self.lua_args = _lua_args(period_ms, rule.burst, rule.rate, cost, mode)
 
     def __repr__(self):
         return f"Bucket({self.rule.name!r}, {self.key!r}, cost={self.cost})"
@@ -76,13 +86,13 @@ class Bucket:
         period_ms, refill, capacity = self.period_ms, rule.rate, self.capacity_units
         if short:
             wait_ms = (self.cost_units - level_units) / refill
-        elif level_units < capacity:
-            wait_ms = (period_ms - level_units % period_ms) / refill  # until the next whole token
         else:
-            wait_ms = 0
+            # until the next whole token: within it the client can spend no more than the whole
+            # tokens it holds (a full bucket gains its next token one token-time after a spend)
+            wait_ms = (period_ms - level_units % period_ms) / refill
         return PolicyStatus(
             rule.name, refill, rule.period_s, rule.burst, int(level_units // period_ms),
             math.ceil(wait_ms / 1000), math.ceil((capacity - level_units) / refill / 1000)
             if level_units < capacity else 0,
-            self.cost, rule.shadow, short, self.key, int(level_units),
+            self.cost, rule.shadow, short, self.key, int(level_units), rule.scope,
         )

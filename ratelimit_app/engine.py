@@ -17,8 +17,8 @@ from .identity import identify
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "check_request", "plan_buckets", "take", "request_cost",
-           "earliest_retry_s", "refusing_without_redis"]
+__all__ = ["Decision", "check_request", "failed_authentication", "plan_buckets", "take",
+           "request_cost", "earliest_retry_s", "refusing_without_redis"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -40,6 +40,9 @@ class Decision(NamedTuple):
     degraded: str = ""              # "fail-open" / "fail-closed" when Redis could not answer
     exempt: bool = False
     from_deny_cache: bool = False
+    # names of enforced policies whose capacity (burst) is below this request's cost: such a
+    # request can never pass, so it is refused without a Retry-After (see headers.py)
+    over_capacity: tuple = ()
 
     @property
     def limited(self):
@@ -50,18 +53,32 @@ class Decision(NamedTuple):
 def request_cost(snapshot, request, endpoint, plan):
     """Return the tokens this request costs: the endpoint's cost, raised (never lowered) by a
     valid COST_HEADER value clamped to MAX_COST. A missing, non-numeric or non-positive header
-    is ignored, so a client can declare a bigger request but never buy a cheaper one."""
+    is ignored, so a client can declare a bigger request but never buy a cheaper one; a number
+    too long to be a sensible cost is the maximum, like any other number above it."""
     cost = snapshot.cost_for(endpoint, request.method, plan)
-    header = get_config()["COST_HEADER"]
+    config = get_config()
+    header = config["COST_HEADER"]
     if header:
         raw = request.META.get(meta_key(header))
         if raw is not None:
-            raw = raw.strip()
-            if raw.isascii() and raw.isdigit() and len(raw) <= 12 and int(raw) >= 1:
-                cost = max(cost, min(int(raw), get_config()["MAX_COST"]))
-            else:
+            declared = _declared_cost(raw, config["MAX_COST"])
+            if declared is None:
                 logger.info("ratelimit_app: ignored %s header %.40r", header, raw)
+            else:
+                cost = max(cost, declared)
     return cost
+
+
+def _declared_cost(raw, max_cost):
+    """Return the cost a header value declares, clamped to ``max_cost``, or None if it is not a
+    positive whole number. Long numbers are never converted (int() of thousands of digits is
+    slow and raises): anything with more digits than ``max_cost`` is above it."""
+    digits = raw.strip().lstrip("0")
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        return None
+    if len(digits) > len(str(max_cost)):
+        return max_cost
+    return min(int(digits), max_cost)
 
 
 def _overrides_for(snapshot, identity):
@@ -108,12 +125,54 @@ def _build_buckets(snapshot, identity, endpoint, cost):
         if token is None:
             continue  # e.g. a user rule for an anonymous caller, a tenant rule without tenant
         if overrides and rule.scope in (Scope.USER, Scope.IP):
-            for o in overrides:
-                if o.rule_id in (None, rule.id):
-                    rule = rule.with_numbers(o.rate, o.period_s, o.burst)
-        buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
-                              1 if rule.endpoint else cost))
+            rule = _with_override_numbers(rule, overrides)
+        if rule.failed_auth:
+            # checked, never debited here: a client IP out of failed authentications is
+            # refused whatever credentials it sends now (so a right guess teaches it nothing)
+            buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token), 1, gate=True))
+        else:
+            buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
+                                  1 if rule.endpoint else cost))
     return tuple(buckets)
+
+
+def _with_override_numbers(rule, overrides):
+    """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
+    counting requests, that name no rule)."""
+    for o in overrides:
+        if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
+            rule = rule.with_numbers(o.rate, o.period_s, o.burst)
+    return rule
+
+
+def failed_authentication(request, endpoint, *, charge=True, now_ms=None):
+    """Charge one failed authentication of ``request`` to its client IP's failed-auth buckets
+    (``charge=False``: only check that they hold one). Returns the Decision: refused when a
+    bucket is out of tokens; None when no failed-auth rule applies or the IP is exempt.
+
+    Failures are charged after the response (the adapters cannot know earlier that the
+    credentials were wrong); the check runs where no ordinary decision is made first.
+    """
+    snapshot = policy.get_snapshot()
+    if not snapshot.failed_auth_rules:
+        return None
+    identity = identify(request, None, snapshot)
+    overrides = _overrides_for(snapshot, identity)
+    if any(o.exempt for o in overrides):
+        return None
+    token = identity.token_for(Scope.IP)
+    prefix = get_config()["KEY_PREFIX"]
+    buckets = tuple(
+        Bucket(rule, bucket_key(prefix, rule.id, token), 1)
+        for rule in (_with_override_numbers(r, overrides) if overrides else r
+                     for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
+    if not buckets:
+        return None
+    try:
+        allowed, statuses, _ = take(buckets, now_ms=now_ms, debit=charge)
+    except storage.StorageUnavailable:
+        return _degraded_decision(buckets, identity, endpoint, 1)
+    return _decision_from(statuses, allowed, identity, endpoint, 1)
 
 
 def take(buckets, *, now_ms=None, debit=True):
@@ -187,8 +246,9 @@ def check_request(request, user, endpoint, *, now_ms=None):
         return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
     cached = deny_cache.lookup(buckets, snapshot.version)
     if cached is not None:
-        return _decision_from(cached, False, identity, endpoint, cost)._replace(
-            from_deny_cache=True)
+        return _refused_for_good(_decision_from(_shown(buckets, cached), False, identity,
+                                                endpoint, cost)._replace(from_deny_cache=True),
+                                 buckets)
     sent_at = deny_cache.now()  # the cache's own clock, so an injected one stays consistent
     try:
         allowed, statuses, version = take(buckets, now_ms=now_ms)
@@ -199,4 +259,30 @@ def check_request(request, user, endpoint, *, now_ms=None):
         # the snapshot's version, not the reply's: the levels are only a valid bound for the
         # rules these buckets were built from
         deny_cache.learn(buckets, statuses, allowed, snapshot.version, sent_at)
-    return _decision_from(statuses, allowed, identity, endpoint, cost)
+    return _refused_for_good(_decision_from(_shown(buckets, statuses), allowed, identity,
+                                            endpoint, cost), buckets)
+
+
+def _shown(buckets, statuses):
+    """Return the statuses a decision reports. A failed-auth gate is a safeguard against
+    guessing, not a quota a well-behaved client spends: it is shown only when it refused, and
+    then alone, so that the answer (whose policies would name the caller's plan) does not
+    tell a blocked client whether the credentials it sent were right."""
+    if not any(b.gate for b in buckets):
+        return statuses
+    pairs = tuple(zip(buckets, statuses, strict=True))
+    refusing_gates = tuple(s for b, s in pairs if b.gate and s.short)
+    return refusing_gates or tuple(s for b, s in pairs if not b.gate)
+
+
+def _refused_for_good(decision, buckets):
+    """Mark a denial that no wait can cure: an enforced bucket's capacity is below the cost.
+
+    Such a request gets no Retry-After (any time given would be a promise broken), and the
+    429 says why (``Decision.over_capacity``).
+    """
+    if decision.allowed:
+        return decision
+    over = tuple(b.rule.name for b in buckets
+                 if b.cost_units > b.capacity_units and not b.rule.shadow)
+    return decision._replace(over_capacity=over, retry_after_s=0) if over else decision

@@ -2,18 +2,28 @@
 
 A request seen by the middleware and by the DRF throttle is charged once: the decision is kept on
 the Django ``HttpRequest`` as ``request.ratelimit`` and reused.
+
+Failed authentication (D3) is charged here too, once the response shows it: a wrong password
+(Django's ``user_login_failed`` signal), a 401 answer to a request that carried credentials, or
+an API key header naming no active key. Each costs the client IP one token of its failed-auth
+rules; a client IP with none left is refused (429) whatever it sends, so guessing is limited and
+a right guess looks like a wrong one.
 """
 
 import logging
 
 from . import engine, metrics
+from .conf import get_config, meta_key
 from .engine import Decision
+from .headers import problem_response
 
-__all__ = ["DECISION_ATTR", "decide", "endpoint_name"]
+__all__ = ["DECISION_ATTR", "decide", "endpoint_name", "mark_authentication_failed",
+           "charge_failed_authentication", "check_failed_authentication"]
 
 logger = logging.getLogger("ratelimit_app")
 
 DECISION_ATTR = "ratelimit"
+AUTH_FAILED_ATTR = "_ratelimit_authentication_failed"
 
 
 def endpoint_name(request):
@@ -35,3 +45,73 @@ def decide(request, user):
     setattr(request, DECISION_ATTR, decision)
     metrics.record_decision(decision)
     return decision
+
+
+def mark_authentication_failed(request):
+    """Note that credentials sent with ``request`` (a Django HttpRequest or a DRF Request) were
+    wrong; ``charge_failed_authentication`` charges it once the response is ready."""
+    request = getattr(request, "_request", request)  # DRF's Request wraps Django's
+    if request is not None:
+        setattr(request, AUTH_FAILED_ATTR, True)
+
+
+def charge_failed_authentication(request, response):
+    """Return the response to send: ``response``, or a 429 if ``request`` failed to
+    authenticate and its client IP has no failed authentications left."""
+    if not _authentication_failed(request, response):
+        return response
+    try:
+        decision = engine.failed_authentication(request, endpoint_name(request))
+    except Exception:  # the limiter must never be the reason for a 500
+        logger.exception("ratelimit_app: unexpected error charging a failed authentication")
+        return response
+    return _refusal(request, decision) or response
+
+
+def check_failed_authentication(request):
+    """Return a 429 if ``request``'s client IP has no failed authentications left, else None.
+
+    For requests no ordinary decision covers (exempt paths such as the admin's login form):
+    without it, a blocked client could still learn that a guess was right.
+    """
+    try:
+        decision = engine.failed_authentication(request, endpoint_name(request), charge=False)
+    except Exception:
+        logger.exception("ratelimit_app: unexpected error checking failed authentications")
+        return None
+    return _refusal(request, decision)
+
+
+def _refusal(request, decision):
+    if decision is None or decision.allowed:
+        return None
+    if getattr(request, DECISION_ATTR, None) is None:
+        metrics.record_decision(decision)  # otherwise counted already, as its request
+    setattr(request, DECISION_ATTR, decision)  # the middleware's headers describe the refusal
+    return problem_response(decision)
+
+
+def _authentication_failed(request, response):
+    if getattr(request, AUTH_FAILED_ATTR, False):
+        return True
+    meta = request.META
+    api_key_header = get_config()["API_KEY_HEADER"]
+    sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
+    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")):
+        return True
+    # DRF's AuthenticationFailed: 403 when the first authenticator sends no WWW-Authenticate
+    # (SessionAuthentication listed before a token scheme), and with no authenticate() call
+    if response.status_code in (401, 403) and _drf_error_code(response) == "authentication_failed":
+        return True
+    # an API key that names no active key: the caller was limited as anonymous
+    decision = getattr(request, DECISION_ATTR, None)
+    identity = decision.identity if decision is not None else None
+    return sent_key and identity is not None and identity.kind != "key"
+
+
+def _drf_error_code(response):
+    """Return the code of a DRF error response's ``detail`` (e.g. "authentication_failed"), or
+    None. Read without importing DRF: ErrorDetail is a str with a ``code``."""
+    data = getattr(response, "data", None)
+    detail = data.get("detail") if isinstance(data, dict) else None
+    return getattr(detail, "code", None)

@@ -24,6 +24,11 @@ logger = logging.getLogger("ratelimit_app")
 MAX_API_KEY_LENGTH = 200
 # Only the last hops of X-Forwarded-For can have been added by our own proxies.
 MAX_FORWARDED_HOPS = 20
+# The longest textual IP address ("ffff:...:255.255.255.255" is 45) with room for a zone id.
+MAX_ADDRESS_LENGTH = 64
+# Longer tenant names (from a TENANT_RESOLVER, possibly request input) are kept as their digest,
+# so an identity, and every per-process memo keyed by one, stays small.
+MAX_TENANT_LENGTH = 100
 
 
 class Identity(NamedTuple):
@@ -79,7 +84,7 @@ class Identity(NamedTuple):
 
 def reset():
     """Forget parsed settings (called when RATELIMIT_APP changes)."""
-    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited):
+    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited, _parse_address):
         cached.cache_clear()
 
 
@@ -94,10 +99,20 @@ def _resolver(name):
     return import_string(path) if path else None
 
 
-@functools.lru_cache(maxsize=65536)  # bounded; the same addresses come back request after request
 def _parse_ip(text):
+    # Only short texts reach the cache: its keys are request input, and a bounded number of
+    # unbounded strings is still unbounded memory (random 4 kB X-Forwarded-For hops once grew
+    # it to half a gigabyte per worker).
+    text = text.strip()
+    if len(text) > MAX_ADDRESS_LENGTH:
+        return None
+    return _parse_address(text)
+
+
+@functools.lru_cache(maxsize=65536)  # bounded; the same addresses come back request after request
+def _parse_address(text):
     try:
-        address = ipaddress.ip_address(text.strip())
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
     if address.version == 6 and address.ipv4_mapped:
@@ -177,6 +192,8 @@ def identify(request, user, snapshot):
     tenant_resolver = _resolver("TENANT_RESOLVER")
     if tenant_resolver is not None:
         tenant = tenant_resolver(request)
+        if tenant and len(tenant) > MAX_TENANT_LENGTH:
+            tenant = scope_token("tenant", tenant)
     else:
         tenant = (key.tenant if key else "") or (assignment[1] if assignment else "")
     if kind == "anonymous":
@@ -189,6 +206,10 @@ def identify(request, user, snapshot):
     plan_resolver = _resolver("PLAN_RESOLVER")
     if plan_resolver is not None:
         resolved = plan_resolver(request, identity)
-        if resolved:
+        if resolved in snapshot.plans:
             identity = identity._replace(plan=resolved)
+        elif resolved:
+            # a slug that names no plan matches no plan's rules; as a plan-scope bucket token it
+            # would let request input mint new shared buckets
+            logger.info("ratelimit_app: PLAN_RESOLVER gave unknown plan %.40r; ignored", resolved)
     return identity

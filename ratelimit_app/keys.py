@@ -16,13 +16,28 @@ __all__ = ["scope_token", "bucket_key", "config_version_key", "metrics_key"]
 _DIGEST_BYTES = 16
 
 
-@functools.lru_cache(maxsize=65536)
 def scope_token(kind, value):
     """Return a key-safe token for a scope value, e.g. ``ip.3f9a…`` for ``("ip", "1.2.3.4")``.
 
     ``kind`` is one of the app's own constants; ``value`` may be anything a client sent.
-    Memoised (bounded): the same callers come back request after request.
+    Memoised (bounded in entries and, since long values are not kept, in bytes): the same
+    callers come back request after request.
     """
+    if isinstance(value, (str, bytes)) and len(value) > _MAX_MEMOISED_VALUE:
+        return _digest_token(kind, value)
+    return _memoised_token(kind, value)
+
+
+# Values longer than this are hashed on every call instead of memoised.
+_MAX_MEMOISED_VALUE = 100
+
+
+@functools.lru_cache(maxsize=65536)
+def _memoised_token(kind, value):
+    return _digest_token(kind, value)
+
+
+def _digest_token(kind, value):
     if value is None or value == "":
         return kind
     raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")

@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "Dashboard"]
+           "Dashboard", "Counts"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -137,6 +137,11 @@ class Mode(models.TextChoices):
     SHADOW = "shadow", "Shadow (count would-be denials, never deny)"
 
 
+class Counts(models.TextChoices):
+    REQUESTS = "requests", "Requests (each charged its cost)"
+    FAILED_AUTH = "failed_auth", "Failed authentications (per client IP)"
+
+
 class FailureMode(models.TextChoices):
     DEFAULT = "default", "Project default (FAIL_OPEN setting)"
     OPEN = "open", "Allow requests"
@@ -170,6 +175,12 @@ class Rule(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Bucket capacity: the most tokens a client can spend at once.",
     )
+    counts = models.CharField(
+        max_length=12, choices=Counts.choices, default=Counts.REQUESTS,
+        help_text="Failed authentications: wrong passwords, unknown tokens or API keys cost the "
+                  "client IP one token each, and while its bucket is empty every request from "
+                  "that IP is refused, whether its credentials are right or not.",
+    )
     mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE)
     on_redis_failure = models.CharField(
         max_length=10, choices=FailureMode.choices, default=FailureMode.DEFAULT
@@ -185,7 +196,8 @@ class Rule(models.Model):
 
     def describe(self):
         """Spell the rule out for an operator: '100 per 60 s, burst 20'."""
-        return f"{self.rate} per {self.period_s} s, burst {self.burst}"
+        what = " failed authentications" if self.counts == Counts.FAILED_AUTH else ""
+        return f"{self.rate}{what} per {self.period_s} s, burst {self.burst}"
 
     def clean(self):
         errors = {}
@@ -199,7 +211,15 @@ class Rule(models.Model):
         if self.burst is not None and self.period_s and \
                 self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             errors["burst"] = "Burst × period is too large; lower the burst or the period."
-        if self.burst and not errors:
+        if self.counts == Counts.FAILED_AUTH:
+            if self.scope != Scope.IP:
+                errors["scope"] = ("Failed authentications are counted per client IP (the "
+                                   "caller is unknown when its credentials fail): choose "
+                                   "“Client IP”.")
+            if self.plan_id:
+                errors["plan"] = ("A failed authentication has no plan yet (the caller is "
+                                  "unknown): leave the plan empty.")
+        elif self.burst and not errors:
             largest = self._largest_cost()
             if largest and self.burst < largest[0]:
                 errors["burst"] = burst_below_cost_message(self.burst, *largest)
@@ -266,7 +286,8 @@ class EndpointCost(models.Model):
             errors["__all__"] = (f"{self.describe()} already has a cost; edit that row instead "
                                  f"of adding a second one.")
         if self.cost:
-            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost)
+            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost,
+                                        counts=Counts.REQUESTS)
             if self.plan_id:
                 rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
             smallest = rules.order_by("burst").first()

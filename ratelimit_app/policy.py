@@ -35,6 +35,8 @@ class CompiledRule:
     burst: int
     shadow: bool
     fail_open: bool | None
+    # counts failed authentications of a client IP instead of requests (see engine.py)
+    failed_auth: bool = False
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -43,7 +45,7 @@ class CompiledRule:
     def with_numbers(self, rate, period_s, burst):
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
-                            rate, period_s, burst, self.shadow, self.fail_open)
+                            rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class Snapshot:
 
     version: str
     rules: tuple = ()
+    failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -98,20 +101,32 @@ class Snapshot:
         return found
 
     def cost_for(self, endpoint, method, plan):
-        """Return the tokens a request costs: the most specific EndpointCost row, else 1."""
+        """Return the tokens a request costs: the most specific EndpointCost row, else 1.
+
+        A plan's own rows come before rows for every plan; within each, the method's row before
+        "any method". HEAD is served by the GET view, so it costs what GET costs unless a row
+        names HEAD itself.
+        """
         costs = self.costs
-        for candidate in ((endpoint, method, plan), (endpoint, "*", plan),
-                          (endpoint, method, None), (endpoint, "*", None)):
-            cost = costs.get(candidate)
-            if cost is not None:
-                return cost
+        if not costs:
+            return 1
+        methods = _COST_METHODS.get(method, (method, "*"))
+        for row_plan in (plan, None):
+            for row_method in methods:
+                cost = costs.get((endpoint, row_method, row_plan))
+                if cost is not None:
+                    return cost
         return 1
+
+
+# Which EndpointCost methods price a request, most specific first.
+_COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 
 
 def compile_snapshot(version):
     """Read every configuration row and return a Snapshot (the only DB access of the app)."""
     from .identity import limited_ip
-    from .models import (ApiKey, EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
+    from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
                          PlanAssignment, Rule)
 
     plans = list(Plan.objects.all())
@@ -121,6 +136,7 @@ def compile_snapshot(version):
             endpoint=r.endpoint, rate=r.rate, period_s=r.period_s, burst=r.burst,
             shadow=r.mode == Mode.SHADOW,
             fail_open={FailureMode.OPEN: True, FailureMode.CLOSED: False}.get(r.on_redis_failure),
+            failed_auth=r.counts == Counts.FAILED_AUTH,
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
@@ -150,6 +166,7 @@ def compile_snapshot(version):
     return Snapshot(
         version=version,
         rules=rules,
+        failed_auth_rules=tuple(r for r in rules if r.failed_auth),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
         default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),

@@ -6,10 +6,11 @@ everywhere within about a second without a restart.
 
 import logging
 
+from django.contrib.auth.signals import user_login_failed
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from . import policy, storage
+from . import guard, policy, storage
 from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
 
 logger = logging.getLogger("ratelimit_app")
@@ -36,3 +37,12 @@ def _on_change(sender, **kwargs):
 for model in WATCHED_MODELS:
     post_save.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.save.{model.__name__}")
     post_delete.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.delete.{model.__name__}")
+
+
+def _on_login_failed(sender, credentials=None, request=None, **kwargs):
+    # Django's authenticate() (login forms, DRF's BasicAuthentication) reports wrong passwords
+    # here; the failure is charged to the client IP once the response is ready (guard.py)
+    guard.mark_authentication_failed(request)
+
+
+user_login_failed.connect(_on_login_failed, dispatch_uid="ratelimit_app.login_failed")

@@ -5,6 +5,7 @@ fail-open and fail-closed. A circuit breaker skips Redis entirely while it is kn
 """
 
 import logging
+import secrets
 import threading
 import time
 from importlib import resources
@@ -110,21 +111,17 @@ def read_config_version():
 
 
 def bump_config_version():
-    """Increment the config version so every worker reloads its policy snapshot; return it.
+    """Give the config version a value never used before, so every worker reloads; return it.
 
-    A missing counter (new or restarted Redis) starts from the clock in ms, not from 0: counting
-    from 0 again would reissue a version that workers loaded before the restart, and they would
-    never load the change.
+    Workers reload whenever the version differs from the one their snapshot was built at, so
+    a bump only has to be new. A counter is not enough: after FLUSHALL, a restore or a
+    failover to a replica that missed the last bump, counting on from an older value can
+    land on a number a worker already holds, and that worker would never load the edit. The
+    value is the clock in ms (readable when debugging) plus 64 random bits.
     """
-
-    def bump(state):
-        key = state["version_key"]
-        transaction = state["client"].pipeline()  # MULTI/EXEC: atomic, one round trip
-        transaction.set(key, int(time.time() * 1000), nx=True)
-        transaction.incr(key)
-        return transaction.execute()[1]
-
-    return _guarded(bump)
+    version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
+    _guarded(lambda s: s["client"].set(s["version_key"], version))
+    return version
 
 
 def delete_keys(bucket_keys):

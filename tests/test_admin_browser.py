@@ -3,6 +3,7 @@
 Screenshots go to ``screenshots/`` (git-ignored) for a person to look at.
 """
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,30 @@ def signed_in_page(page, live_server, settings):
     return page
 
 
+def test_login_and_admin_pages_have_no_console_error_not_even_a_favicon(page, live_server,
+                                                                         settings):
+    """The admin's login page had no icon link, so the browser asked for /favicon.ico: a 404
+    and a console error. Nothing is filtered here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    load_demo_data()
+    problems = []
+    page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.on("requestfailed", lambda r: problems.append(f"failed {r.url}"))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"{r.status} {r.url}"))
+    page.goto(f"{live_server.url}/admin/login/")
+    assert page.locator('link[rel="icon"]').get_attribute("href") == "data:,"
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "admin")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+    for path in ("/admin/", "/admin/ratelimit_app/rule/", "/admin/ratelimit_app/apikey/add/"):
+        page.goto(f"{live_server.url}{path}")
+        assert page.locator('link[rel="icon"]').count() >= 1, path
+    page.wait_for_load_state("networkidle")
+    assert problems == []
+
+
 def test_simulator_round_trip_from_the_rule_list(signed_in_page):
     page = signed_in_page
     page.goto(f"{page.base}/admin/ratelimit_app/rule/")
@@ -62,7 +87,8 @@ def test_simulator_round_trip_from_the_rule_list(signed_in_page):
     page.click("input[value=Simulate]")
     page.wait_for_selector("#simulation-buckets")
     rows = page.locator("#simulation-buckets tbody tr")
-    assert rows.count() == 5
+    assert rows.count() == 6  # five quotas and the failed-auth gate of the address
+    assert page.locator("tr[data-rule=auth-failures] td.tokens").inner_text() == "10 / 10"
     assert page.locator("tr[data-rule=free-user] td.tokens").inner_text() == "30 / 30"
     assert page.locator("tr[data-rule=free-user] td.cost").inner_text() == "5"
     assert page.locator("#verdict").inner_text().startswith("Allowed")
@@ -93,23 +119,23 @@ def test_plan_page_offers_real_endpoints_in_its_inlines(signed_in_page):
 
 
 def rate_limit_of(url, policy):
-    """GET ``url``; return ``(quota, remaining)`` of ``policy`` from the RateLimit headers."""
+    """GET ``url``; return ``(tokens per second, remaining)`` of ``policy`` from the RateLimit
+    headers (the rate is q / w, however the headers map the bucket onto q and w)."""
     import urllib.request
 
     response = urllib.request.urlopen(url, timeout=10)
-    for field, param in (("RateLimit-Policy", "q"), ("RateLimit", "r")):
+    found = {}
+    for field in ("RateLimit-Policy", "RateLimit"):
         items = dict(item.split(";", 1) for item in response.headers[field].split(", "))
-        params = dict(p.split("=") for p in items[f'"{policy}"'].split(";"))
-        if param == "q":
-            quota = int(params["q"])
-    return quota, int(params["r"])
+        found.update(p.split("=") for p in items[f'"{policy}"'].split(";"))
+    return Fraction(int(found["q"]), int(found["w"])), int(found["r"])
 
 
 def test_a_rule_edited_in_the_admin_is_enforced_without_a_restart(signed_in_page):
     """What an operator does: open the rule, change its numbers, save; the API follows."""
     page = signed_in_page
     hello = f"{page.base}/hello/"
-    assert rate_limit_of(hello, "free-ip") == (20, 39)  # 20 per 60 s, burst 40
+    assert rate_limit_of(hello, "free-ip") == (Fraction(20, 60), 39)  # 20 per 60 s, burst 40
 
     page.goto(f"{page.base}/admin/ratelimit_app/rule/?q=free-ip")
     page.click("text=free-ip")
@@ -119,6 +145,6 @@ def test_a_rule_edited_in_the_admin_is_enforced_without_a_restart(signed_in_page
     page.wait_for_selector(".messagelist .success")
 
     # the next request already sees the new rate, and the 38 tokens held are capped at 20
-    assert rate_limit_of(hello, "free-ip") == (30, 19)
+    assert rate_limit_of(hello, "free-ip") == (Fraction(30, 60), 19)
     page.screenshot(path=str(SCREENSHOTS / "admin_rule_saved.png"))
     assert page.problems == []

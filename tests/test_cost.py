@@ -45,6 +45,7 @@ def cost_with_header(value, endpoint="api:reports", method="post"):
 @pytest.mark.parametrize("value, cost", [
     ("7", 7), (" 7 ", 7), ("1", 1), ("50", 50),
     ("51", 50), ("1000", 50), ("999999999999", 50),     # clamped to MAX_COST
+    ("0007", 7), ("1" * 13, 50), ("18446744073709551616", 50), ("9" * 10_000, 50),  # D9
 ])
 def test_cost_header_is_used_and_clamped(demo, value, cost):
     assert cost_with_header(value, endpoint="api:items", method="get") == cost
@@ -57,11 +58,31 @@ def test_cost_header_can_raise_but_never_lower_the_endpoint_cost(demo, value, co
 
 @pytest.mark.parametrize("value", [
     "", "   ", "abc", "-3", "0", "+5", "5.0", "1e3", "0x10", "٣", "５", "5\x00", "5\r\n6",
-    "1" * 13, "9" * 10_000, "x" * 10_000,
+    "0" * 30, "x" * 10_000, "²", "1²",
 ])
 def test_bad_cost_header_falls_back_to_the_endpoint_cost(demo, value):
     assert cost_with_header(value) == 20
     assert cost_with_header(value, endpoint="api:items", method="get") == 1
+
+
+def test_head_is_charged_like_get_unless_a_row_names_head(demo):
+    # D2: Django serves HEAD with the GET view, so it costs what GET costs (api:search GET is 5)
+    snapshot = policy.get_snapshot()
+    assert snapshot.cost_for("api:search", "HEAD", "free") == 5
+    assert snapshot.cost_for("api:search", "HEAD", "pro") == 5
+    EndpointCost.objects.create(endpoint="api:search", method="HEAD", cost=2)
+    policy.reset()  # (the commit hook that would do it does not run inside a test transaction)
+    assert policy.get_snapshot().cost_for("api:search", "HEAD", "free") == 2
+    assert policy.get_snapshot().cost_for("api:search", "GET", "free") == 5
+
+
+def test_head_is_charged_like_get_in_redis(demo, monkeypatch):
+    use_fake_clock(monkeypatch)
+    response = Client().head("/api/search/", HTTP_X_API_KEY="rk_bob_pro")
+    assert response.status_code == 200
+    decision = response.wsgi_request.ratelimit
+    assert decision.cost == 5
+    assert by_name(decision)["pro-user"].remaining == by_name(decision)["pro-user"].burst - 5
 
 
 def test_cost_header_is_ignored_when_not_configured(settings, demo):
@@ -77,16 +98,16 @@ def test_max_cost_setting(settings, demo):
 
 def test_endpoint_rules_are_charged_one_token_per_request(demo):
     snapshot = policy.get_snapshot()
-    request = factory.post("/api/reports/", HTTP_X_API_KEY="rk_demo_alice_free")
+    request = factory.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     identity = identify(request, None, snapshot)
     costs = {b.rule.name: b.cost for b in plan_buckets(snapshot, identity, "api:reports", 20)}
     assert costs == {"global": 20, "free-plan": 20, "free-ip": 20, "free-user": 20,
-                     "free-reports": 1}
+                     "free-reports": 1, "auth-failures": 1}  # the failed-auth gate: checked only
 
 
 def test_a_request_is_charged_its_cost_in_redis(demo):
     client = Client()
-    response = client.post("/api/reports/", HTTP_X_API_KEY="rk_demo_alice_free")
+    response = client.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     assert response.status_code == 202
     decision = response.wsgi_request.ratelimit
     assert decision.cost == 20
@@ -94,7 +115,7 @@ def test_a_request_is_charged_its_cost_in_redis(demo):
     assert policies["free-user"].remaining == 30 - 20
     assert policies["free-reports"].remaining == 5 - 1
     # a second report does not fit in free-user's 10 tokens: denied, nothing debited
-    response = client.post("/api/reports/", HTTP_X_API_KEY="rk_demo_alice_free")
+    response = client.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     assert response.status_code == 429
     assert by_name(response.wsgi_request.ratelimit)["free-reports"].remaining == 4
 
@@ -109,3 +130,36 @@ def test_cost_header_through_the_stack(demo, monkeypatch):
     assert response.status_code == 200
     assert response.wsgi_request.ratelimit.cost == 1
     assert by_name(response.wsgi_request.ratelimit)["free-ip"].remaining == 40 - 7 - 1
+
+
+# --- D4: a cost above a bucket's capacity can never pass --------------------------------------
+
+@pytest.mark.parametrize("path", ["/api/items/", "/hello/"])  # throttle and middleware
+def test_a_cost_above_capacity_is_refused_without_a_retry_promise(demo, monkeypatch, path):
+    import json
+
+    use_fake_clock(monkeypatch)
+    client = Client()
+    # free-user holds at most 30 tokens: a request declaring 50 can never pass, however long
+    # the client waits
+    response = client.get(path, HTTP_X_API_KEY="rk_alice_free", HTTP_X_REQUEST_COST="50")
+    assert response.status_code == 429
+    assert "Retry-After" not in response
+    decision = response.wsgi_request.ratelimit
+    assert set(decision.over_capacity) == {"free-user", "free-ip"}  # 30 and 40 < 50
+    body = json.loads(response.content)
+    assert "capacity" in body["detail"] and "free-user" in body["detail"]
+    assert "retry-after" not in body and "retry_after" not in body
+    # nothing was debited: a request that fits still has the whole bucket
+    response = client.get(path, HTTP_X_API_KEY="rk_alice_free", HTTP_X_REQUEST_COST="30")
+    assert response.status_code == 200
+    assert by_name(response.wsgi_request.ratelimit)["free-user"].remaining == 0
+
+
+def test_a_cost_within_capacity_that_does_not_fit_now_still_gets_retry_after(demo, monkeypatch):
+    use_fake_clock(monkeypatch)
+    client = Client()
+    client.get("/hello/", HTTP_X_API_KEY="rk_alice_free", HTTP_X_REQUEST_COST="25")
+    response = client.get("/hello/", HTTP_X_API_KEY="rk_alice_free", HTTP_X_REQUEST_COST="25")
+    assert response.status_code == 429 and int(response["Retry-After"]) >= 1
+    assert response.wsgi_request.ratelimit.over_capacity == ()

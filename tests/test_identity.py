@@ -47,19 +47,19 @@ def plan_from_header(request, identity):
 
 def test_api_key_identifies_its_user_plan_and_tenant(demo):
     carol = user("carol")
-    identity = who(HTTP_X_API_KEY="rk_demo_carol_enterprise")
+    identity = who(HTTP_X_API_KEY="rk_carol_enterprise")
     key = ApiKey.objects.get(user=carol)
     assert (identity.kind, identity.plan, identity.tenant) == ("key", "enterprise", "acme")
     assert identity.user_id == str(carol.pk) and identity.api_key_id == key.id
-    assert identity.display == "key rk_demo_…"  # the stored prefix, never the key
+    assert identity.display == "key rk_carol…"  # the stored prefix, never the key
     assert identity.token_for(Scope.USER) == scope_token("key", key.id)
     assert identity.token_for(Scope.TENANT) == scope_token("tenant", "acme")
 
 
 def test_api_key_header_name_is_configurable(settings, demo):
     ratelimit_settings(settings, API_KEY_HEADER="Authorization-Key")
-    assert who(HTTP_X_API_KEY="rk_demo_bob_pro").kind == "anonymous"
-    assert who(HTTP_AUTHORIZATION_KEY="rk_demo_bob_pro").plan == "pro"
+    assert who(HTTP_X_API_KEY="rk_bob_pro").kind == "anonymous"
+    assert who(HTTP_AUTHORIZATION_KEY="rk_bob_pro").plan == "pro"
 
 
 def test_key_of_its_own_plan_and_tenant_wins_over_the_users_assignment(demo):
@@ -82,7 +82,7 @@ def test_unknown_key_is_an_anonymous_caller_by_ip(demo):
 def test_inactive_key_is_ignored(demo):
     ApiKey.objects.filter(user=user("bob")).update(active=False)
     policy.reset()
-    assert who(HTTP_X_API_KEY="rk_demo_bob_pro").kind == "anonymous"
+    assert who(HTTP_X_API_KEY="rk_bob_pro").kind == "anonymous"
 
 
 def test_ten_kilobyte_key_header_is_ignored_even_if_it_would_match(demo):
@@ -92,7 +92,7 @@ def test_ten_kilobyte_key_header_is_ignored_even_if_it_would_match(demo):
     assert who(HTTP_X_API_KEY=huge).kind == "anonymous"
 
 
-@pytest.mark.parametrize("value", ["", "\ud800", "{rk_demo_bob_pro}", "rk_demo_bob_pro\x00"])
+@pytest.mark.parametrize("value", ["", "\ud800", "{rk_bob_pro}", "rk_bob_pro\x00"])
 def test_odd_key_headers_are_anonymous_callers(demo, value):
     assert who(HTTP_X_API_KEY=value).kind == "anonymous"
 
@@ -119,7 +119,7 @@ def test_anonymous_user_object_is_anonymous(demo):
 def test_key_without_tenant_uses_the_tenant_of_its_users_assignment(demo):
     PlanAssignment.objects.filter(user=user("bob")).update(tenant="initech")
     policy.reset()
-    assert who(HTTP_X_API_KEY="rk_demo_bob_pro").tenant == "initech"
+    assert who(HTTP_X_API_KEY="rk_bob_pro").tenant == "initech"
 
 
 def test_no_default_plans_means_no_plan(db):
@@ -227,3 +227,59 @@ def test_identity_ip_uses_the_proxy_aware_address(settings, demo):
     identity = who(REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="2001:db8::1")
     assert (identity.ip, identity.display) == ("2001:db8::/64", "2001:db8::/64")
     assert identity.token_for(Scope.IP) == scope_token("ip", "2001:db8::/64")
+
+
+# --- D8: request input cannot grow per-process memory -----------------------------------------
+
+def grown_bytes(action, repeat=2000):
+    """Return how much more memory Python holds after ``action(i)`` ran ``repeat`` times."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(repeat):
+            action(i)
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_random_forwarded_for_hops_do_not_grow_memory(settings):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["127.0.0.1"])
+    junk = "x" * 4000
+
+    def request_with_random_hop(i):
+        meta = {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": f"10.1.2.3, {i}{junk}"}
+        assert client_ip(meta) == "127.0.0.1"  # the malformed hop stops the walk
+
+    # 2000 distinct 4 kB hops: 8 MB if each were kept
+    assert grown_bytes(request_with_random_hop) < 1_000_000
+
+
+def test_long_tenant_names_are_kept_short_and_distinct(settings, demo):
+    ratelimit_settings(settings, TENANT_RESOLVER="tests.test_identity.tenant_from_header")
+    first = who(HTTP_X_TENANT="a" * 5000).tenant
+    assert len(first) <= 100
+    assert first == who(HTTP_X_TENANT="a" * 5000).tenant != who(HTTP_X_TENANT="b" * 5000).tenant
+    assert who(HTTP_X_TENANT="globex").tenant == "globex"
+
+    def identify_random_tenant(i):
+        who(HTTP_X_TENANT=f"{i}" + "t" * 4000)
+
+    assert grown_bytes(identify_random_tenant, repeat=1000) < 1_000_000
+
+
+def test_long_scope_values_are_not_memoised():
+    junk = "v" * 4000
+    assert scope_token("tenant", junk) == scope_token("tenant", junk)
+    assert grown_bytes(lambda i: scope_token("tenant", f"{i}{junk}")) < 1_000_000
+
+
+def test_a_plan_resolver_naming_no_plan_is_ignored(settings, demo):
+    ratelimit_settings(settings, PLAN_RESOLVER="tests.test_identity.plan_from_header")
+    assert who(user("alice"), HTTP_X_PLAN="no-such-plan").plan == "free"
+    assert who(user("alice"), HTTP_X_PLAN="p" * 5000).plan == "free"

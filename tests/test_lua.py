@@ -155,3 +155,20 @@ def test_a_value_that_is_not_a_bucket_reads_as_full(redis_client):
     allowed, statuses, _ = take([bucket], now_ms=T0)
     assert allowed and statuses[0].remaining == 2
     assert stored_state(redis_client, bucket) == (2 * 60_000, T0, 60_000)
+
+
+def test_a_gate_bucket_is_checked_but_never_debited(redis_client):
+    from ratelimit_app.buckets import Bucket
+
+    quota = make_bucket(make_rule(rate=1, period_s=60, burst=100), token="t1")
+    rule = make_rule(rate=1, period_s=60, burst=2, scope="ip")
+    gate = Bucket(rule, make_bucket(rule, token="t2").key, 1, gate=True)
+    charge = Bucket(rule, gate.key, 1)  # what a failed authentication spends
+    for _ in range(5):  # requests pass and never spend the gate
+        allowed, statuses, _ = take([quota, gate], now_ms=T0)
+        assert allowed and statuses[1].remaining == 2
+    assert take([charge], now_ms=T0)[0] and take([charge], now_ms=T0)[0]
+    allowed, statuses, _ = take([quota, gate], now_ms=T0)
+    assert not allowed and statuses[1].short
+    assert statuses[0].remaining == 95  # all or nothing: the quota was not debited either
+    assert take([quota, gate], now_ms=T0 + 60_000)[0]  # one failure refilled: open again

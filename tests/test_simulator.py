@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from ratelimit_app import engine, policy
-from ratelimit_app.models import ApiKey, IdentityOverride, Rule
+from ratelimit_app.models import ApiKey, Counts, IdentityOverride, Rule
 from ratelimit_app.simulator import simulate
 from tests.helpers import load_demo_data
 
@@ -19,7 +19,18 @@ SIMULATOR_URL = "/admin/ratelimit_app/rule/simulate/"
 @pytest.fixture
 def demo():
     load_demo_data()
+    # the quotas alone; the failed-auth gate has its own test below
+    Rule.objects.filter(counts=Counts.FAILED_AUTH).delete()
     policy.reset()  # the rows were written after this test's first snapshot could exist
+
+
+def test_the_failed_auth_gate_is_shown_with_what_is_left(db):
+    load_demo_data()
+    policy.reset()
+    result = simulate(endpoint="api:items", method="GET", ip=IP, now_ms=NOW_MS)
+    gate = buckets_of(result)["auth-failures"]
+    assert gate == (10, 1, False)  # 10 failures left; a request needs one left to pass
+    assert result.allowed
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +96,7 @@ def test_anonymous_caller_gets_the_anonymous_plan_and_no_user_bucket(demo):
 
 
 def test_api_key_is_limited_like_a_real_request_carrying_it(demo, rf, redis_client):
-    real_request(rf, "api:reports", "POST", api_key="rk_demo_carol_enterprise")
+    real_request(rf, "api:reports", "POST", api_key="rk_carol_enterprise")
     pin_keys(redis_client)
     result = simulate(endpoint="api:reports", method="POST", ip=IP,
                       api_key=demo_key("carol"), now_ms=NOW_MS)
@@ -121,7 +132,7 @@ def test_levels_after_real_requests_and_a_predicted_denial(demo, rf, redis_clien
 def test_simulating_debits_nothing(demo, rf, redis_client, redis_server):
     real_request(rf, "api:search", username="alice")
     real_request(rf, "api:reports", "POST", username="alice")
-    real_request(rf, "api:items", api_key="rk_demo_bob_pro")
+    real_request(rf, "api:items", api_key="rk_bob_pro")
     pin_keys(redis_client)
     before, sets_before = redis_contents(redis_client), redis_server.command_calls("set")
     calls_before = redis_server.command_calls("evalsha")

@@ -3,7 +3,9 @@
 -- KEYS[1..n]  bucket keys; KEYS[n+1] the config version counter (read, never written here)
 -- ARGV[1]     now in milliseconds, or "" to use the Redis server clock (tests pass a value)
 -- ARGV[2]     "1" to debit, "0" to only look (simulator, inspector)
--- ARGV[3..]   five integers per bucket: period_ms, capacity, refill_per_ms, cost, enforce
+-- ARGV[3..]   five integers per bucket: period_ms, capacity, refill_per_ms, cost, mode
+--             (mode 1 = enforce, 0 = shadow, 2 = gate: enforced, but only checked, never
+--             debited; a request is refused while a gate bucket holds less than its cost)
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
@@ -14,10 +16,10 @@
 -- timestamp never moves backwards, so a call carrying an older clock reading cannot refill a
 -- bucket twice. A bucket whose period changed since it was written is rescaled to the new unit.
 --
--- Decision: allowed only if every enforced bucket holds its cost; then every bucket that holds
--- its cost is debited (shadow buckets included), or, when denied, none is. Keys get a TTL equal
--- to the time they need to refill completely: an expired key reads as a full bucket, which is
--- exactly what it would hold.
+-- Decision: allowed only if every enforced (or gate) bucket holds its cost; then every bucket
+-- that holds its cost is debited (shadow buckets included, gates never), or, when denied, none
+-- is. Keys get a TTL equal to the time they need to refill completely: an expired key reads as a
+-- full bucket, which is exactly what it would hold.
 --
 -- Returns {allowed, config_version, now_ms, level_1, status_1, ..., level_n, status_n} where
 -- level is the bucket's units after the call and status is 1 = debited, 0 = held the cost but
@@ -38,7 +40,7 @@ local allowed = 1
 for i = 1, n do
   local a = 3 + (i - 1) * 5
   local period, capacity, refill = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local cost, enforce = tonumber(ARGV[a + 3]), ARGV[a + 4] == '1'
+  local cost, enforce = tonumber(ARGV[a + 3]), ARGV[a + 4] ~= '0'
   local level, stamp = capacity, now
   local value = stored[i]
   if value and #value == 24 then  -- anything else is not ours: treat the bucket as full
@@ -63,7 +65,7 @@ for i = 1, n do
   local status = 0
   if short[i] then
     status = -1
-  elseif allowed == 1 and debit then
+  elseif allowed == 1 and debit and ARGV[a + 4] ~= '2' then
     local period, capacity, refill = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local level = levels[i] - tonumber(ARGV[a + 3])
     -- full again at stamp + (capacity - level) / refill; the stamp may be ahead of now

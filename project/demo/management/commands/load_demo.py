@@ -4,7 +4,17 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from ratelimit_app.models import ApiKey, EndpointCost, Mode, Plan, PlanAssignment, Rule, Scope
+from ratelimit_app.models import (
+    ApiKey,
+    Counts,
+    EndpointCost,
+    Mode,
+    Plan,
+    PlanAssignment,
+    Rule,
+    Scope,
+    hash_api_key,
+)
 
 PLANS = [
     # slug, name, default for signed-in, default for anonymous
@@ -26,17 +36,24 @@ RULES = [
     ("search-ip-trial", None, Scope.IP, "api:search", 10, 60, 10, Mode.SHADOW),
 ]
 
+# Failed authentications (wrong passwords, unknown tokens or API keys) per client IP:
+# name, rate, period_s, burst. Ten tries, then one more a minute.
+FAILED_AUTH_RULES = [
+    ("auth-failures", 1, 60, 10),
+]
+
 # endpoint, method, cost
 COSTS = [
     ("api:search", "GET", 5),
     ("api:reports", "POST", 20),
 ]
 
-# username, plan, tenant, API key
+# username, plan, tenant, API key. The keys' first ApiKey.PREFIX_LENGTH (8) characters differ,
+# so the inspector finds each demo key by the prefix the dashboard shows.
 USERS = [
-    ("alice", "free", "", "rk_demo_alice_free"),
-    ("bob", "pro", "", "rk_demo_bob_pro"),
-    ("carol", "enterprise", "acme", "rk_demo_carol_enterprise"),
+    ("alice", "free", "", "rk_alice_free"),
+    ("bob", "pro", "", "rk_bob_pro"),
+    ("carol", "enterprise", "acme", "rk_carol_enterprise"),
 ]
 DEMO_PASSWORD = "demo-pass"
 ADMIN = ("admin", "admin")
@@ -59,6 +76,11 @@ class Command(BaseCommand):
             Rule.objects.update_or_create(name=name, defaults={
                 "plan": plans[plan] if plan else None, "scope": scope, "endpoint": endpoint,
                 "rate": rate, "period_s": period_s, "burst": burst, "mode": mode, "enabled": True})
+        for name, rate, period_s, burst in FAILED_AUTH_RULES:
+            Rule.objects.update_or_create(name=name, defaults={
+                "plan": None, "scope": Scope.IP, "endpoint": "", "counts": Counts.FAILED_AUTH,
+                "rate": rate, "period_s": period_s, "burst": burst, "mode": Mode.ENFORCE,
+                "enabled": True})
         User = get_user_model()
         for username, plan, tenant, raw_key in USERS:
             user, _ = User.objects.get_or_create(username=username)
@@ -66,8 +88,13 @@ class Command(BaseCommand):
             user.save()
             PlanAssignment.objects.update_or_create(
                 user=user, defaults={"plan": plans[plan], "tenant": tenant})
-            if not ApiKey.objects.filter(user=user, name="demo").exists():
+            demo_key = ApiKey.objects.filter(user=user, name="demo").first()
+            if demo_key is None:
                 ApiKey.create_key(user, "demo", raw_key=raw_key, tenant=tenant)
+            elif demo_key.digest != hash_api_key(raw_key):
+                # a database loaded by an older demo holds other keys: print what works
+                demo_key.set_new_key(raw_key)
+                demo_key.save()
         admin, _ = User.objects.get_or_create(username=ADMIN[0], defaults={"is_staff": True})
         admin.is_staff = admin.is_superuser = True
         admin.set_password(ADMIN[1])
