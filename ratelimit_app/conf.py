@@ -38,8 +38,18 @@ DEFAULTS = {
     "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
     # Whether the middleware also limits DRF views (the throttle then reuses its decision).
     "MIDDLEWARE_INCLUDES_DRF": False,
-    # Upper bound of the deterministic per-identity jitter added to Retry-After, in seconds.
-    "RETRY_AFTER_JITTER_S": 1,
+    # Retry-After jitter: a deterministic per-identity 0..spread seconds added to the wait, where
+    # spread = max(RETRY_AFTER_JITTER_S, wait * RETRY_AFTER_JITTER_RATIO) rounded up, so clients
+    # refused together (a shared bucket) come back spread out. Both 0: no jitter.
+    "RETRY_AFTER_JITTER_S": 2,
+    "RETRY_AFTER_JITTER_RATIO": 0.25,
+    # Give the RateLimit item (remaining tokens) of shared buckets (scopes global, plan, tenant)
+    # on every response. Off: their level is other clients' traffic, so it is shown only when
+    # that bucket refused the request; RateLimit-Policy always lists every policy.
+    "DISCLOSE_SHARED_REMAINING": False,
+    # Charge CORS preflight requests (OPTIONS with Origin and Access-Control-Request-Method).
+    # Off: a browser would report a refused preflight as a CORS failure, not as a 429.
+    "CHARGE_PREFLIGHT": False,
     # Consecutive Redis failures that open the circuit breaker, and how long it stays open
     # before one trial request is let through.
     "BREAKER_FAILURES": 3,

@@ -1,25 +1,47 @@
-"""Response headers (draft-ietf-httpapi-ratelimit-headers-10) and the 429 problem body.
+"""Response headers (draft-ietf-httpapi-ratelimit-headers-11, wire format as in -10) and the 429
+problem body.
 
-``RateLimit-Policy`` and ``RateLimit`` are RFC 9651 structured-field lists with one item per
-enforced policy that applied; each item is the policy name as an sf-string:
+``RateLimit-Policy`` and ``RateLimit`` are RFC 9651 structured-field lists; each item is a policy
+name as an sf-string. A token bucket (``rate`` tokens per ``period``, holding at most ``burst``)
+maps onto the draft's parameters so that a client that follows them is never refused by that
+bucket:
 
-    RateLimit-Policy: "free-user";q=100;w=60, "global";q=1000;w=1
-    RateLimit: "free-user";r=0;t=2, "global";r=993;t=1
+    RateLimit-Policy: "free-ip";q=40;w=120       q = burst, w = seconds to refill it from empty
+    RateLimit: "free-ip";r=39;t=3                r = whole tokens left, t = seconds to the next one
 
-``q``/``w`` are the rule's rate and period; ``r`` is the whole tokens left; ``t`` is the seconds
-until more quota is available (for a policy that denied: until this request's cost is). Shadow
-policies are not shown to clients.
+- ``q``/``w``: spending at most ``q`` tokens in any ``w`` seconds never empties the bucket
+  (``w`` is rounded up). The rate itself is ``q / w``.
+- ``r`` (≤ ``q``): the whole tokens left; ``t``: the seconds within which ``r`` is all the client
+  can spend (until the next whole token). For a policy that refused the request, ``t`` is the time
+  until this request's cost is available, and ``Retry-After`` is never earlier than it.
+- Units are tokens: a request costs its endpoint's cost (rules with an endpoint count calls).
+  The draft registers no unit for weighted requests, so ``qu`` is not sent (see the README).
+- Every enforced policy is listed in ``RateLimit-Policy`` (it is configuration). A shared bucket's
+  level (scopes global, plan, tenant) is other clients' traffic: its ``RateLimit`` item is given
+  only when it refused the request, or with ``DISCLOSE_SHARED_REMAINING``. Shadow policies are
+  never shown.
 """
 
 import functools
 import hashlib
 import json
+import math
 
 from django.http import HttpResponse
 
 from .conf import get_config
 
-__all__ = ["apply_headers", "problem_response", "retry_after_with_jitter"]
+__all__ = ["apply_headers", "problem_body", "problem_response", "retry_after_s",
+           "retry_after_with_jitter", "uncharged_preflight", "QUOTA_EXCEEDED",
+           "TEMPORARY_REDUCED_CAPACITY"]
+
+# Problem types the draft registers (RFC 9457 "type" members).
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY = \
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+
+# Scopes whose bucket only the caller itself spends (a user, an API key, an address).
+OWN_SCOPES = frozenset(("user", "ip"))
 
 
 @functools.lru_cache(maxsize=4096)  # policy names come from the admin: few, and asked per request
@@ -31,56 +53,100 @@ def _sf_string(value):
 
 def policy_header(policies):
     """Return the RateLimit-Policy value for ``policies``."""
-    return _policy_header(tuple((p.name, p.quota, p.window_s) for p in policies))
+    return _policy_header(tuple((p.name, p.burst, p.quota, p.window_s) for p in policies))
 
 
 @functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request
 def _policy_header(items):
-    return ", ".join([f"{_sf_string(name)};q={quota};w={window_s}"
-                      for name, quota, window_s in items])
+    # w rounded up: a client keeping to q per w then spends at most the refill rate
+    return ", ".join([f"{_sf_string(name)};q={burst};w={-(-burst * period_s // rate)}"
+                      for name, burst, rate, period_s in items])
 
 
-def ratelimit_header(policies):
-    """Return the RateLimit value for ``policies``."""
-    return ", ".join([f"{_sf_string(p.name)};r={p.remaining};t={p.reset_s}" for p in policies])
+def ratelimit_header(policies, disclose_shared=False):
+    """Return the RateLimit value for ``policies``: the caller's own buckets, those that refused
+    the request and, with ``disclose_shared``, every other one ("" if none)."""
+    return ", ".join([f"{_sf_string(p.name)};r={p.remaining};t={p.reset_s}" for p in policies
+                      if p.short or disclose_shared or p.scope in OWN_SCOPES])
+
+
+def retry_after_s(decision):
+    """Return the Retry-After seconds of a denied decision, or None when waiting cannot help
+    (the request costs more than a policy's capacity)."""
+    return None if decision.over_capacity else decision.retry_after_s
 
 
 def retry_after_with_jitter(seconds, identity_token):
-    """Return ``seconds`` plus a deterministic per-identity jitter of 0..RETRY_AFTER_JITTER_S,
-    so clients denied together do not all come back in the same second."""
-    spread = int(get_config()["RETRY_AFTER_JITTER_S"])
+    """Return ``seconds`` plus a deterministic per-identity jitter of 0..spread seconds, where
+    the spread grows with the wait (RETRY_AFTER_JITTER_S at least, RETRY_AFTER_JITTER_RATIO of
+    the wait), so clients refused together do not all come back in the same second."""
+    config = get_config()
+    spread = max(int(config["RETRY_AFTER_JITTER_S"]),
+                 math.ceil(seconds * config["RETRY_AFTER_JITTER_RATIO"]))
     if spread <= 0 or not identity_token:
         return seconds
-    digest = hashlib.blake2b(identity_token.encode(), digest_size=2).digest()
+    digest = hashlib.blake2b(identity_token.encode(), digest_size=4).digest()
     return seconds + int.from_bytes(digest, "big") % (spread + 1)
 
 
 def apply_headers(response, decision):
-    """Set RateLimit-Policy, RateLimit and (on a denial) Retry-After on ``response``."""
+    """Set RateLimit-Policy, RateLimit and (on a denial that waiting can cure) Retry-After on
+    ``response`` (an HttpResponse, or a DRF view's ``headers`` dict)."""
     visible = [p for p in decision.policies if not p.shadow]
     if visible:
         response["RateLimit-Policy"] = policy_header(visible)
-        response["RateLimit"] = ratelimit_header(visible)
-    if not decision.allowed:
+        items = ratelimit_header(visible, get_config()["DISCLOSE_SHARED_REMAINING"])
+        if items:  # an empty list is no field at all (RFC 9651)
+            response["RateLimit"] = items
+    if not decision.allowed and not decision.over_capacity:
         response["Retry-After"] = str(decision.retry_after_s)
     return response
 
 
-def problem_response(decision):
-    """Return the 429 ``application/problem+json`` response for a denied decision."""
+def _over_capacity_detail(decision):
+    statuses = {p.name: p for p in decision.policies}
+    parts = []
+    for name in decision.over_capacity:
+        status = statuses.get(name)
+        numbers = f" (cost {status.cost}, capacity {status.burst})" if status else ""
+        parts.append(f"policy {name}{numbers}")
+    return (f"The cost of this request exceeds the capacity of {', '.join(parts)}: it can "
+            "never be served, and retrying will not help. Send a smaller request.")
+
+
+def problem_body(decision):
+    """Return the RFC 9457 problem fields of a denied decision (a new dict)."""
     if decision.degraded:
+        problem_type, title = TEMPORARY_REDUCED_CAPACITY, "Temporarily reduced capacity"
         detail = ("The rate limiter cannot reach its store and these policies refuse requests "
-                  "until it is back.")
+                  f"until it is back. Retry in {decision.retry_after_s} s.")
+    elif decision.over_capacity:
+        problem_type, title = QUOTA_EXCEEDED, "Quota exceeded"
+        detail = _over_capacity_detail(decision)
     else:
+        problem_type, title = QUOTA_EXCEEDED, "Quota exceeded"
         detail = (f"Quota exceeded for {', '.join(decision.violated)}. "
                   f"Retry in {decision.retry_after_s} s.")
-    body = {
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": detail,
-        "violated_policies": list(decision.violated),
-        "retry_after": decision.retry_after_s,
-    }
-    response = HttpResponse(json.dumps(body), status=429, content_type="application/problem+json")
+    body = {"type": problem_type, "title": title, "status": 429, "detail": detail,
+            "violated-policies": list(decision.violated)}
+    if not decision.over_capacity:
+        # the body too: browser scripts cannot read Retry-After unless CORS exposes it
+        body["retry-after"] = decision.retry_after_s
+    return body
+
+
+def problem_response(decision):
+    """Return the 429 ``application/problem+json`` response for a denied decision."""
+    response = HttpResponse(json.dumps(problem_body(decision)), status=429,
+                            content_type="application/problem+json")
     return apply_headers(response, decision)
+
+
+def uncharged_preflight(request):
+    """Return True if ``request`` is a CORS preflight (OPTIONS with Origin and
+    Access-Control-Request-Method) and CHARGE_PREFLIGHT is off: browsers report a refused
+    preflight as a CORS error, never as a 429, so it is neither charged nor refused."""
+    return (request.method == "OPTIONS"
+            and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in request.META
+            and "HTTP_ORIGIN" in request.META
+            and not get_config()["CHARGE_PREFLIGHT"])

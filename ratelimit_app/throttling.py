@@ -1,5 +1,6 @@
 """``QuotaThrottle``: the DRF adapter (the only module that imports rest_framework)."""
 
+from rest_framework.exceptions import Throttled
 from rest_framework.throttling import BaseThrottle
 
 from .conf import ensure_installed
@@ -7,8 +8,31 @@ from .conf import ensure_installed
 ensure_installed("ratelimit_app.throttling.QuotaThrottle")
 
 from .guard import decide  # noqa: E402  (needs the app's models)
+from .headers import (apply_headers, problem_body, retry_after_s,  # noqa: E402
+                      uncharged_preflight)
 
-__all__ = ["QuotaThrottle"]
+__all__ = ["QuotaThrottle", "QuotaThrottled"]
+
+
+class QuotaThrottled(Throttled):
+    """DRF's ``Throttled`` for a request the quotas refuse, carrying the problem fields.
+
+    ``detail`` is the problem body (a dict, so DRF's exception handler returns it as
+    ``response.data``), ``wait`` the Retry-After seconds (None when the request costs more than a
+    policy can ever hold) and ``decision`` the limiter's Decision.
+    """
+
+    def __init__(self, decision):
+        super().__init__(wait=retry_after_s(decision))
+        self.decision = decision
+        # set after __init__, which would turn every value into a string ("status": "429")
+        self.detail = problem_body(decision)
+
+    def get_codes(self):
+        return self.default_code
+
+    def get_full_details(self):
+        return {"message": self.detail["detail"], "code": self.default_code}
 
 
 class QuotaThrottle(BaseThrottle):
@@ -19,12 +43,30 @@ class QuotaThrottle(BaseThrottle):
     """
 
     decision = None
+    is_quota_throttle = True  # how QuotaMiddleware recognises the views it leaves to us
 
     def allow_request(self, request, view):
-        """Return True if the request should be allowed (it is charged at most once)."""
-        self.decision = decide(request._request, request.user)
-        return self.decision.allowed
+        """Return True if the request should be allowed (it is charged at most once).
+
+        A refused request raises :class:`QuotaThrottled` instead of returning False, so the
+        project's exception handler receives the problem fields (DRF's ``throttled()`` would
+        raise a bare ``Throttled``). The rate-limit headers go on DRF's response, refused or
+        not, through the view's ``headers``.
+        """
+        django_request = request._request
+        if uncharged_preflight(django_request):
+            return True
+        self.decision = decision = decide(django_request, request.user)
+        headers = getattr(view, "headers", None)  # set by APIView.dispatch
+        if headers is not None:
+            apply_headers(headers, decision)
+        if not decision.allowed:
+            raise QuotaThrottled(decision)
+        return True
 
     def wait(self):
-        """Return the seconds the client should wait before retrying (DRF's Retry-After)."""
-        return self.decision.retry_after_s if self.decision is not None else None
+        """Return the seconds the client should wait before retrying (DRF's Retry-After), or
+        None: no refusal, or one that waiting cannot cure."""
+        if self.decision is None or self.decision.allowed:
+            return None
+        return retry_after_s(self.decision)

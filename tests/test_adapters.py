@@ -20,7 +20,7 @@ from .helpers import use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
-ALICE_KEY = "rk_demo_alice_free"
+ALICE_KEY = "rk_alice_free"
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_middleware_denial_never_reaches_the_plain_view(demo):
     statuses = [client.get("/hello/").status_code for _ in range(41)]  # free-ip: burst 40
     assert statuses == [200] * 40 + [429]
     denied = client.get("/hello/")
-    assert json.loads(denied.content)["violated_policies"] == ["free-ip"]
+    assert json.loads(denied.content)["violated-policies"] == ["free-ip"]
     assert b"hello" not in denied.content
 
 
@@ -127,7 +127,10 @@ def test_throttle_works_in_throttle_classes_without_the_middleware(demo, setting
         statuses.append(view(request).status_code)
     assert statuses == [200] * 40 + [429]
     denied = view(factory.get("/anything/", REMOTE_ADDR="198.51.100.20"))
-    assert int(denied["Retry-After"]) >= 1  # from QuotaThrottle.wait()
+    assert int(denied["Retry-After"]) >= 1
+    # DRF's response, with the problem fields and the headers QuotaThrottle set on the view
+    assert denied.data["violated-policies"] == ["free-ip"]
+    assert denied["RateLimit"] == '"free-ip";r=0;t=3'
 
 
 def test_wait_is_none_before_any_decision():
