@@ -37,7 +37,7 @@ ROOT_URLCONF = "project.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "project" / "templates"],  # admin/base_site.html: a favicon
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

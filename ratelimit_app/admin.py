@@ -11,6 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html
 
+from .conf import get_config
 from .endpoints import endpoint_names
 from .forms import (
     MISSING_ENDPOINT,
@@ -24,6 +25,7 @@ from .forms import (
 )
 from .models import (
     ApiKey,
+    Counts,
     EndpointCost,
     IdentityOverride,
     Plan,
@@ -44,6 +46,16 @@ def _endpoint_cell(endpoint, empty_text):
     return endpoint
 
 
+def _as_saved(rule):
+    """Return ``rule`` as stored, or None if it is not saved yet.
+
+    After a refused save the form has already copied the rejected input onto the instance
+    (``ModelForm._post_clean``); the page's read-only descriptions must show what is kept,
+    not a value the operator was just told is wrong.
+    """
+    return Rule.objects.filter(pk=rule.pk).first() if rule.pk else None
+
+
 def explain_rule(rule):
     """Spell a rule out in a sentence, e.g. 'Each client IP: 20 tokens per 60 s (…)'."""
     if not (rule.rate and rule.period_s and rule.burst):
@@ -53,11 +65,29 @@ def explain_rule(rule):
         Scope.TENANT: "Each tenant", Scope.USER: "Each user or API key", Scope.IP: "Each client IP",
     }.get(rule.scope, "Each client")
     pace = f"per {rule.period_s} s (one more every {rule.period_s / rule.rate:.3g} s)"
+    if rule.counts == Counts.FAILED_AUTH:
+        where = f" at {rule.endpoint}" if rule.endpoint else ""
+        return (f"{who}: {rule.rate} failed authentications{where} {pace}, at most "
+                f"{rule.burst} in a row; while none are left, every request from that address "
+                f"is refused, whatever credentials it sends.")
     if rule.endpoint:
         return (f"{who}: {rule.rate} requests to {rule.endpoint} {pace}, "
                 f"at most {rule.burst} in a row.")
     return (f"{who}: {rule.rate} tokens {pace}, at most {rule.burst} saved up; each request "
             f"spends its endpoint's cost (1 token unless an endpoint cost says otherwise).")
+
+
+def max_cost_warning(burst, what):
+    """Return the warning for ``what`` (a rule or an override) whose ``burst`` is below the
+    largest cost a client may declare in COST_HEADER, or None. Not an error: the operator may
+    mean it, but such requests get a 429 that no wait cures."""
+    config = get_config()
+    if not config["COST_HEADER"] or not burst or burst >= config["MAX_COST"]:
+        return None
+    return (f"{what} has burst {burst}, below MAX_COST ({config['MAX_COST']}): a request "
+            f"declaring a cost above {burst} in {config['COST_HEADER']} can never pass it and "
+            f"is refused without Retry-After. Raise the burst or lower MAX_COST if that is "
+            f"not meant.")
 
 
 class EndpointFilter(admin.SimpleListFilter):
@@ -90,7 +120,8 @@ class RuleInline(admin.TabularInline):
 
     @admin.display(description="in short")
     def summary(self, rule):
-        return rule.describe() if rule.pk else "—"
+        saved = _as_saved(rule)
+        return saved.describe() if saved else "—"
 
 
 class EndpointCostInline(admin.TabularInline):
@@ -148,12 +179,13 @@ class PlanAdmin(admin.ModelAdmin):
 class RuleAdmin(admin.ModelAdmin):
     form = RuleForm
     list_display = ["name", "plan", "scope", "endpoint_cell", "summary", "mode", "enabled"]
-    list_filter = ["plan", "scope", "mode", "enabled", "on_redis_failure", EndpointFilter]
+    list_filter = ["plan", "scope", "counts", "mode", "enabled", "on_redis_failure",
+                   EndpointFilter]
     list_select_related = ["plan"]
     search_fields = ["name", "endpoint", "plan__name", "plan__slug"]
     readonly_fields = ["in_words", "updated"]
     fieldsets = [
-        (None, {"fields": ["name", "plan", "scope", "endpoint"]}),
+        (None, {"fields": ["name", "plan", "scope", "endpoint", "counts"]}),
         ("Limit", {
             "fields": ["rate", "period_s", "burst", "in_words"],
             "description": "A bucket holding up to <em>burst</em> tokens, refilled with "
@@ -171,9 +203,17 @@ class RuleAdmin(admin.ModelAdmin):
     def summary(self, rule):
         return rule.describe()
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if not obj.endpoint and obj.counts == Counts.REQUESTS:  # endpoint rules count calls
+            warning = max_cost_warning(obj.burst, f"Rule “{obj.name}”")
+            if warning:
+                messages.warning(request, warning)
+
     @admin.display(description="in words")
     def in_words(self, rule):
-        return explain_rule(rule) if rule.pk else "Shown once the rule is saved."
+        saved = _as_saved(rule)
+        return explain_rule(saved) if saved else "Shown once the rule is saved."
 
     def get_urls(self):
         simulator = path("simulate/", self.admin_site.admin_view(self.simulator_view),
@@ -236,11 +276,28 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)
-        raw_key = obj.set_new_key()
+        # Kept on this request's instance only, for response_add. Never in a message: Django's
+        # default message storage is a cookie (signed, not encrypted), and a redirect would
+        # carry it there.
+        obj.new_raw_key = obj.set_new_key()
         super().save_model(request, obj, form, change)
-        messages.warning(request, format_html(
-            "The new API key is <code>{}</code> — copy it now. Only its digest is stored, so it "
-            "cannot be shown again.", raw_key))
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """Show the new key once, in the response to the POST that created it (not through a
+        message, a redirect or a URL), with no-store so no cache keeps it."""
+        raw_key = getattr(obj, "new_raw_key", None)
+        if raw_key is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Copy the new API key now",
+            "opts": self.opts,
+            "api_key": obj,
+            "raw_key": raw_key,
+        }
+        response = TemplateResponse(request, "admin/ratelimit_app/apikey/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 @admin.register(IdentityOverride)
@@ -250,6 +307,12 @@ class IdentityOverrideAdmin(admin.ModelAdmin):
     list_select_related = ["user", "api_key", "rule"]
     search_fields = ["user__username", "api_key__prefix", "ip", "note"]
     raw_id_fields = ["user", "api_key"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        warning = None if obj.exempt else max_cost_warning(obj.burst, f"The override of {obj}")
+        if warning:
+            messages.warning(request, warning)
 
 
 from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)

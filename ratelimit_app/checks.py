@@ -85,10 +85,14 @@ def check_adapters(app_configs=None, **kwargs):
                      "limited as an anonymous client.",
                 id="ratelimit_app.E002"))
     elif throttle_default:
+        # Only DEFAULT_THROTTLE_CLASSES can be checked here (a view's own throttle_classes
+        # are not settings), so the message names exactly that.
         errors.append(Warning(
-            "QuotaThrottle is configured but QuotaMiddleware is not in MIDDLEWARE.",
-            hint="Add it: it writes the RateLimit headers on allowed responses and the "
-                 "problem+json body on 429s.",
+            "QuotaThrottle is in REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] but QuotaMiddleware "
+            "is not in MIDDLEWARE.",
+            hint=f"The throttle sees DRF views only: plain Django views are not limited. Add "
+                 f"'{MIDDLEWARE_PATH}' to MIDDLEWARE after AuthenticationMiddleware, or "
+                 f"silence ratelimit_app.W001 in a DRF-only project.",
             id="ratelimit_app.W001"))
     if MIDDLEWARE_PATH not in middleware and not throttle_default:
         errors.append(Warning(

@@ -9,6 +9,10 @@ calls :meth:`Flusher.flush_now` every ``METRICS_FLUSH_INTERVAL_S``. ``flush_now`
 pending counters out under the lock and writes them in ONE pipelined round trip. Tests call
 ``flush_now`` themselves and inject clocks; nothing here needs a sleep to be tested.
 
+While flushes fail (Redis down, breaker open) nothing is lost: the pending minutes go back to
+the recorder and are written by the first flush that succeeds, which also records the period
+in ``<p>:m:buffered`` for the dashboard. The buffer is bounded (see ``MAX_BUFFERED_MINUTES``).
+
 Hot keys: per minute, each process keeps two Space-Saving sketches (top identities by tokens
 and by denials) of at most ``HOT_KEYS_CAPACITY`` entries each, so memory stays bounded however
 many distinct identities an attacker uses. A flush adds the top ``HOT_KEYS_STORED`` of each to
@@ -24,6 +28,7 @@ so it works unchanged on Redis Cluster where the buckets live)::
     <p>:m:near:<minute>             ZSET near-limit sighting (JSON) -> unix time  TTL 15 min
     <p>:m:total                     HASH all-time counters (Prometheus)
     <p>:m:flushed_at                STRING unix time of the latest flush
+    <p>:m:buffered                  LIST   JSON periods whose metrics were buffered    TTL retention
 """
 
 import heapq
@@ -42,7 +47,7 @@ from .conf import get_config
 __all__ = ["record_decision", "SpaceSaving", "Recorder", "Flusher",
            "recorder", "flusher", "reset", "identity_member", "parse_member", "WINDOWS",
            "read_series", "read_breakdown", "read_hot_keys", "read_near_limit",
-           "read_last_flush_at", "read_totals"]
+           "read_last_flush_at", "read_totals", "read_buffered_periods"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -52,8 +57,15 @@ HOT_MINUTE_TTL_S = 3600 + 300
 NEAR_LIMIT_TTL_S = 15 * 60
 # Near-limit sightings kept per process per minute, and per minute in Redis.
 NEAR_LIMIT_CAPACITY = 200
-# Pending minutes kept while flushes fail (bounds memory when Redis is down).
-MAX_PENDING_MINUTES = 3
+# While flushes fail, pending minutes are kept, bounded: the newest MAX_DETAILED_MINUTES in
+# full (both sketches, near-limit sightings), older ones compacted to what a flush writes
+# anyway (counts, the top METRICS_HOT_KEYS_STORED identities of each sketch; near-limit
+# sightings of old minutes are never shown, so they go). Beyond MAX_BUFFERED_MINUTES (an
+# hour of outage) the oldest minute is dropped and counted in ``Recorder.dropped``.
+MAX_DETAILED_MINUTES = 3
+MAX_BUFFERED_MINUTES = 60
+# Buffered periods remembered in Redis for the dashboard.
+BUFFERED_PERIODS_KEPT = 20
 # Window name -> (seconds, resolution) read by the dashboard.
 WINDOWS = {"5m": (300, "minute"), "1h": (3600, "minute"), "24h": (86400, "hour")}
 # Bucket keys of client scopes (the near-limit table is about clients, not shared buckets).
@@ -116,12 +128,7 @@ class SpaceSaving:
             return
         # Weights only grow, so a heap entry may be stale (too low): refresh until the top is
         # exact; it is then the lightest entry.
-        while True:
-            pushed, victim = heap[0]
-            current = self.entries[victim][0]
-            if current == pushed:
-                break
-            heapq.heapreplace(heap, (current, victim))
+        pushed, victim = self._lightest()
         del self.entries[victim]
         self.entries[member] = [pushed + weight, pushed, tokens, denials, 1]
         heapq.heapreplace(heap, (pushed + weight, member))
@@ -130,19 +137,74 @@ class SpaceSaving:
         """Return the ``count`` heaviest ``(member, entry)`` pairs, heaviest first."""
         return heapq.nlargest(count, self.entries.items(), key=lambda item: item[1][0])
 
+    def merge(self, other):
+        """Add every entry of ``other`` (same rules as ``add``, all five figures summed)."""
+        for member, (weight, error, tokens, denials, requests) in other.entries.items():
+            entry = self.entries.get(member)
+            if entry is not None:
+                for index, value in enumerate((weight, error, tokens, denials, requests)):
+                    entry[index] += value
+                continue
+            if len(self.entries) < self.capacity:
+                self.entries[member] = [weight, error, tokens, denials, requests]
+                heapq.heappush(self._heap, (weight, member))
+                continue
+            pushed, victim = self._lightest()
+            del self.entries[victim]
+            self.entries[member] = [pushed + weight, pushed + error, tokens, denials, requests]
+            heapq.heapreplace(self._heap, (pushed + weight, member))
+
+    def truncate(self, count):
+        """Keep only the ``count`` heaviest entries (what a flush would write of them)."""
+        if len(self.entries) <= count:
+            return
+        self.entries = {member: entry for member, entry in self.top(count)}
+        self._heap = [(entry[0], member) for member, entry in self.entries.items()]
+        heapq.heapify(self._heap)
+
+    def _lightest(self):
+        """Return ``(weight, member)`` of the lightest entry (refreshing stale heap tops)."""
+        heap = self._heap
+        while True:
+            pushed, victim = heap[0]
+            current = self.entries[victim][0]
+            if current == pushed:
+                return pushed, victim
+            heapq.heapreplace(heap, (current, victim))
+
 
 # --- in-process counting ----------------------------------------------------------------------
 
 class _Minute:
     """Everything counted in one minute by this process, waiting for a flush."""
 
-    __slots__ = ("counts", "by_tokens", "by_denials", "near")
+    __slots__ = ("counts", "by_tokens", "by_denials", "near", "started_at", "compacted")
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, started_at):
         self.counts = defaultdict(int)   # (dimension, name, outcome) -> count
         self.by_tokens = SpaceSaving(capacity)
         self.by_denials = SpaceSaving(capacity)
         self.near = {}                   # (member, rule) -> (remaining, burst, unix time)
+        self.started_at = started_at     # when its first decision was counted
+        self.compacted = False
+
+    def merge(self, newer):
+        """Add what ``newer`` (counted for the same minute since) holds to this minute."""
+        for key, value in newer.counts.items():
+            self.counts[key] += value
+        self.by_tokens.merge(newer.by_tokens)
+        self.by_denials.merge(newer.by_denials)
+        if not self.compacted:
+            for key, value in newer.near.items():
+                Recorder._note_near(self.near, key, value)
+        self.started_at = min(self.started_at, newer.started_at)
+
+    def compact(self, stored):
+        """Keep only what a flush writes of an old minute (see MAX_DETAILED_MINUTES)."""
+        self.by_tokens.truncate(stored)
+        self.by_denials.truncate(stored)
+        self.near = {}
+        self.compacted = True
 
 
 def _decisions(pending):
@@ -157,7 +219,7 @@ class Recorder:
         self.clock = clock
         self._lock = threading.Lock()
         self._minutes = {}
-        self.dropped = 0  # decisions lost to failed flushes or the pending-minutes bound
+        self.dropped = 0  # decisions lost to the MAX_BUFFERED_MINUTES bound
 
     def record(self, decision):
         """Count one decision (see the module docstring for what is counted)."""
@@ -172,7 +234,7 @@ class Recorder:
         with self._lock:
             pending = self._minutes.get(minute)
             if pending is None:
-                pending = self._new_minute(minute)
+                pending = self._new_minute(minute, now)
             counts = pending.counts
             counts["all", "", outcome] += 1
             counts["plan", plan, outcome] += 1
@@ -211,17 +273,47 @@ class Recorder:
             del near[next(iter(near))]  # forget the oldest sighting
         near[key] = value
 
-    def _new_minute(self, minute):
-        if len(self._minutes) >= MAX_PENDING_MINUTES:
-            self.dropped += _decisions(self._minutes.pop(min(self._minutes)))
-        pending = self._minutes[minute] = _Minute(get_config()["HOT_KEYS_CAPACITY"])
+    def _new_minute(self, minute, now):
+        pending = self._minutes[minute] = _Minute(get_config()["HOT_KEYS_CAPACITY"], now)
+        self._bound()
         return pending
+
+    def _bound(self):
+        """Hold the buffer to its bounds (caller holds the lock); see MAX_BUFFERED_MINUTES."""
+        minutes = sorted(self._minutes)
+        while len(minutes) > MAX_BUFFERED_MINUTES:
+            lost = _decisions(self._minutes.pop(minutes.pop(0)))
+            self.dropped += lost
+            logger.warning("ratelimit_app: metrics buffered for more than %d minutes; %d "
+                           "decisions of the oldest minute not counted", MAX_BUFFERED_MINUTES,
+                           lost)
+        stored = int(get_config()["METRICS_HOT_KEYS_STORED"])
+        for minute in minutes[:-MAX_DETAILED_MINUTES]:
+            if not self._minutes[minute].compacted:
+                self._minutes[minute].compact(stored)
 
     def take_pending(self):
         """Return ``{minute: pending}`` and start counting afresh (used by the flusher)."""
         with self._lock:
             taken, self._minutes = self._minutes, {}
         return taken
+
+    def restore(self, taken):
+        """Put back minutes a flush could not write, merged with what was counted since."""
+        with self._lock:
+            for minute, older in taken.items():
+                newer = self._minutes.get(minute)
+                if newer is not None:
+                    older.merge(newer)
+                self._minutes[minute] = older
+            self._bound()
+
+    def pending_decisions(self):
+        """Return ``(decisions waiting for a flush, when the oldest of them was counted)``."""
+        with self._lock:
+            pending = list(self._minutes.values())
+        return (sum(_decisions(p) for p in pending),
+                min((p.started_at for p in pending), default=None))
 
     def clear(self):
         with self._lock:
@@ -269,6 +361,8 @@ class Flusher:
         self.clock = clock
         self.last_flush_at = None
         self.last_error = ""
+        self.failing_since = None  # first failed flush of the current outage, unix time
+        self._dropped_before = 0   # recorder.dropped when the outage began
         self.flushes = 0
         self._thread = None
         self._pid = None
@@ -277,12 +371,13 @@ class Flusher:
 
     def flush_now(self):
         """Write everything pending in one pipelined round trip. Returns the commands sent
-        (0 when there was nothing to write or Redis is known to be down)."""
+        (0 when there was nothing to write or Redis is known to be down; then the counts stay
+        buffered for the next flush)."""
         pending = self.recorder.take_pending()
         if not pending:
             return 0
         if storage.breaker().state == storage.breaker().OPEN:
-            self._drop(pending, "circuit breaker open")
+            self._keep(pending, "circuit breaker open")
             return 0
         config = get_config()
         prefix, retention = config["KEY_PREFIX"], int(config["METRICS_RETENTION_S"])
@@ -325,24 +420,44 @@ class Flusher:
             pipe.hincrby(keys.metrics_key(prefix, "total"), "redis|errors|count",
                          errors - self._redis_errors_flushed)
         pipe.set(keys.metrics_key(prefix, "flushed_at"), repr(now), ex=retention)
+        decisions = sum(_decisions(p) for p in pending.values())
+        period = None
+        if self.failing_since is not None:
+            # the first flush after an outage says so, for the dashboard of every worker
+            period = {"from": self.failing_since, "to": now, "decisions": decisions,
+                      "dropped": self.recorder.dropped - self._dropped_before,
+                      "pid": os.getpid()}
+            periods_key = keys.metrics_key(prefix, "buffered")
+            pipe.lpush(periods_key, json.dumps(period))
+            pipe.ltrim(periods_key, 0, BUFFERED_PERIODS_KEPT - 1)
+            pipe.expire(periods_key, retention)
         sent = len(pipe)
         try:
             pipe.execute()
         except RedisError as exc:
-            self._drop(pending, f"{type(exc).__name__}: {exc}")
+            # Kept for the next flush. If the connection broke half-way, the commands Redis
+            # already applied are sent again: a rare double count beats a silent loss.
+            self._keep(pending, f"{type(exc).__name__}: {exc}")
             return 0
         self._redis_errors_flushed = errors
         self.last_flush_at = now
         self.last_error = ""
         self.flushes += 1
+        if period is not None:
+            self.failing_since = None
+            logger.warning("ratelimit_app: metrics flushed again; %d decisions buffered since "
+                           "%.0f written", decisions, period["from"])
         return sent
 
-    def _drop(self, pending, reason):
-        lost = sum(_decisions(p) for p in pending.values())
-        self.recorder.dropped += lost
+    def _keep(self, pending, reason):
+        self.recorder.restore(pending)
         self.last_error = reason
-        logger.warning("ratelimit_app: metrics flush failed (%s); %d decisions not counted",
-                       reason, lost)
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+            self._dropped_before = self.recorder.dropped
+            logger.warning("ratelimit_app: metrics flush failed (%s); buffering decisions "
+                           "until Redis answers (at most %d minutes)", reason,
+                           MAX_BUFFERED_MINUTES)
 
     # -- the background thread --
 
@@ -401,6 +516,7 @@ def reset(background=True):
     """
     flusher.stop()
     recorder.clear()
+    flusher.failing_since, flusher.last_error = None, ""
     _background["enabled"] = background
 
 
@@ -515,6 +631,20 @@ def read_last_flush_at():
     """Return the unix time of the latest flush by any process, or None."""
     value = storage.get_client().get(keys.metrics_key(_prefix(), "flushed_at"))
     return float(value) if value else None
+
+
+def read_buffered_periods():
+    """Return the latest periods whose metrics were buffered while Redis was unreachable,
+    newest first: ``[{"from", "to", "decisions", "dropped", "pid"}]`` (unix times)."""
+    periods = []
+    for raw in storage.get_client().lrange(keys.metrics_key(_prefix(), "buffered"), 0, -1):
+        try:
+            period = json.loads(raw)
+            periods.append({name: period[name] for name in
+                            ("from", "to", "decisions", "dropped", "pid")})
+        except (ValueError, TypeError, KeyError):
+            continue
+    return periods
 
 
 def read_totals():

@@ -61,7 +61,12 @@ def collect():
     current = storage.breaker().state
     for state in _BREAKER_STATES:
         breaker.add_metric([state], 1 if state == current else 0)
-    return [decisions, errors_total, up, process_errors, breaker]
+    buffered = GaugeMetricFamily(
+        "ratelimit_metrics_buffered_decisions",
+        "Decisions this process counted but has not written to Redis yet (they stay buffered "
+        "while flushes fail and are added to the totals when Redis answers again).")
+    buffered.add_metric([], metrics.recorder.pending_decisions()[0])
+    return [decisions, errors_total, up, process_errors, breaker, buffered]
 
 
 class _Collector:

@@ -1,9 +1,12 @@
 """The admin: endpoint pickers, operator-worded validation (main forms and inlines), API keys,
 lists, and the simulator's link. Driven through the real admin views as a superuser."""
 
+import logging
 import re
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from ratelimit_app.forms import EndpointField, RuleForm
@@ -37,8 +40,8 @@ def make_rule(name="free-user", plan=None, **fields):
 
 def rule_post(**fields):
     return {"name": "new-rule", "plan": "", "scope": "user", "endpoint": "", "rate": "100",
-            "period_s": "60", "burst": "20", "mode": "enforce", "on_redis_failure": "default",
-            "enabled": "on", **fields}
+            "period_s": "60", "burst": "20", "counts": "requests", "mode": "enforce",
+            "on_redis_failure": "default", "enabled": "on", **fields}
 
 
 def inline_post(prefix, rows, initial=0):
@@ -321,6 +324,24 @@ def test_rule_change_page_explains_the_rule_in_words(admin_client):
             "at most 5 in a row.") in html.decode()
 
 
+def test_in_words_shows_the_saved_rule_not_a_refused_value(admin_client):
+    """After a refused save the rule page describes what is stored (it used to describe the
+    rejected input, e.g. "at most 5 saved up" next to the error refusing a burst of 5)."""
+    rule = make_rule(name="free-ip", scope="ip", rate=20, period_s=60, burst=40)
+    EndpointCost.objects.create(endpoint="api:search", method="GET", cost=10)
+    url = reverse("admin:ratelimit_app_rule_change", args=[rule.pk])
+    response = admin_client.post(url, rule_post(name="free-ip", scope="ip", rate="30",
+                                                burst="5"))
+    assert "burst" in page_errors(response)  # refused: below the cost of a search
+    html = response.content.decode()
+    assert "Each client IP: 20 tokens per 60 s (one more every 3 s), at most 40 saved up" in html
+    assert "at most 5 saved up" not in html and "30 tokens per" not in html
+    rule.refresh_from_db()
+    assert (rule.rate, rule.burst) == (20, 40)
+    inline = admin_client.post(reverse("admin:ratelimit_app_rule_add"), rule_post(rate="0"))
+    assert "Shown once the rule is saved." in inline.content.decode()
+
+
 def test_plan_list_counts_rules_and_costs(admin_client):
     plan = make_plan("pro")
     make_rule(name="pro-user", plan=plan)
@@ -333,17 +354,43 @@ def test_plan_list_counts_rules_and_costs(admin_client):
 
 # --- API keys --------------------------------------------------------------------------------
 
-def test_new_api_key_is_shown_once_and_only_its_digest_is_stored(admin_client, admin_user):
+def cookie_texts(client, response):
+    """Every cookie value the response set or the client holds, the messages cookie decoded."""
+    from django.contrib.messages.storage.cookie import CookieStorage
+    from django.http import HttpRequest
+
+    texts = [morsel.OutputString() for morsel in response.cookies.values()]
+    texts += [morsel.value for morsel in client.cookies.values()]
+    for jar in (response.cookies, client.cookies):
+        if "messages" in jar:
+            decoded = CookieStorage(HttpRequest())._decode(jar["messages"].value) or []
+            texts += [str(message) for message in decoded]
+    return texts
+
+
+def test_d7_new_api_key_is_shown_once_never_in_a_cookie_or_log(admin_client, admin_user, caplog):
+    caplog.set_level(logging.DEBUG)
     response = admin_client.post(reverse("admin:ratelimit_app_apikey_add"),
                                  {"user": str(admin_user.pk), "name": "ci", "plan": "",
-                                  "tenant": "", "active": "on"}, follow=True)
-    shown = [str(m) for m in response.context["messages"]]
-    raw_key = re.search(r"<code>(rk_[\w-]+)</code>", shown[0]).group(1)
-    assert shown[0].endswith("— copy it now. Only its digest is stored, so it cannot be shown "
-                             "again.")
+                                  "tenant": "", "active": "on"})
+    # the POST's own response shows it (no redirect, so no URL or message carries it)
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    body = response.content.decode()
+    raw_key = re.search(r'<code id="new-api-key">(rk_[\w-]+)</code>', body).group(1)
+    assert body.count(raw_key) == 1 and "cannot be shown again" in body
     key = ApiKey.objects.get()
     assert (key.digest, key.prefix) == (hash_api_key(raw_key), raw_key[:8])
     assert raw_key not in [str(value) for value in ApiKey.objects.values().get().values()]
+
+    assert raw_key.encode() not in response.serialize_headers()  # e.g. no Location
+    assert not [text for text in cookie_texts(admin_client, response) if raw_key in text]
+    later = admin_client.get(reverse("admin:ratelimit_app_apikey_changelist"))
+    assert raw_key.encode() not in later.content  # no message left to show it again
+    assert not [text for text in cookie_texts(admin_client, later) if raw_key in text]
+    assert raw_key not in str(dict(admin_client.session))
+    assert raw_key not in caplog.text
+    assert not LogEntry.objects.filter(change_message__contains=raw_key).exists()
+    assert not LogEntry.objects.filter(object_repr__contains=raw_key).exists()
 
     change_url = reverse("admin:ratelimit_app_apikey_change", args=[key.pk])
     assert raw_key.encode() not in admin_client.get(change_url).content
@@ -353,3 +400,47 @@ def test_new_api_key_is_shown_once_and_only_its_digest_is_stored(admin_client, a
     key.refresh_from_db()
     assert (key.name, key.digest) == ("ci-renamed", hash_api_key(raw_key))  # not re-keyed
     assert raw_key.encode() not in response.content
+
+
+def warnings_shown(response):
+    return [str(m) for m in get_messages(response.wsgi_request) if m.level_tag == "warning"]
+
+
+def test_d4_a_burst_below_the_cost_header_maximum_is_warned_about(admin_client):
+    # the demo settings: COST_HEADER X-Request-Cost, MAX_COST 50
+    response = admin_client.post(reverse("admin:ratelimit_app_rule_add"),
+                                 rule_post(name="small", burst="20"), follow=True)
+    assert warnings_shown(response) == [
+        "Rule “small” has burst 20, below MAX_COST (50): a request declaring a cost above 20 in "
+        "X-Request-Cost can never pass it and is refused without Retry-After. Raise the burst "
+        "or lower MAX_COST if that is not meant."]
+    assert Rule.objects.filter(name="small").exists()  # a warning, not a refusal
+    for fields in ({"name": "big", "burst": "50"},                       # holds MAX_COST
+                   {"name": "calls", "burst": "3", "endpoint": "api:search"}):  # counts calls
+        response = admin_client.post(reverse("admin:ratelimit_app_rule_add"),
+                                     rule_post(**fields), follow=True)
+        assert warnings_shown(response) == []
+
+
+def test_d4_no_warning_without_a_cost_header(admin_client, settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "COST_HEADER": None}
+    response = admin_client.post(reverse("admin:ratelimit_app_rule_add"),
+                                 rule_post(name="small", burst="20"), follow=True)
+    assert warnings_shown(response) == []
+
+
+def test_d4_an_override_burst_below_the_cost_header_maximum_is_warned_about(admin_client):
+    response = admin_client.post(reverse("admin:ratelimit_app_identityoverride_add"),
+                                 {"ip": "192.0.2.1", "rate": "5", "period_s": "60",
+                                  "burst": "10", "note": ""}, follow=True)
+    assert len(warnings_shown(response)) == 1
+    assert "burst 10, below MAX_COST (50)" in warnings_shown(response)[0]
+
+
+def test_failed_auth_rule_is_explained_in_words(admin_client):
+    rule = make_rule(name="auth-failures", scope="ip", counts="failed_auth", rate=1,
+                     period_s=60, burst=10)
+    response = admin_client.get(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]))
+    assert ("Each client IP: 1 failed authentications per 60 s (one more every 60 s), at most "
+            "10 in a row; while none are left, every request from that address is refused, "
+            "whatever credentials it sends.") in response.content.decode()

@@ -102,7 +102,14 @@ def resolver(*args):
 
 def test_w001_throttle_without_middleware():
     with override_settings(MIDDLEWARE=without_middleware()):
-        assert "ratelimit_app.W001" in messages()
+        found = messages()
+    # the text says what the code checks: the throttle in DEFAULT_THROTTLE_CLASSES (a view's
+    # own throttle_classes are not settings and are not looked at)
+    assert found["ratelimit_app.W001"].msg == (
+        "QuotaThrottle is in REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] but QuotaMiddleware is "
+        "not in MIDDLEWARE.")
+    assert "plain Django views are not limited" in found["ratelimit_app.W001"].hint
+    assert MIDDLEWARE_PATH in found["ratelimit_app.W001"].hint
 
 
 def test_w002_cache_without_socket_timeouts():

@@ -3,6 +3,8 @@ Prometheus."""
 
 import io
 import re
+import threading
+import time
 
 import pytest
 from django.conf import settings
@@ -14,7 +16,8 @@ from django.test import Client, override_settings
 
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app import metrics, storage
-from ratelimit_app.dashboard.charts import nice_ceiling
+from ratelimit_app.dashboard.charts import count_axis, requests_chart
+from ratelimit_app.dashboard.data import dashboard_data
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.models import ApiKey, Rule
 
@@ -68,9 +71,9 @@ def traffic(demo):
     for _ in range(60):
         denied += api.get("/api/items/", REMOTE_ADDR=SCRAPER).status_code == 429
     for _ in range(5):
-        assert api.get("/api/items/", HTTP_X_API_KEY="rk_demo_alice_free").status_code == 200
+        assert api.get("/api/items/", HTTP_X_API_KEY="rk_alice_free").status_code == 200
     for _ in range(3):
-        assert api.get("/api/search/", HTTP_X_API_KEY="rk_demo_bob_pro").status_code == 200
+        assert api.get("/api/search/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200
     metrics.flusher.flush_now()
     return denied
 
@@ -102,10 +105,10 @@ def test_hot_keys_rank_the_abuser_first_and_never_show_a_secret(admin_client_, t
     assert top["rate"] == round(100 * traffic / 60, 1)
     assert top["inspect_url"] == INSPECT + "?q=ip%3A198.51.100.7"
     by_tokens = {row["label"]: row for row in data["hot_keys"]["tokens"]}
-    assert by_tokens["bob · key rk_demo_…"]["tokens"] == 15  # 3 searches of cost 5
-    assert by_tokens["alice · key rk_demo_…"]["tokens"] == 5
+    assert by_tokens["bob · key rk_bob_p…"]["tokens"] == 15  # 3 searches of cost 5
+    assert by_tokens["alice · key rk_alice…"]["tokens"] == 5
     body = admin_client_.get(DASHBOARD).content.decode()
-    assert "rk_demo_bob_pro" not in body and "rk_demo_bob_pro" not in str(data)
+    assert "rk_bob_pro" not in body and "rk_bob_pro" not in str(data)
 
 
 def test_near_limit_lists_the_drained_client(admin_client_, traffic):
@@ -171,7 +174,7 @@ def test_inspector_shows_a_clients_buckets(admin_client_, traffic):
 
 def test_inspector_finds_users_keys_and_explains_ambiguity(admin_client_, traffic):
     alice_key = ApiKey.objects.get(user__username="alice")
-    choices = admin_client_.get(INSPECT, {"q": "rk_demo_"}).context["lookup"].choices
+    choices = admin_client_.get(INSPECT, {"q": "rk_"}).context["lookup"].choices
     assert len(choices) == 3 and ("key:%d" % alice_key.id) in dict(choices)
     response = admin_client_.get(INSPECT, {"q": f"key:{alice_key.id}"})
     rows = {row["rule"]: row for row in response.context["rows"]}
@@ -181,6 +184,21 @@ def test_inspector_finds_users_keys_and_explains_ambiguity(admin_client_, traffi
     assert {row["rule"] for row in user_rows} >= {"free-user", "free-reports"}
     missing = admin_client_.get(INSPECT, {"q": "{nobody}:x" * 50})
     assert missing.status_code == 200 and b"No client matches" in missing.content
+
+
+def test_demo_keys_have_distinct_prefixes_the_inspector_finds(admin_client_):
+    from project.demo.management.commands.load_demo import USERS
+
+    keys = ApiKey.objects.select_related("user").order_by("id")
+    prefixes = [key.prefix for key in keys]
+    assert len(prefixes) == len(USERS) == len(set(prefixes))
+    assert prefixes == [raw_key[:ApiKey.PREFIX_LENGTH] for *_, raw_key in USERS]
+    for key in keys:
+        # what an operator types: the bare prefix, or the dashboard's "key <prefix>…" label
+        for query in (key.prefix, f"key {key.prefix}…"):
+            lookup = admin_client_.get(INSPECT, {"q": query}).context["lookup"]
+            assert lookup.choices == [] and lookup.identity.api_key_id == key.id
+            assert lookup.label.startswith(f"key {key.prefix}… ({key.user.username} /")
 
 
 def test_reset_needs_post_csrf_confirmation_and_permission(demo, traffic, redis_client):
@@ -227,6 +245,67 @@ def test_dashboard_survives_redis_being_down(admin_client_, redis_server):
     assert data["health"]["redis_ok"] is False and data["summary"]["requests"] == 0
 
 
+def poll_until(condition, timeout_s=5):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        threading.Event().wait(0.05)  # polling a real breaker's cooldown, with a deadline
+
+
+def test_d6_decisions_made_while_redis_was_down_reach_the_dashboard_and_prometheus(
+        admin_client_, redis_server):
+    with config(BREAKER_COOLDOWN_S=0.2, PROMETHEUS_ENABLED=True):
+        storage.reset()  # a breaker with the short cooldown
+        redis_server.kill()
+        try:
+            for _ in range(5):  # fail-open: allowed without Redis
+                assert Client().get("/api/items/", REMOTE_ADDR=SCRAPER).status_code == 200
+            assert metrics.flusher.flush_now() == 0
+            down = admin_client_.get(DATA).json()
+        finally:
+            redis_server.start()
+        assert down["health"]["flush_state"] == "failing"
+        assert down["health"]["buffered_decisions"] == 5
+        assert "failing since" in down["html"]["health"] and "5 decisions buffered" in \
+            down["html"]["health"]
+        poll_until(lambda: metrics.flusher.flush_now() > 0)  # once the breaker lets it try
+        data = admin_client_.get(DATA).json()
+        scrape = admin_client_.get("/ratelimit/metrics/").content.decode()
+    assert data["summary"]["requests"] == 5 and data["summary"]["allowed"] == 5
+    assert sum(row["allowed"] for row in data["series"]) == 5
+    [period] = data["health"]["buffered_periods"]
+    assert period["decisions"] == 5 and period["from"] <= period["to"]
+    assert data["health"]["flush_state"] == "ok" and data["health"]["buffered_decisions"] == 0
+    assert f"{period['from_text']} to {period['to_text']}: 5 decisions counted late" in \
+        data["html"]["health"]
+    assert 'ratelimit_decisions_total{dimension="all",name="",outcome="allowed"} 5.0' in scrape
+    assert "ratelimit_metrics_buffered_decisions 0.0" in scrape
+
+
+def flush_line(data):
+    html = data["html"]["health"]
+    return re.search(r'<dd data-health-field="flush".*?</dd>', html, re.S).group(0)
+
+
+def test_no_traffic_is_shown_as_idle_not_as_a_failing_flush(admin_client_, traffic, redis_server):
+    later = time.time() + 43  # 43 s without a single request
+    idle = dashboard_data(now=later)
+    assert idle["health"]["flush_state"] == "idle" and idle["health"]["last_flush_age_s"] >= 43
+    assert "rl-bad" not in flush_line(idle) and "idle" in flush_line(idle)
+    assert dashboard_data()["health"]["flush_state"] == "ok"
+    # counted but never flushed (no flush thread): that is a warning
+    Client().get("/api/items/", REMOTE_ADDR="192.0.2.1")
+    late = dashboard_data(now=later)
+    assert late["health"]["flush_state"] == "late" and "rl-bad" in flush_line(late)
+    redis_server.kill()
+    try:
+        metrics.flusher.flush_now()
+        failing = dashboard_data()
+    finally:
+        redis_server.start()
+    assert failing["health"]["flush_state"] == "failing" and "rl-bad" in flush_line(failing)
+
+
 def test_prometheus_endpoint_is_off_by_default_and_guarded(demo, traffic):
     assert Client().get("/ratelimit/metrics/").status_code == 404
     with config(PROMETHEUS_ENABLED=True, PROMETHEUS_TOKEN="s3cret"):
@@ -242,6 +321,20 @@ def test_prometheus_endpoint_is_off_by_default_and_guarded(demo, traffic):
     assert "ratelimit_process_redis_errors" in text
 
 
-def test_nice_ceiling_gives_readable_axis_tops():
-    assert [nice_ceiling(v) for v in (0, 5, 11, 24, 26, 99, 101, 4000)] == [
-        5, 5, 20, 25, 50, 100, 200, 5000]
+@pytest.mark.parametrize("busiest", [0, 1, 3, 5, 6, 7, 11, 13, 26, 99, 101, 333, 4001])
+def test_count_chart_ticks_are_whole_numbers(busiest):
+    """Counts need integer ticks: a busiest minute of 5 used to give 0, 1.25, 2.5, 3.75, 5."""
+    series = [{"minute": 60 * i, "allowed": 0, "denied": 0} for i in range(59)]
+    series.append({"minute": 60 * 59, "allowed": busiest - busiest // 3, "denied": busiest // 3})
+    svg = str(requests_chart(series))
+    labels = re.findall(r'<text class="rl-tick" x="\d+" y="[\d.]+" text-anchor="end">([^<]*)<',
+                        svg)
+    values = [int(label) for label in labels]  # raises on "1.25"
+    assert values[0] == 0 and len(values) == 5 and values[-1] >= busiest
+    steps = {b - a for a, b in zip(values, values[1:])}
+    assert len(steps) == 1 and steps.pop() >= 1  # evenly spaced whole steps
+
+
+def test_count_axis_tops_stay_close_to_the_busiest_minute():
+    assert [count_axis(v) for v in (0, 5, 11, 24, 99, 101, 4000)] == [
+        (4, 1), (8, 2), (20, 5), (40, 10), (100, 25), (200, 50), (4000, 1000)]

@@ -59,7 +59,7 @@ def dashboard(live_server, page, settings):
     page.fill("#id_password", "admin")
     page.click("input[type=submit]")
     page.wait_for_url(f"**{DASHBOARD}")
-    # Collected from here on: the admin's own login page has no favicon link, ours do.
+    # Collected from here on (the login page has its own test in test_admin_browser.py).
     errors = []
     page.on("console", lambda message: errors.append(message.text)
             if message.type == "error" else None)

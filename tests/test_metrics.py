@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import os
 import random
 import threading
 import time
@@ -256,18 +257,71 @@ def test_near_limit_sightings_are_read_back_newest_per_identity_and_rule():
         ("key:7", "pro-user", 2, 200)]
 
 
-def test_a_failed_flush_drops_the_counts_and_never_raises(redis_server):
-    recorder = Recorder(clock=FakeClock())
-    flusher = Flusher(recorder)
+def test_d6_decisions_counted_while_redis_is_down_are_flushed_when_it_returns(redis_server):
+    """D6: a failed flush used to drop its counts. They stay buffered (merged with what is
+    counted meanwhile) and the first flush after the outage writes them and the period."""
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    flusher = Flusher(recorder, clock=clock)
     recorder.record(decision())
     recorder.record(decision(False))
     redis_server.kill()
     try:
+        assert flusher.flush_now() == 0  # never raises
+        assert "ConnectionError" in flusher.last_error and flusher.failing_since == T0
+        clock.now += 30
+        recorder.record(decision(identity=key_identity()))  # the same minute, counted since
+        clock.now += 60
+        recorder.record(decision(False))  # the next minute
         assert flusher.flush_now() == 0
+        assert recorder.pending_decisions() == (4, T0)
     finally:
         redis_server.start()
-    assert recorder.dropped == 2 and "ConnectionError" in flusher.last_error
-    assert flusher.flush_now() == 0  # nothing pending any more
+    clock.now += 5
+    assert flusher.flush_now() > 0
+    assert recorder.dropped == 0 and flusher.failing_since is None and flusher.last_error == ""
+    series = {row["minute"]: row for row in metrics.read_series(2, now=clock.now)}
+    assert (series[T0]["allowed"], series[T0]["denied"]) == (2, 1)
+    assert (series[T0 + 60]["allowed"], series[T0 + 60]["denied"]) == (0, 1)
+    assert metrics.read_totals()["rule", "free-ip", "denied"] == 2  # Prometheus' counters
+    hot = metrics.read_hot_keys("5m", now=clock.now)
+    assert {row["ref"]: row["tokens"] for row in hot["tokens"]} == {"ip:10.0.0.1": 1,
+                                                                   "key:7": 1}
+    assert metrics.read_buffered_periods() == [
+        {"from": T0, "to": T0 + 95, "decisions": 4, "dropped": 0, "pid": os.getpid()}]
+    assert flusher.flush_now() == 0 and recorder.pending_decisions() == (0, None)
+
+
+def test_d6_the_buffer_is_bounded_while_redis_stays_down(redis_server, redis_client):
+    """An hour of counts is kept; older minutes are dropped (and counted as dropped); minutes
+    older than the newest 3 keep only what a flush writes of them."""
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    flusher = Flusher(recorder, clock=clock)
+    minutes = metrics.MAX_BUFFERED_MINUTES + 10
+    with config(HOT_KEYS_CAPACITY=50, METRICS_HOT_KEYS_STORED=5):
+        redis_server.kill()
+        try:
+            for minute in range(minutes):
+                for i in range(40):  # 40 identities, each near its limit
+                    recorder.record(decision(identity=ip_identity(f"10.0.{minute}.{i}"),
+                                             policies=[status("free-ip", remaining=0)]))
+                clock.now += 60
+                if minute % 20 == 0:
+                    assert flusher.flush_now() == 0
+            assert recorder.pending_decisions()[0] == 40 * metrics.MAX_BUFFERED_MINUTES
+            assert recorder.dropped == 40 * 10
+            detailed, compacted = metrics.MAX_DETAILED_MINUTES, metrics.MAX_BUFFERED_MINUTES - 3
+            assert recorder.sketch_sizes() <= detailed * 2 * 40 + compacted * 2 * 5
+        finally:
+            redis_server.start()
+        assert flusher.flush_now() > 0
+    first_kept = int(T0 // 60) + 10
+    assert redis_client.hget(f"rl:m:c:{first_kept}", "all||allowed") == b"40"
+    assert not redis_client.exists(f"rl:m:c:{first_kept - 1}")
+    assert redis_client.zcard(f"rl:m:hot:tokens:{first_kept}") == 5
+    [period] = metrics.read_buffered_periods()
+    assert (period["decisions"], period["dropped"]) == (40 * 60, 40 * 10)
 
 
 def test_background_thread_flushes_by_itself_and_stops(redis_client):
@@ -293,7 +347,7 @@ def test_a_request_costs_one_redis_command_and_the_flush_none_of_its_own(client,
     """Requests through the real middleware and throttle send only their EVALSHA; the counts
     reach Redis later, in the flusher's pipeline."""
     call_command("load_demo", stdout=io.StringIO())
-    headers = {"HTTP_X_API_KEY": "rk_demo_bob_pro"}
+    headers = {"HTTP_X_API_KEY": "rk_bob_pro"}
     client.get("/api/items/", **headers)  # warm-up: the snapshot loads (reads the version)
     client.get("/hello/")
     with commands_sent(redis_server.client()) as sent:

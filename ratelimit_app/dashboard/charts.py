@@ -10,23 +10,29 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-__all__ = ["requests_chart", "nice_ceiling"]
+__all__ = ["requests_chart", "count_axis"]
 
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 24, 44
 Y_TICKS = 4
 
 
-def nice_ceiling(value):
-    """Return the smallest 1, 2, 2.5 or 5 × 10^n that is at least ``value`` (and at least 4)."""
-    value = max(4, value)
-    magnitude = 1
-    while magnitude * 10 <= value:
+def _whole_steps():
+    """Yield 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, … (readable whole steps)."""
+    yield from (1, 2, 5)
+    magnitude = 10
+    while True:
+        yield from (magnitude, 2 * magnitude, 5 * magnitude // 2, 5 * magnitude)
         magnitude *= 10
-    for step in (1, 2, 2.5, 5, 10):
-        if step * magnitude >= value:
-            return int(step * magnitude)
-    return 10 * magnitude
+
+
+def count_axis(value, ticks=Y_TICKS):
+    """Return ``(top, step)`` of a y axis for counts up to ``value``: ``ticks`` intervals of a
+    whole, readable step, so every tick label is an integer (the old axis split a top of 5 in
+    four and labelled 1.25 requests)."""
+    for step in _whole_steps():
+        if step * ticks >= value:
+            return step * ticks, step
 
 
 def _px(value):
@@ -47,7 +53,7 @@ def requests_chart(series):
     ``data-denied`` (and a ``<title>`` tooltip), so tests and people can read the numbers.
     """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    top = nice_ceiling(max((row["allowed"] + row["denied"] for row in series), default=0))
+    top, step = count_axis(max((row["allowed"] + row["denied"] for row in series), default=0))
     slot = plot_w / max(1, len(series))
     bar_w = max(1.0, slot * 0.8)
 
@@ -56,8 +62,8 @@ def requests_chart(series):
 
     grid = []
     for index in range(Y_TICKS + 1):
-        value = top * index / Y_TICKS
-        label = f"{value:g}"
+        value = step * index
+        label = str(value)
         grid.append(format_html(
             '<line class="rl-grid" x1="{}" x2="{}" y1="{}" y2="{}"/>'
             '<text class="rl-tick" x="{}" y="{}" text-anchor="end">{}</text>',

@@ -5,18 +5,22 @@ with the fragment templates, and the JSON carries those fragments too so the liv
 replaces them without reloading the page.
 """
 
+import datetime
+import re
 import time
 from urllib.parse import urlencode
 
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .. import metrics, policy, storage
+from ..conf import get_config
 from ..models import ApiKey
 from .charts import requests_chart
 
-__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate"]
+__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id"]
 
 # Fragment name -> template; each is a <div data-fragment="name"> on the page.
 FRAGMENTS = {
@@ -28,6 +32,15 @@ FRAGMENTS = {
     "health": "ratelimit_app/dashboard_health.html",
 }
 HOT_KEYS_SHOWN = 10
+BUFFERED_PERIODS_SHOWN = 5
+# A database id in a ref: ASCII digits only (str.isdigit() also accepts "²"), and short enough
+# for any database's integer column.
+_ID = re.compile(r"[0-9]{1,18}")
+
+
+def parse_id(text):
+    """Return ``text`` as a database id, or None if it is not one."""
+    return int(text) if _ID.fullmatch(text) else None
 
 
 def rate(denied, total):
@@ -54,7 +67,8 @@ def _outcome_rows(items, dimension):
 
 def _labels(refs):
     """Return ``{ref: label}`` for API key refs (their display alone is just a shared prefix)."""
-    ids = [int(ref[4:]) for ref in refs if ref.startswith("key:") and ref[4:].isdigit()]
+    ids = [parse_id(ref[4:]) for ref in refs if ref.startswith("key:")]
+    ids = [key_id for key_id in ids if key_id is not None]
     found = ApiKey.objects.filter(pk__in=ids).select_related("user")
     return {f"key:{k.id}": f"{k.user.get_username()} · key {k.prefix}…" for k in found}
 
@@ -68,11 +82,37 @@ def _decorate(rows, labels):
     return rows
 
 
+def _clock_text(unix_s):
+    moment = datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc)
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _flush_state(now, last_flush_age_s, buffered, oldest_pending_at):
+    """Return how this process's metrics flush is doing: "failing" (flushes fail, decisions
+    are buffered), "late" (decisions wait longer than a few flush intervals: the flush thread
+    is not running), "idle" (no flush for a while because there was nothing to flush: no
+    traffic is healthy) or "ok"."""
+    late_s = 3 * float(get_config()["METRICS_FLUSH_INTERVAL_S"]) + 2
+    if metrics.flusher.failing_since is not None:
+        return "failing"
+    if buffered and oldest_pending_at is not None and now - oldest_pending_at > late_s:
+        return "late"
+    if last_flush_age_s is None or last_flush_age_s > late_s:
+        return "idle"
+    return "ok"
+
+
 def _health(now):
+    buffered, oldest_pending_at = metrics.recorder.pending_decisions()
+    failing_since = metrics.flusher.failing_since
     health = {"redis_ok": True, "redis_latency_ms": None, "redis_error": "",
               "breaker": storage.breaker().state, "redis_errors": storage.stats.redis_errors,
               "config_version": None, "last_flush_age_s": None,
-              "flush_error": metrics.flusher.last_error, "dropped": metrics.recorder.dropped}
+              "flush_error": metrics.flusher.last_error, "dropped": metrics.recorder.dropped,
+              "buffered_decisions": buffered, "failing_since": failing_since,
+              "failing_since_text": _clock_text(failing_since) if failing_since else "",
+              "pending_age_s": round(now - oldest_pending_at, 1) if buffered else None,
+              "buffered_periods": []}
     try:
         started = time.perf_counter()
         storage.get_client().ping()
@@ -81,8 +121,14 @@ def _health(now):
         if flushed_at is not None:
             health["last_flush_age_s"] = round(max(0.0, now - flushed_at), 1)
         health["config_version"] = storage.read_config_version()
+        health["buffered_periods"] = [
+            {**period, "from_text": _clock_text(period["from"]),
+             "to_text": _clock_text(period["to"])}
+            for period in metrics.read_buffered_periods()[:BUFFERED_PERIODS_SHOWN]]
     except (RedisError, storage.StorageUnavailable) as exc:
         health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+    health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
+                                         oldest_pending_at)
     return health
 
 

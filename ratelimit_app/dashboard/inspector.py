@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from .. import engine, policy, storage
 from ..identity import identify
 from ..models import ApiKey, Scope
+from .data import parse_id
 
 __all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets"]
 
@@ -47,7 +48,7 @@ def _request(ip="0.0.0.0"):
 def _ip_identity(text, snapshot):
     try:
         network = ipaddress.ip_network(text, strict=False)
-    except ValueError:
+    except (ValueError, TypeError):
         return None
     # an IPv6 client is limited per network: any address of it finds the same buckets
     return identify(_request(str(network.network_address)), None, snapshot)
@@ -69,18 +70,20 @@ def find_identity(query, snapshot):
     """Return a :class:`Lookup` for what an operator typed (never raises on odd input)."""
     text = (query or "").strip()[:MAX_QUERY_LENGTH]
     lookup = Lookup(query=text)
-    if not text:
+    # No user name, key prefix or address holds a NUL or a control character (and some
+    # databases refuse NUL in a query): nothing can match.
+    if not text or not text.isprintable():
         return lookup
     kind, _, value = text.partition(":")
     User = get_user_model()
     keys = ApiKey.objects.select_related("user", "plan")
-    if kind == "key" and value.isdigit():
-        api_key = keys.filter(pk=int(value)).first()
+    if kind == "key" and parse_id(value) is not None:
+        api_key = keys.filter(pk=parse_id(value)).first()
         if api_key:
             lookup.identity, lookup.label = _key_identity(api_key, snapshot), key_label(api_key)
         return lookup
-    if kind == "user" and value.isdigit():
-        user = User.objects.filter(pk=int(value)).first()
+    if kind == "user" and parse_id(value) is not None:
+        user = User.objects.filter(pk=parse_id(value)).first()
         if user:
             lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
         return lookup
