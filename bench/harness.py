@@ -59,13 +59,10 @@ class Environment:
 
     def reset_redis(self):
         """Empty Redis and forget every process-local limiter state."""
-        from ratelimit_app import policy, storage
-        from ratelimit_app.deny_cache import deny_cache
+        from ratelimit_app.limiter import install_limiter
 
         self.client().flushall()
-        storage.reset()
-        policy.reset()
-        deny_cache.clear()
+        install_limiter()  # a new Limiter: no snapshot, deny cache or breaker state
 
 
 def interleave(variants, rounds, batch, warmup=200):

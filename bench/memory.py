@@ -4,7 +4,7 @@ that idle keys expire (a 2 s rule, polled with a deadline)."""
 import statistics
 import time
 
-from ratelimit_app import engine, policy
+from ratelimit_app.limiter import default_limiter
 
 from . import alternatives, naive
 from .harness import table, verdict
@@ -12,9 +12,10 @@ from .harness import table, verdict
 
 def _identities(request, endpoint, count, offset=0):
     meta = request.META
+    decide = default_limiter().decide
     for i in range(offset, offset + count):
         meta["REMOTE_ADDR"] = f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
-        engine.check_request(request, None, endpoint)
+        decide(request, None, endpoint)
 
 
 def run(env, quick):
@@ -27,7 +28,7 @@ def run(env, quick):
     _identities(request, "bench:memory", count)
     elapsed = time.monotonic() - started
     keys = client.dbsize()
-    rule_id = next(r.id for r in policy.get_snapshot().rules if r.name == "anon-memory-ip")
+    rule_id = next(r.id for r in default_limiter().snapshot().rules if r.name == "anon-memory-ip")
     rule_keys = sum(1 for _ in client.scan_iter(f"rl:*:{rule_id}:*", count=5000))
     used = client.info("memory")["used_memory"] - base_memory
     sample = [k for k in client.scan_iter("rl:*", count=1000) if b":config:" not in k][:200]

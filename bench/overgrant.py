@@ -22,8 +22,9 @@ def _contender(name):
     user = get_user_model().objects.get(username="overgrant")
     request = alternatives.django_request(user=user)
     if name == "ours":
-        from ratelimit_app import engine
-        return lambda: engine.check_request(request, user, "bench:item").allowed
+        from ratelimit_app.limiter import default_limiter
+        limiter = default_limiter()
+        return lambda: limiter.decide(request, user, "bench:item").allowed
     if name == "drf":
         from rest_framework.request import Request
         from rest_framework.throttling import SimpleRateThrottle
@@ -44,10 +45,10 @@ def _warm_up(name):
     """Load the policy snapshot and open connections without spending any token."""
     from django.core.cache import cache
 
-    from ratelimit_app import policy, storage
+    from ratelimit_app.limiter import default_limiter
     if name == "ours":
-        policy.get_snapshot()
-        storage.get_client().ping()
+        default_limiter().snapshot()
+        default_limiter().store.ping()
     else:
         cache.get("warm-up")
 

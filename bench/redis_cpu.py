@@ -11,7 +11,8 @@ cache misses inflate both columns alike on a shared VM.
 from django.test import RequestFactory
 from django.urls import resolve
 
-from ratelimit_app import engine, guard, policy, storage
+from ratelimit_app import engine, guard
+from ratelimit_app.limiter import default_limiter
 from ratelimit_app.identity import identify
 
 from . import alternatives, naive
@@ -51,16 +52,14 @@ def _our_call(user):
     """The keys and arguments of one decision for ``user``, exactly as the engine sends them."""
     request = RequestFactory().get("/item/", REMOTE_ADDR="10.1.2.3")
     request.resolver_match = resolve("/item/")
-    snapshot = policy.get_snapshot()
+    limiter = default_limiter()
+    snapshot = limiter.snapshot()
     identity = identify(request, user, snapshot)
     endpoint = guard.endpoint_name(request)
     buckets = engine.plan_buckets(snapshot, identity, endpoint,
                                   engine.request_cost(snapshot, request, endpoint, identity.plan))
-    args = [b"", b"1"]
-    for bucket in buckets:
-        args.extend(bucket.lua_args)
-    state = storage._load()
-    return state["take"].sha, [b.key for b in buckets] + [state["version_key"]], args
+    args = engine.take_args(buckets)
+    return limiter.store.take_sha, [b.key for b in buckets] + [limiter.version_key], args
 
 
 def run(env, quick):

@@ -4,7 +4,7 @@ apply to the request, and with hierarchy depth 1 to 6, variants interleaved."""
 import time
 from dataclasses import replace
 
-from ratelimit_app import policy
+from ratelimit_app.limiter import default_limiter
 
 from . import alternatives
 from .harness import interleave, median, paired_ratio, table, verdict
@@ -12,15 +12,17 @@ from .harness import interleave, median, paired_ratio, table, verdict
 
 def _with_snapshot(snapshot, decide):
     """Run ``decide`` with ``snapshot`` installed as the process's current policy."""
+    policies = default_limiter().policies
+
     def run():
-        policy._cache.snapshot, policy._cache.stale = snapshot, False
-        policy._cache.checked_at = time.monotonic()
+        policies.snapshot, policies.stale = snapshot, False
+        policies.checked_at = time.monotonic()
         decide()
     return run
 
 
 def run(env, quick):
-    full = policy.get_snapshot()
+    full = default_limiter().snapshot()
     noise = [r for r in full.rules if r.name.startswith("noise-")]
     kept = [r for r in full.rules if not r.name.startswith("noise-")]
     few = replace(full, rules=tuple(kept + noise[:10]), _rules_for={})
@@ -32,7 +34,7 @@ def run(env, quick):
         variants[f"depth {depth}"] = _with_snapshot(many, alternatives.ours(env.users[depth]))
     rounds, batch = (5, 200) if quick else (11, 400)
     samples = interleave(variants, rounds, batch)
-    policy.reset()
+    default_limiter().policies.reset()
     flat = paired_ratio(samples, "1,000 rules that do not apply", "10 rules that do not apply")
     rows = [[name, median(values), f"{paired_ratio(samples, name, 'depth 1'):.2f}×"]
             for name, values in samples.items()]

@@ -11,5 +11,11 @@ class RatelimitAppConfig(AppConfig):
 
         from . import checks, signals  # noqa: F401  (registers checks and receivers)
         from .conf import reset_config
+        from .identity import reset as reset_identity
+        from .limiter import forget_default_limiter
 
+        # in this order: the settings first, then what was built from them
         setting_changed.connect(reset_config, dispatch_uid="ratelimit_app.reset_config")
+        setting_changed.connect(reset_identity, dispatch_uid="ratelimit_app.reset_identity")
+        setting_changed.connect(forget_default_limiter,
+                                dispatch_uid="ratelimit_app.forget_default_limiter")

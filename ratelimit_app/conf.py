@@ -11,8 +11,13 @@ from types import MappingProxyType
 from django.conf import settings
 
 DEFAULTS = {
-    # django-redis cache alias whose connection holds the buckets.
+    # django-redis cache alias whose connection holds the buckets (a single node, or a Sentinel
+    # group when the cache uses django_redis.client.SentinelClient).
     "CACHE_ALIAS": "default",
+    # A Redis Cluster instead: "host:port" of any of its nodes (the rest are discovered), and
+    # keyword arguments for redis-py's RedisCluster. Empty: the cache alias above.
+    "CLUSTER_NODES": [],
+    "CLUSTER_OPTIONS": {"socket_timeout": 0.25, "socket_connect_timeout": 0.25},
     # Prefix of every Redis key the app writes.
     "KEY_PREFIX": "rl",
     # What to do when Redis cannot answer: True lets requests through, False refuses them.
@@ -56,6 +61,9 @@ DEFAULTS = {
     "BREAKER_COOLDOWN_S": 2.0,
     # A worker that has not seen the config version for this long asks Redis for it.
     "CONFIG_CHECK_INTERVAL_S": 1.0,
+    # Seconds a worker keeps tokens leased from a rule with a lease size (see leases.py): what it
+    # has not spent by then is dropped, so a lease never holds tokens back for long.
+    "LEASE_TTL_S": 1.0,
     # Remember denials in-process until Redis would certainly deny again (see deny_cache.py).
     "LOCAL_DENY_CACHE": True,
     # Metrics: flush interval, per-minute series retention, hot-key tracker capacity.
@@ -110,12 +118,7 @@ def unknown_keys():
 
 
 def reset_config(**kwargs):
-    """``setting_changed`` receiver: forget the cached settings and everything built from them."""
-    if kwargs.get("setting") not in (None, "RATELIMIT_APP", "CACHES"):
-        return
-    get_config.cache_clear()
-    from . import identity, policy, storage
-
-    storage.reset()
-    policy.reset()
-    identity.reset()
+    """``setting_changed`` receiver: forget the cached settings (``apps.py`` connects the
+    receivers that forget what was built from them)."""
+    if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES"):
+        get_config.cache_clear()

@@ -19,7 +19,7 @@ entries live at most until the bucket would be full again, so that window is bou
 import threading
 import time
 
-__all__ = ["DenyCache", "deny_cache"]
+__all__ = ["DenyCache"]
 
 # Refill we pretend happened during the trip to Redis of the request we do not send (its
 # one-way latency; local or same-rack Redis answers a whole round trip in well under 1 ms).
@@ -62,10 +62,6 @@ class DenyCache:
     def remember(self, buckets, statuses, version, sent_at):
         """Record the bucket levels Redis reported for a request; ``sent_at`` is the clock
         reading taken just before the call was sent."""
-        from .conf import get_config
-
-        if not get_config()["LOCAL_DENY_CACHE"]:
-            return
         now = self._clock()
         with self._lock:
             if len(self._entries) + len(buckets) > self.max_entries:
@@ -106,5 +102,3 @@ class DenyCache:
         while self._entries and len(self._entries) + room > self.max_entries:
             del self._entries[next(iter(self._entries))]
 
-
-deny_cache = DenyCache()

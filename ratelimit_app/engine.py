@@ -1,24 +1,21 @@
-"""The decision: every bucket that applies to a request, checked and debited in one Lua call.
-
-``check_request`` is what the adapters call; ``plan_buckets`` and ``take`` are its two halves and
-are public so the admin simulator, the dashboard inspector and the benchmarks can use them.
+"""The decision's pure steps: what a request costs, which buckets it is charged against, and the
+Decision that a store's reply means. Nothing here does I/O; ``limiter.Limiter`` runs the steps
+and talks to the store.
 """
 
 import logging
 import math
 from typing import NamedTuple
 
-from . import policy, storage
 from .buckets import Bucket
 from .conf import get_config, meta_key
-from .deny_cache import deny_cache
 from .headers import retry_after_with_jitter
-from .identity import identify
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "check_request", "failed_authentication", "plan_buckets", "take",
-           "request_cost", "earliest_retry_s", "refusing_without_redis"]
+__all__ = ["Decision", "plan_buckets", "client_buckets", "failed_auth_buckets", "request_cost",
+           "take_args", "statuses_from", "decision_from", "degraded_decision", "earliest_retry_s",
+           "refusing_without_redis", "refusing_gate_statuses"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -136,6 +133,22 @@ def _build_buckets(snapshot, identity, endpoint, cost):
     return tuple(buckets)
 
 
+def client_buckets(snapshot, identity, *, ip_buckets=True):
+    """Return every bucket that applies to ``identity`` on any endpoint (a list, each bucket
+    once, widest scope first per endpoint), or None if the caller is exempt. ``ip_buckets=False``
+    leaves out the IP-scope buckets (failed-auth gates included)."""
+    endpoints = [""] + sorted({rule.endpoint for rule in snapshot.rules if rule.endpoint})
+    found = {}
+    for endpoint in endpoints:
+        buckets = plan_buckets(snapshot, identity, endpoint, 1)
+        if buckets is None:
+            return None
+        for bucket in buckets:
+            if ip_buckets or bucket.rule.scope != Scope.IP:
+                found.setdefault(bucket.key, bucket)
+    return list(found.values())
+
+
 def _with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
@@ -145,53 +158,35 @@ def _with_override_numbers(rule, overrides):
     return rule
 
 
-def failed_authentication(request, endpoint, *, charge=True, now_ms=None):
-    """Charge one failed authentication of ``request`` to its client IP's failed-auth buckets
-    (``charge=False``: only check that they hold one). Returns the Decision: refused when a
-    bucket is out of tokens; None when no failed-auth rule applies or the IP is exempt.
-
-    Failures are charged after the response (the adapters cannot know earlier that the
-    credentials were wrong); the check runs where no ordinary decision is made first.
-    """
-    snapshot = policy.get_snapshot()
+def failed_auth_buckets(snapshot, identity, endpoint):
+    """Return the buckets one failed authentication of ``identity`` is charged to (its client
+    IP's failed-auth rules, one token each), or () when none applies or the caller is exempt."""
     if not snapshot.failed_auth_rules:
-        return None
-    identity = identify(request, None, snapshot)
+        return ()
     overrides = _overrides_for(snapshot, identity)
     if any(o.exempt for o in overrides):
-        return None
+        return ()
     token = identity.token_for(Scope.IP)
     prefix = get_config()["KEY_PREFIX"]
-    buckets = tuple(
+    return tuple(
         Bucket(rule, bucket_key(prefix, rule.id, token), 1)
         for rule in (_with_override_numbers(r, overrides) if overrides else r
                      for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
-    if not buckets:
-        return None
-    try:
-        allowed, statuses, _ = take(buckets, now_ms=now_ms, debit=charge)
-    except storage.StorageUnavailable:
-        return _degraded_decision(buckets, identity, endpoint, 1)
-    return _decision_from(statuses, allowed, identity, endpoint, 1)
 
 
-def take(buckets, *, now_ms=None, debit=True):
-    """Run the one Lua call for ``buckets`` and return ``(allowed, statuses, config_version)``.
-
-    ``now_ms`` is for tests only (the default is the Redis server clock). Raises
-    ``storage.StorageUnavailable`` when Redis cannot answer.
-    """
+def take_args(buckets, now_ms=None, debit=True):
+    """Return take.lua's ARGV for ``buckets``: now ("" = the Redis clock), the debit flag, then
+    each bucket's five pre-encoded values. ``now_ms`` is for tests only."""
     args = [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0"]
     for bucket in buckets:
         args.extend(bucket.lua_args)
-    reply = storage.run_take([b.key for b in buckets], args)
-    allowed, version = reply[0] == 1, reply[1]
-    version = version.decode() if isinstance(version, bytes) else str(version)
-    statuses = tuple(
-        bucket.status(reply[3 + 2 * i], reply[4 + 2 * i] == -1)
-        for i, bucket in enumerate(buckets)
-    )
-    return allowed, statuses, version
+    return args
+
+
+def statuses_from(buckets, reply):
+    """Return each bucket's PolicyStatus from a store's TakeReply."""
+    return tuple(bucket.status(level, result == -1)
+                 for bucket, level, result in zip(buckets, reply.levels, reply.results))
 
 
 def earliest_retry_s(statuses):
@@ -207,11 +202,11 @@ def refusing_without_redis(buckets):
                  if not b.rule.shadow and not b.rule.lets_through_without_redis())
 
 
-def _decision_from(statuses, allowed, identity, endpoint, cost):
+def _decision_from(statuses, allowed, identity, endpoint, cost, jitter_token):
     violated = tuple(s.name for s in statuses if s.short and not s.shadow)
     retry_after = 0
     if not allowed:
-        retry_after = retry_after_with_jitter(earliest_retry_s(statuses), identity.primary_token)
+        retry_after = retry_after_with_jitter(earliest_retry_s(statuses), jitter_token)
     return Decision(
         allowed=allowed, retry_after_s=retry_after,
         policies=statuses, violated=violated,
@@ -220,7 +215,9 @@ def _decision_from(statuses, allowed, identity, endpoint, cost):
     )
 
 
-def _degraded_decision(buckets, identity, endpoint, cost):
+def degraded_decision(buckets, identity, endpoint, cost):
+    """Return the Decision for ``buckets`` while the store cannot answer: refused if one of
+    their enforced rules fails closed, else let through."""
     closed = refusing_without_redis(buckets)
     if closed:
         cooldown = math.ceil(get_config()["BREAKER_COOLDOWN_S"])
@@ -230,49 +227,35 @@ def _degraded_decision(buckets, identity, endpoint, cost):
                     degraded="fail-open")
 
 
-def check_request(request, user, endpoint, *, now_ms=None):
-    """Decide one request: identity, policy, buckets, the Lua call. Returns a Decision.
+def decision_from(buckets, statuses, allowed, identity, endpoint, cost, *,
+                  failed_authentication=False):
+    """Return the Decision that the statuses of ``buckets`` (in their order) mean.
 
-    ``user`` is the authenticated user (or None); ``endpoint`` the URL name of the view.
-    Raises nothing the caller must handle except programming errors.
+    A refusal for failed authentication (a charge, or a failed-auth gate that refused) seeds
+    its Retry-After jitter with the client IP alone: seeded with the caller's key or user, the
+    wait would tell a blocked guesser whether the credentials it sent were right.
     """
-    snapshot = policy.get_snapshot()
-    identity = identify(request, user, snapshot)
-    cost = request_cost(snapshot, request, endpoint, identity.plan)
-    buckets = plan_buckets(snapshot, identity, endpoint, cost)
-    if buckets is None:
-        return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost, exempt=True)
-    if not buckets:
-        return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
-    cached = deny_cache.lookup(buckets, snapshot.version)
-    if cached is not None:
-        return _refused_for_good(_decision_from(_shown(buckets, cached), False, identity,
-                                                endpoint, cost)._replace(from_deny_cache=True),
-                                 buckets)
-    sent_at = deny_cache.now()  # the cache's own clock, so an injected one stays consistent
-    try:
-        allowed, statuses, version = take(buckets, now_ms=now_ms)
-    except storage.StorageUnavailable:
-        return _degraded_decision(buckets, identity, endpoint, cost)
-    policy.observe_version(version)
-    if now_ms is None:
-        # the snapshot's version, not the reply's: the levels are only a valid bound for the
-        # rules these buckets were built from
-        deny_cache.learn(buckets, statuses, allowed, snapshot.version, sent_at)
-    return _refused_for_good(_decision_from(_shown(buckets, statuses), allowed, identity,
-                                            endpoint, cost), buckets)
+    refusing_gates = refusing_gate_statuses(buckets, statuses)
+    if refusing_gates:
+        shown = refusing_gates
+    elif any(b.gate for b in buckets):
+        shown = tuple(s for b, s in zip(buckets, statuses, strict=True) if not b.gate)
+    else:
+        shown = statuses
+    by_ip = failed_authentication or bool(refusing_gates)
+    jitter_token = identity.token_for(Scope.IP) if by_ip else identity.primary_token
+    decision = _decision_from(shown, allowed, identity, endpoint, cost, jitter_token)
+    return _refused_for_good(decision, buckets)
 
 
-def _shown(buckets, statuses):
-    """Return the statuses a decision reports. A failed-auth gate is a safeguard against
-    guessing, not a quota a well-behaved client spends: it is shown only when it refused, and
-    then alone, so that the answer (whose policies would name the caller's plan) does not
-    tell a blocked client whether the credentials it sent were right."""
-    if not any(b.gate for b in buckets):
-        return statuses
-    pairs = tuple(zip(buckets, statuses, strict=True))
-    refusing_gates = tuple(s for b, s in pairs if b.gate and s.short)
-    return refusing_gates or tuple(s for b, s in pairs if not b.gate)
+def refusing_gate_statuses(buckets, statuses):
+    """Return the statuses of the failed-auth gates that refused (usually none).
+
+    A gate is a safeguard against guessing, not a quota a well-behaved client spends: a decision
+    shows it only when it refused, and then alone, so that the answer (whose policies would
+    name the caller's plan) does not tell a blocked client whether its credentials were right.
+    """
+    return tuple(s for b, s in zip(buckets, statuses) if b.gate and s.short)
 
 
 def _refused_for_good(decision, buckets):

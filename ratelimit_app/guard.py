@@ -12,10 +12,10 @@ a right guess looks like a wrong one.
 
 import logging
 
-from . import engine, metrics
 from .conf import get_config, meta_key
 from .engine import Decision
 from .headers import problem_response
+from .limiter import default_limiter
 
 __all__ = ["DECISION_ATTR", "decide", "endpoint_name", "mark_authentication_failed",
            "charge_failed_authentication", "check_failed_authentication"]
@@ -38,12 +38,12 @@ def decide(request, user):
     if decision is not None:
         return decision
     try:
-        decision = engine.check_request(request, user, endpoint_name(request))
+        decision = default_limiter().decide(request, user, endpoint_name(request))
     except Exception:  # the limiter must never be the reason for a 500
         logger.exception("ratelimit_app: unexpected error; request allowed")
         decision = Decision(allowed=True, degraded="error")
     setattr(request, DECISION_ATTR, decision)
-    metrics.record_decision(decision)
+    default_limiter().record(decision)
     return decision
 
 
@@ -61,7 +61,7 @@ def charge_failed_authentication(request, response):
     if not _authentication_failed(request, response):
         return response
     try:
-        decision = engine.failed_authentication(request, endpoint_name(request))
+        decision = default_limiter().failed_authentication(request, endpoint_name(request))
     except Exception:  # the limiter must never be the reason for a 500
         logger.exception("ratelimit_app: unexpected error charging a failed authentication")
         return response
@@ -75,7 +75,8 @@ def check_failed_authentication(request):
     without it, a blocked client could still learn that a guess was right.
     """
     try:
-        decision = engine.failed_authentication(request, endpoint_name(request), charge=False)
+        decision = default_limiter().failed_authentication(request, endpoint_name(request),
+                                                           charge=False)
     except Exception:
         logger.exception("ratelimit_app: unexpected error checking failed authentications")
         return None
@@ -86,7 +87,7 @@ def _refusal(request, decision):
     if decision is None or decision.allowed:
         return None
     if getattr(request, DECISION_ATTR, None) is None:
-        metrics.record_decision(decision)  # otherwise counted already, as its request
+        default_limiter().record(decision)  # otherwise counted already, as its request
     setattr(request, DECISION_ATTR, decision)  # the middleware's headers describe the refusal
     return problem_response(decision)
 

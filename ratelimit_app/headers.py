@@ -31,7 +31,7 @@ from django.http import HttpResponse
 
 from .conf import get_config
 
-__all__ = ["apply_headers", "problem_body", "problem_response", "retry_after_s",
+__all__ = ["window_s", "apply_headers", "problem_body", "problem_response", "retry_after_s",
            "retry_after_with_jitter", "uncharged_preflight", "QUOTA_EXCEEDED",
            "TEMPORARY_REDUCED_CAPACITY"]
 
@@ -58,9 +58,14 @@ def policy_header(policies):
 
 @functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request
 def _policy_header(items):
-    # w rounded up: a client keeping to q per w then spends at most the refill rate
-    return ", ".join([f"{_sf_string(name)};q={burst};w={-(-burst * period_s // rate)}"
+    return ", ".join([f"{_sf_string(name)};q={burst};w={window_s(burst, rate, period_s)}"
                       for name, burst, rate, period_s in items])
+
+
+def window_s(burst, rate, period_s):
+    """Return a bucket's ``w``: the whole seconds it takes to refill from empty, rounded up (a
+    client keeping to q per w then spends at most the refill rate)."""
+    return -(-burst * period_s // rate)
 
 
 def ratelimit_header(policies, disclose_shared=False):

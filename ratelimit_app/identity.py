@@ -82,8 +82,10 @@ class Identity(NamedTuple):
         return "global"
 
 
-def reset():
-    """Forget parsed settings (called when RATELIMIT_APP changes)."""
+def reset(**kwargs):
+    """Forget parsed settings (a ``setting_changed`` receiver: RATELIMIT_APP changed)."""
+    if kwargs.get("setting") not in (None, "RATELIMIT_APP"):
+        return
     for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited, _parse_address):
         cached.cache_clear()
 

@@ -1,9 +1,9 @@
 """DB rows → an immutable in-process snapshot, reloaded when the config version in Redis changes.
 
 The request path reads only the snapshot: no database query per request once it is warm. Every
-committed admin change bumps the version (``signals.py``); a worker notices the new version in
-the reply of its next Lua call (the script returns it for free), or by asking Redis when it has
-not made a call for ``CONFIG_CHECK_INTERVAL_S``, and reloads.
+committed admin change writes a new version (``signals.py``); a worker notices it in the reply of
+its next Lua call (the script returns it for free), or by asking the store when it has not made
+a call for ``CONFIG_CHECK_INTERVAL_S``, and reloads (``PolicyCache``, owned by the Limiter).
 """
 
 import logging
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .conf import get_config
 
-__all__ = ["CompiledRule", "Snapshot", "get_snapshot", "observe_version", "reset"]
+__all__ = ["CompiledRule", "Snapshot", "PolicyCache", "compile_snapshot"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -37,6 +37,8 @@ class CompiledRule:
     fail_open: bool | None
     # counts failed authentications of a client IP instead of requests (see engine.py)
     failed_auth: bool = False
+    # tokens a worker leases at a time from this (shared) bucket; 0: no lease (see leases.py)
+    lease: int = 0
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -45,7 +47,8 @@ class CompiledRule:
     def with_numbers(self, rate, period_s, burst):
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
-                            rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth)
+                            rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
+                            self.lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,7 @@ class Snapshot:
     version: str
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
+    has_leases: bool = False       # a rule leases tokens to workers (see leases.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -137,6 +141,7 @@ def compile_snapshot(version):
             shadow=r.mode == Mode.SHADOW,
             fail_open={FailureMode.OPEN: True, FailureMode.CLOSED: False}.get(r.on_redis_failure),
             failed_auth=r.counts == Counts.FAILED_AUTH,
+            lease=r.lease,
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
@@ -167,6 +172,7 @@ def compile_snapshot(version):
         version=version,
         rules=rules,
         failed_auth_rules=tuple(r for r in rules if r.failed_auth),
+        has_leases=any(r.lease for r in rules),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
         default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),
@@ -177,84 +183,92 @@ def compile_snapshot(version):
     )
 
 
-class _Cache:
-    """The process's current snapshot and what it knows about the version in Redis."""
+class PolicyCache:
+    """A process's current snapshot and what it knows about the config version in the store.
 
-    def __init__(self):
-        self.lock = threading.Lock()
+    ``read_version`` is a callable returning the version string (raising ``StoreUnavailable``
+    when the store cannot answer); ``load`` compiles a Snapshot for a version (the database);
+    ``clock`` is monotonic seconds. The Limiter owns one.
+    """
+
+    def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
+                 load=None):
+        self._read_version = read_version
+        self._load = load or compile_snapshot
+        self.check_interval_s = check_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
         self.snapshot = None
         self.stale = True
-        self.checked_at = 0.0  # monotonic time the version was last confirmed
-        self.retry_at = 0.0    # after a failed load: monotonic time the DB may be tried again
+        self.checked_at = 0.0  # clock time the version was last confirmed
+        self.retry_at = 0.0    # after a failed load: clock time the DB may be tried again
 
+    def invalidate(self):
+        """Reload at the next request, keeping the current rules if the reload fails."""
+        self.stale = True
 
-_cache = _Cache()
+    def reset(self):
+        """Drop the snapshot; the next request compiles a new one."""
+        with self._lock:
+            self.snapshot = None
+            self.stale = True
+            self.retry_at = 0.0
 
+    def observe_version(self, version):
+        """Record the config version a store reply carried (None: the reply had none); any
+        difference from the snapshot's, up or down, makes the snapshot stale."""
+        if version is None:
+            return
+        self.checked_at = self._clock()
+        snapshot = self.snapshot
+        if snapshot is not None and version != snapshot.version:
+            self.stale = True
 
-def reset():
-    """Drop the snapshot; the next request compiles a new one."""
-    with _cache.lock:
-        _cache.snapshot = None
-        _cache.stale = True
-        _cache.retry_at = 0.0
+    def get(self):
+        """Return the current snapshot, reloading it if the config version changed."""
+        snapshot = self.snapshot
+        if snapshot is not None and not self.stale:
+            if self._clock() - self.checked_at < self.check_interval_s:
+                return snapshot
+            self._poll_version(snapshot)
+            if not self.stale:
+                return snapshot
+        if snapshot is not None and self._clock() < self.retry_at:
+            return snapshot  # the last load failed moments ago; replies keep marking it stale
+        return self._reload()
 
+    def _version_or(self, fallback):
+        from .stores import StoreUnavailable
 
-def observe_version(version):
-    """Record the config version seen in a Lua reply; a new one makes the snapshot stale."""
-    _cache.checked_at = time.monotonic()
-    snapshot = _cache.snapshot
-    if snapshot is not None and version != snapshot.version:
-        _cache.stale = True
-
-
-def get_snapshot():
-    """Return the current snapshot, reloading it if the config version changed."""
-    snapshot = _cache.snapshot
-    if snapshot is not None and not _cache.stale:
-        if time.monotonic() - _cache.checked_at < get_config()["CONFIG_CHECK_INTERVAL_S"]:
-            return snapshot
-        _poll_version(snapshot)
-        if not _cache.stale:
-            return snapshot
-    if snapshot is not None and time.monotonic() < _cache.retry_at:
-        return snapshot  # the last load failed moments ago; Lua replies keep marking it stale
-    return _reload()
-
-
-def _poll_version(snapshot):
-    from . import storage
-
-    _cache.checked_at = time.monotonic()
-    try:
-        version = storage.read_config_version()
-    except storage.StorageUnavailable:
-        return  # keep serving the rules we have
-    if version != snapshot.version:
-        _cache.stale = True
-
-
-def _reload():
-    from . import storage
-
-    with _cache.lock:
-        if _cache.snapshot is not None and not _cache.stale:
-            return _cache.snapshot  # another thread reloaded while we waited
         try:
-            version = storage.read_config_version()
-        except storage.StorageUnavailable:
-            version = "unknown"  # differs from any real version: reload once Redis answers
-        try:
-            snapshot = compile_snapshot(version)
-        except Exception:  # a DB outage must not turn into 500s: keep the old rules
-            logger.exception("ratelimit_app: could not load the quota configuration")
-            if _cache.snapshot is None:
-                _cache.snapshot = Snapshot(version="unknown")
-            # try again at the next version poll, not on every request
-            _cache.stale = False
-            _cache.checked_at = time.monotonic()
-            _cache.retry_at = _cache.checked_at + get_config()["CONFIG_CHECK_INTERVAL_S"]
-            return _cache.snapshot
-        _cache.snapshot = snapshot
-        _cache.stale = False
-        _cache.checked_at = time.monotonic()
-        return snapshot
+            return self._read_version()
+        except StoreUnavailable:
+            return fallback
+
+    def _poll_version(self, snapshot):
+        self.checked_at = self._clock()
+        version = self._version_or(None)  # None: keep serving the rules we have
+        if version is not None and version != snapshot.version:
+            self.stale = True
+
+    def _reload(self):
+        with self._lock:
+            if self.snapshot is not None and not self.stale:
+                return self.snapshot  # another thread reloaded while we waited
+            # "unknown" differs from any real version: reload once the store answers
+            version = self._version_or("unknown")
+            try:
+                snapshot = self._load(version)
+            except Exception:  # a DB outage must not turn into 500s: keep the old rules
+                logger.exception("ratelimit_app: could not load the quota configuration")
+                if self.snapshot is None:
+                    self.snapshot = Snapshot(version="unknown")
+                # try again at the next version poll, not on every request
+                self.stale = False
+                self.checked_at = self._clock()
+                self.retry_at = self.checked_at + self.check_interval_s
+                return self.snapshot
+            self.snapshot = snapshot
+            self.stale = False
+            self.checked_at = self._clock()
+            return snapshot

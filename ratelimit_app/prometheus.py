@@ -9,11 +9,12 @@ by staff with the dashboard permission.
 import hmac
 
 from django.http import Http404, HttpResponse
-from redis.exceptions import RedisError
 
-from . import metrics, storage
+from . import metrics
 from .conf import get_config
 from .decorators import ratelimit_exempt
+from .limiter import default_limiter
+from .stores.base import READ_ERRORS
 
 __all__ = ["metrics_view", "collect"]
 
@@ -44,7 +45,7 @@ def collect():
     try:
         totals = metrics.read_totals()
         up.add_metric([], 1)
-    except RedisError:
+    except READ_ERRORS:
         totals = {}
         up.add_metric([], 0)
     for (dimension, name, outcome), value in sorted(totals.items()):
@@ -54,18 +55,19 @@ def collect():
     errors_total.add_metric([], totals.get(("redis", "errors", "count"), 0))
     process_errors = GaugeMetricFamily(
         "ratelimit_process_redis_errors", "Redis errors seen by this process since it started.")
-    process_errors.add_metric([], storage.stats.redis_errors)
+    limiter = default_limiter()
+    process_errors.add_metric([], limiter.stats.redis_errors)
     breaker = GaugeMetricFamily(
         "ratelimit_breaker_state", "This process's circuit breaker: 1 for the current state.",
         labels=["state"])
-    current = storage.breaker().state
+    current = limiter.breaker.state
     for state in _BREAKER_STATES:
         breaker.add_metric([state], 1 if state == current else 0)
     buffered = GaugeMetricFamily(
         "ratelimit_metrics_buffered_decisions",
         "Decisions this process counted but has not written to Redis yet (they stay buffered "
         "while flushes fail and are added to the totals when Redis answers again).")
-    buffered.add_metric([], metrics.recorder.pending_decisions()[0])
+    buffered.add_metric([], limiter.recorder.pending_decisions()[0])
     return [decisions, errors_total, up, process_errors, breaker, buffered]
 
 

@@ -1,21 +1,22 @@
 """“What would this request do?”: the admin simulator, a read-only run of the engine's steps.
 
-It takes the same steps as ``engine.check_request`` (snapshot, identity, cost, buckets, the Lua
-call) on a request built with ``RequestFactory``, but calls the script with ``debit=False``: the
-script reads and refills the levels in its reply and writes nothing, so simulating never costs a
-client a token and never creates a key.
+It asks the Limiter for a ``peek`` of a request built here: the same snapshot, identity, cost and
+buckets a real request would get, with the script called with ``debit=False`` (it reads and
+refills the levels in its reply and writes nothing), so simulating never costs a client a token
+and never creates a key.
 """
 
 import dataclasses
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AnonymousUser
-from django.test import RequestFactory
+from django.http import HttpRequest
 
-from . import engine, policy, storage
+from . import engine
 from .conf import get_config, meta_key
 from .endpoints import find_endpoint
 from .identity import identify
+from .limiter import default_limiter
 from .models import Scope, hash_api_key
 
 __all__ = ["BucketReport", "Simulation", "simulate"]
@@ -78,40 +79,39 @@ class Simulation:
 def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, now_ms=None):
     """Return the Simulation of a request to ``endpoint`` from ``ip``, sent by ``user`` (a User or
     None) or with ``api_key`` (an ApiKey row or None). ``now_ms`` is for tests only."""
-    snapshot = policy.get_snapshot()
+    limiter = default_limiter()
+    snapshot = limiter.snapshot()
     notes = []
     request = _build_request(method, endpoint, ip, user)
     identity_snapshot = snapshot
     if api_key is not None:
         identity_snapshot = _with_key_header(request, api_key, snapshot, notes)
     identity = identify(request, user, identity_snapshot)
-    cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
-    buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
-    outcome = {"identity": identity, "endpoint": endpoint, "method": method, "cost": cost}
-    if buckets is None:
+    peek = limiter.peek(request, user, endpoint, identity=identity, now_ms=now_ms)
+    outcome = {"identity": identity, "endpoint": endpoint, "method": method, "cost": peek.cost}
+    if peek.buckets is None:
         return Simulation(allowed=True, exempt=True, notes=tuple(notes), **outcome)
-    if not buckets:
+    if not peek.buckets:
         notes.append("No rule applies to this request: it is not limited.")
         return Simulation(allowed=True, notes=tuple(notes), **outcome)
 
     original_rules = {rule.id: rule for rule in snapshot.rules}
-    try:
-        allowed, statuses, version = engine.take(buckets, now_ms=now_ms, debit=False)
-    except storage.StorageUnavailable as exc:
-        reports = tuple(_report(b, original_rules) for b in buckets)
-        return Simulation(allowed=not engine.refusing_without_redis(buckets),
-                          buckets=reports, redis_error=str(exc) or "no answer",
+    if peek.statuses is None:
+        reports = tuple(_report(b, original_rules) for b in peek.buckets)
+        return Simulation(allowed=peek.allowed, buckets=reports, redis_error=peek.error,
                           notes=tuple(notes), **outcome)
-    policy.observe_version(version)
-    reports = tuple(_report(b, original_rules, s) for b, s in zip(buckets, statuses))
-    retry_after = 0 if allowed else engine.earliest_retry_s(statuses)
-    return Simulation(allowed=allowed, buckets=reports, retry_after_s=retry_after,
+    reports = tuple(_report(b, original_rules, s) for b, s in zip(peek.buckets, peek.statuses))
+    retry_after = 0 if peek.allowed else engine.earliest_retry_s(peek.statuses)
+    return Simulation(allowed=peek.allowed, buckets=reports, retry_after_s=retry_after,
                       notes=tuple(notes), **outcome)
 
 
 def _build_request(method, endpoint, ip, user):
     found = find_endpoint(endpoint)
-    request = RequestFactory().generic(method, found.route if found else "/", REMOTE_ADDR=ip)
+    request = HttpRequest()
+    request.method = method
+    request.path = request.path_info = found.route if found else "/"
+    request.META = {"REQUEST_METHOD": method, "REMOTE_ADDR": ip, "PATH_INFO": request.path}
     # tenant and plan resolvers of a project may look at request.user, as in a real request
     request.user = user if user is not None else AnonymousUser()
     return request

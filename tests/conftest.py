@@ -5,8 +5,7 @@ import os
 import pytest
 from django.test import override_settings
 
-from ratelimit_app import metrics, policy, storage
-from ratelimit_app.deny_cache import deny_cache
+from ratelimit_app.limiter import install_limiter
 from ratelimit_app.testing import RedisServer
 
 # the Cluster and Sentinel fixtures (started only by the tests that use them)
@@ -46,10 +45,9 @@ def _clean_state(redis_server):
     if redis_server.process.poll() is not None:
         redis_server.start()  # a failure test left it down
     redis_server.client().flushall()
-    storage.reset()
-    policy.reset()
-    deny_cache.clear()
-    metrics.reset(background=False)  # tests flush with metrics.flusher.flush_now()
+    # a new Limiter (snapshot, deny cache, breaker, metrics) from this test's settings, with no
+    # flush thread writing to Redis behind a test's back (tests flush with flush_now())
+    install_limiter(metrics_autostart=False)
     yield
 
 
@@ -65,3 +63,9 @@ def browser_type_launch_args(browser_type_launch_args, browser_name):
         return browser_type_launch_args
     return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium",
             "args": CHROMIUM_ARGS}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the browser tests last: Playwright's event loop stays in the main thread until the
+    session ends, and Django would take every later test's ORM call for async code."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

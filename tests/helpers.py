@@ -1,6 +1,8 @@
 """Small helpers shared by the tests (plain functions, no factories)."""
 
 from ratelimit_app.buckets import Bucket
+from ratelimit_app.engine import statuses_from
+from ratelimit_app.limiter import default_limiter, install_limiter
 from ratelimit_app.keys import bucket_key
 from ratelimit_app.policy import CompiledRule
 
@@ -21,7 +23,7 @@ def make_bucket(rule, cost=1, token="user.test"):
 
 
 class FakeClock:
-    """One test-controlled time for Redis (``now_ms`` given to the script) and the deny cache."""
+    """One test-controlled time for the scripts (``now_ms``), the deny cache and the breaker."""
 
     def __init__(self, now_ms):
         self.now_ms = now_ms
@@ -32,22 +34,36 @@ class FakeClock:
     def seconds(self):
         return self.now_ms / 1000
 
+    # the Limiter's clock interface
+    def redis_now_ms(self):
+        return self.now_ms
 
-def use_fake_clock(monkeypatch, now_ms=1_700_000_000_000):
-    """Make every ``check_request`` run at ``clock.now_ms`` (Redis time) with a fresh deny cache
-    reading the same clock, and return the clock."""
-    from ratelimit_app import engine
-    from ratelimit_app.deny_cache import DenyCache
+    def monotonic(self):
+        return self.now_ms / 1000
 
+
+def use_fake_clock(monkeypatch=None, now_ms=1_700_000_000_000):
+    """Make the process's Limiter run at ``clock.now_ms`` (Redis time, deny cache, breaker) and
+    return the clock; the next test gets the real clock again (conftest)."""
     clock = FakeClock(now_ms)
-    real_take = engine.take
-
-    def take_at_fake_time(buckets, *, now_ms=None, debit=True):
-        return real_take(buckets, now_ms=clock.now_ms, debit=debit)
-
-    monkeypatch.setattr(engine, "take", take_at_fake_time)
-    monkeypatch.setattr(engine, "deny_cache", DenyCache(clock=clock.seconds))
+    install_limiter(clock=clock, metrics_autostart=False)
     return clock
+
+
+def limiter():
+    """The process's Limiter (a new one per test, see conftest)."""
+    return default_limiter()
+
+
+def decide(request, user, endpoint, *, now_ms=None):
+    """Decide ``request`` with the process's Limiter (what the adapters do)."""
+    return default_limiter().decide(request, user, endpoint, now_ms=now_ms)
+
+
+def take(buckets, *, now_ms=None, debit=True):
+    """Run take.lua for ``buckets``; return ``(allowed, statuses, config version)``."""
+    reply = default_limiter().take(buckets, now_ms=now_ms, debit=debit)
+    return reply.allowed, statuses_from(buckets, reply), reply.version
 
 
 def load_demo_data():

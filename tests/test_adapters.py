@@ -13,10 +13,10 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from ratelimit_app import engine, guard
+from ratelimit_app import guard
 from ratelimit_app.throttling import QuotaThrottle
 
-from .helpers import use_fake_clock
+from .helpers import limiter, use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -144,7 +144,7 @@ def test_an_unexpected_limiter_error_lets_the_request_through(demo, monkeypatch,
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug in the limiter")
 
-    monkeypatch.setattr(engine, "check_request", broken)
+    monkeypatch.setattr(limiter(), "decide", broken)
     response = Client(raise_request_exception=True).get(path)
     assert response.status_code == 200
     assert decision_of(response).degraded == "error"
@@ -155,13 +155,13 @@ def test_an_unexpected_limiter_error_lets_the_request_through(demo, monkeypatch,
 def test_decision_is_made_once_per_request(demo, monkeypatch, settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "MIDDLEWARE_INCLUDES_DRF": True}
     calls = []
-    real = engine.check_request
+    real = limiter().decide
 
     def counting(*args, **kwargs):
         calls.append(args[2])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "check_request", counting)
+    monkeypatch.setattr(limiter(), "decide", counting)
     Client().get("/api/search/")
     Client().get("/hello/")
     assert calls == ["api:search", "hello"]

@@ -1,6 +1,6 @@
 """Many processes and threads hammering ONE bucket never get more than the bucket allows.
 
-8 processes x 8 threads call ``engine.take`` (server time, no ``now_ms``) on one bucket of burst 10
+8 processes x 8 threads call ``Limiter.take`` (server time, no ``now_ms``) on one bucket of burst 10
 and 10 tokens per second for 3 seconds. The most any correct limiter can allow is
 burst + rate x duration = 10 + 10 x 3 = 40; a limiter that reads and writes in separate steps lets
 many more through.
@@ -17,7 +17,7 @@ The 3 seconds are measured by the Redis clock, exactly, so a noisy machine canno
   3000 ms count: the window ends exactly 3 s after the refill began, wherever a thread was
   descheduled.
 
-The local deny cache lives in ``check_request``, above ``engine.take``, so it plays no part here.
+The local deny cache lives in ``Limiter.decide``, above ``Limiter.take``, so it plays no part here.
 Every allowed call also reports the bucket's exact level; replaying them in order checks that
 Redis's own books agree with the count (no token spent twice, none lost).
 """
@@ -57,9 +57,9 @@ from django.conf import settings
 # a loaded 2-core machine may answer slower than the demo's 0.25 s socket timeout; this test
 # is about atomicity, not latency
 settings.CACHES["default"]["OPTIONS"].update(SOCKET_TIMEOUT=10, SOCKET_CONNECT_TIMEOUT=10)
-from ratelimit_app import storage
 from ratelimit_app.buckets import Bucket
-from ratelimit_app.engine import take
+from ratelimit_app.engine import statuses_from
+from ratelimit_app.limiter import default_limiter
 from ratelimit_app.policy import CompiledRule
 
 config = json.loads(sys.argv[1])
@@ -74,7 +74,8 @@ def hammer():
     decisions, allowed = 0, []
     try:
         while time.monotonic() < give_up_at:
-            ok, statuses, _ = take(buckets)
+            reply = default_limiter().take(buckets)
+            ok, statuses = reply.allowed, statuses_from(buckets, reply)
             decisions += 1
             elapsed_ms = statuses[1].level_units
             if ok:

@@ -10,9 +10,10 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
-from ratelimit_app import keys, policy, signals, storage
-from ratelimit_app.engine import check_request
+from ratelimit_app import keys, signals
 from ratelimit_app.models import Plan, Rule, Scope
+
+from .helpers import decide, limiter
 
 pytestmark = pytest.mark.django_db
 
@@ -33,8 +34,8 @@ def ip_request():
 def policy_names():
     """Decide twice (the first reply may only announce a new version) and return the names of
     the policies the worker enforced on the second."""
-    check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-    return [p.name for p in check_request(ip_request(), AnonymousUser(), "hello",
+    decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    return [p.name for p in decide(ip_request(), AnonymousUser(), "hello",
                                           now_ms=T0).policies]
 
 
@@ -43,7 +44,7 @@ def add_rule_elsewhere(name, plan):
     snapshot is not reset (only the saving process reloads at once)."""
     Rule.objects.bulk_create([Rule(name=name, plan=plan, scope=Scope.IP, endpoint="hello",
                                    rate=1, period_s=60, burst=5)])  # bulk: no signal
-    storage.bump_config_version()
+    limiter().bump_config_version()
 
 
 @pytest.fixture
@@ -56,9 +57,9 @@ def worker_with_one_rule():
 
 
 def test_every_bump_is_a_value_never_used_before(redis_client):
-    seen = {storage.bump_config_version() for _ in range(200)}
+    seen = {limiter().bump_config_version() for _ in range(200)}
     assert len(seen) == 200
-    assert storage.read_config_version() in seen
+    assert limiter().read_version() in seen
 
 
 def test_an_edit_after_flushall_reaches_the_worker(worker_with_one_rule, redis_client):
@@ -68,16 +69,16 @@ def test_an_edit_after_flushall_reaches_the_worker(worker_with_one_rule, redis_c
 
 
 def test_a_missing_version_alone_makes_the_worker_reload(worker_with_one_rule, redis_client):
-    held = policy.get_snapshot().version
+    held = limiter().snapshot().version
     redis_client.delete(VERSION_KEY)
-    check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)  # reply: "0"
-    assert policy.get_snapshot().version == "0" != held
+    decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)  # reply: "0"
+    assert limiter().snapshot().version == "0" != held
 
 
 def test_an_edit_after_the_version_went_back_reaches_the_worker(worker_with_one_rule,
                                                                 redis_client):
-    older = storage.read_config_version()
-    storage.bump_config_version()
+    older = limiter().read_version()
+    limiter().bump_config_version()
     assert policy_names() == ["free-ip"]  # the worker now holds the newer version
     # a failover to a replica that missed the last bump: the key holds the older value
     redis_client.set(VERSION_KEY, older)
@@ -87,9 +88,9 @@ def test_an_edit_after_the_version_went_back_reaches_the_worker(worker_with_one_
 
 def test_a_worker_reloads_when_the_version_goes_back_even_without_an_edit(worker_with_one_rule,
                                                                           redis_client):
-    older = storage.read_config_version()
-    storage.bump_config_version()
+    older = limiter().read_version()
+    limiter().bump_config_version()
     policy_names()
     redis_client.set(VERSION_KEY, older)
-    check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-    assert policy.get_snapshot().version == older
+    decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    assert limiter().snapshot().version == older

@@ -3,12 +3,11 @@
 import pytest
 from django.test import Client, RequestFactory
 
-from ratelimit_app import policy
 from ratelimit_app.engine import plan_buckets, request_cost
 from ratelimit_app.identity import identify
 from ratelimit_app.models import EndpointCost, Plan
 
-from .helpers import load_demo_data, use_fake_clock
+from .helpers import limiter, load_demo_data, use_fake_clock
 
 factory = RequestFactory()
 
@@ -27,7 +26,7 @@ def test_most_specific_endpoint_cost_row_wins(demo):
     EndpointCost.objects.create(endpoint="api:search", method="*", cost=3)
     EndpointCost.objects.create(endpoint="api:search", method="GET", plan=pro, cost=2)
     EndpointCost.objects.create(endpoint="api:search", method="*", plan=enterprise, cost=4)
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
     assert snapshot.cost_for("api:search", "GET", "free") == 5      # endpoint + method
     assert snapshot.cost_for("api:search", "POST", "free") == 3     # endpoint, any method
     assert snapshot.cost_for("api:search", "GET", "pro") == 2       # plan + method
@@ -39,7 +38,7 @@ def test_most_specific_endpoint_cost_row_wins(demo):
 
 def cost_with_header(value, endpoint="api:reports", method="post"):
     request = getattr(factory, method)("/x/", HTTP_X_REQUEST_COST=value)
-    return request_cost(policy.get_snapshot(), request, endpoint, "free")
+    return request_cost(limiter().snapshot(), request, endpoint, "free")
 
 
 @pytest.mark.parametrize("value, cost", [
@@ -67,13 +66,13 @@ def test_bad_cost_header_falls_back_to_the_endpoint_cost(demo, value):
 
 def test_head_is_charged_like_get_unless_a_row_names_head(demo):
     # D2: Django serves HEAD with the GET view, so it costs what GET costs (api:search GET is 5)
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
     assert snapshot.cost_for("api:search", "HEAD", "free") == 5
     assert snapshot.cost_for("api:search", "HEAD", "pro") == 5
     EndpointCost.objects.create(endpoint="api:search", method="HEAD", cost=2)
-    policy.reset()  # (the commit hook that would do it does not run inside a test transaction)
-    assert policy.get_snapshot().cost_for("api:search", "HEAD", "free") == 2
-    assert policy.get_snapshot().cost_for("api:search", "GET", "free") == 5
+    limiter().policies.reset()  # (the commit hook that would do it does not run inside a test transaction)
+    assert limiter().snapshot().cost_for("api:search", "HEAD", "free") == 2
+    assert limiter().snapshot().cost_for("api:search", "GET", "free") == 5
 
 
 def test_head_is_charged_like_get_in_redis(demo, monkeypatch):
@@ -97,7 +96,7 @@ def test_max_cost_setting(settings, demo):
 
 
 def test_endpoint_rules_are_charged_one_token_per_request(demo):
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
     request = factory.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     identity = identify(request, None, snapshot)
     costs = {b.rule.name: b.cost for b in plan_buckets(snapshot, identity, "api:reports", 20)}

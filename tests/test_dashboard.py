@@ -15,11 +15,12 @@ from django.core.management import call_command
 from django.test import Client, override_settings
 
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
-from ratelimit_app import metrics, storage
 from ratelimit_app.dashboard.charts import count_axis, requests_chart
 from ratelimit_app.dashboard.data import dashboard_data
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.models import ApiKey, Rule
+
+from .helpers import limiter
 
 DASHBOARD = "/admin/ratelimit_app/dashboard/"
 DATA = DASHBOARD + "data.json"
@@ -74,7 +75,7 @@ def traffic(demo):
         assert api.get("/api/items/", HTTP_X_API_KEY="rk_alice_free").status_code == 200
     for _ in range(3):
         assert api.get("/api/search/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200
-    metrics.flusher.flush_now()
+    limiter().flusher.flush_now()
     return denied
 
 
@@ -129,7 +130,7 @@ def test_dashboard_page_holds_chart_tables_and_health(admin_client_, traffic):
     health = response.context["data"]["health"]
     assert health["redis_ok"] and health["breaker"] == "closed"
     assert health["last_flush_age_s"] is not None and health["last_flush_age_s"] < 60
-    assert health["config_version"] == storage.read_config_version()
+    assert health["config_version"] == limiter().read_version()
 
 
 def test_json_carries_the_fragments_the_page_swaps_in(admin_client_, traffic):
@@ -220,13 +221,13 @@ def test_reset_needs_post_csrf_confirmation_and_permission(demo, traffic, redis_
     plan_rule = Rule.objects.get(name="free-plan")
     shared_key = bucket_key("rl", plan_rule.id, scope_token("plan", "free"))
     redis_client.set(shared_key, "1:1:60000")  # a shared bucket (no TTL, so it cannot expire)
-    version = storage.read_config_version()
+    version = limiter().read_version()
     done = client.post(RESET, {"ref": f"ip:{SCRAPER}", "confirm": "yes",
                                "csrfmiddlewaretoken": str(token)})
     assert done.status_code == 302 and done["Location"] == INSPECT + "?q=ip%3A198.51.100.7"
     assert redis_client.keys(f"rl:{{{scope_token('ip', SCRAPER)}}}*") == []
     assert redis_client.exists(shared_key)  # shared buckets stay
-    assert storage.read_config_version() != version  # workers drop stale local denials
+    assert limiter().read_version() != version  # workers drop stale local denials
     entry = LogEntry.objects.get()
     assert entry.user == admin_user and entry.object_repr == f"buckets of IP {SCRAPER}"
     rows = client.get(INSPECT, {"q": SCRAPER}).context["rows"]
@@ -255,12 +256,11 @@ def poll_until(condition, timeout_s=5):
 def test_d6_decisions_made_while_redis_was_down_reach_the_dashboard_and_prometheus(
         admin_client_, redis_server):
     with config(BREAKER_COOLDOWN_S=0.2, PROMETHEUS_ENABLED=True):
-        storage.reset()  # a breaker with the short cooldown
         redis_server.kill()
         try:
             for _ in range(5):  # fail-open: allowed without Redis
                 assert Client().get("/api/items/", REMOTE_ADDR=SCRAPER).status_code == 200
-            assert metrics.flusher.flush_now() == 0
+            assert limiter().flusher.flush_now() == 0
             down = admin_client_.get(DATA).json()
         finally:
             redis_server.start()
@@ -268,7 +268,7 @@ def test_d6_decisions_made_while_redis_was_down_reach_the_dashboard_and_promethe
         assert down["health"]["buffered_decisions"] == 5
         assert "failing since" in down["html"]["health"] and "5 decisions buffered" in \
             down["html"]["health"]
-        poll_until(lambda: metrics.flusher.flush_now() > 0)  # once the breaker lets it try
+        poll_until(lambda: limiter().flusher.flush_now() > 0)  # once the breaker lets it try
         data = admin_client_.get(DATA).json()
         scrape = admin_client_.get("/ratelimit/metrics/").content.decode()
     assert data["summary"]["requests"] == 5 and data["summary"]["allowed"] == 5
@@ -299,7 +299,7 @@ def test_no_traffic_is_shown_as_idle_not_as_a_failing_flush(admin_client_, traff
     assert late["health"]["flush_state"] == "late" and "rl-bad" in flush_line(late)
     redis_server.kill()
     try:
-        metrics.flusher.flush_now()
+        limiter().flusher.flush_now()
         failing = dashboard_data()
     finally:
         redis_server.start()

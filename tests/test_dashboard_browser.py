@@ -13,8 +13,9 @@ from django.core.management import call_command
 from playwright.sync_api import expect
 
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
-from ratelimit_app import metrics
 from ratelimit_app.keys import scope_token
+
+from .helpers import limiter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -43,7 +44,7 @@ def _orm_beside_playwright(django_db_setup):
 def send_traffic(live_server, requests):
     call_command("ratelimit_traffic", url=live_server.url, requests=requests, rps=0,
                  duration=60, stdout=io.StringIO())
-    metrics.flusher.flush_now()
+    limiter().flusher.flush_now()
 
 
 @pytest.fixture

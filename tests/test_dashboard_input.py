@@ -11,7 +11,8 @@ from django.test import Client
 
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.dashboard.inspector import find_identity
-from ratelimit_app.policy import get_snapshot
+
+from .helpers import limiter
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +49,7 @@ def test_d5_superscript_digits_were_a_500_and_are_now_no_match(admin):
     for query in ("key:²", "user:²"):
         response = admin.get(DASHBOARD + "inspect/", {"q": query})
         assert response.status_code == 200 and b"No client matches" in response.content
-        assert find_identity(query, get_snapshot()).identity is None
+        assert find_identity(query, limiter().snapshot()).identity is None
 
 
 @pytest.mark.parametrize("value", ODD)

@@ -5,13 +5,11 @@ import random
 
 from django.test import Client, RequestFactory
 
-from ratelimit_app import engine, storage
 from ratelimit_app.buckets import Bucket
 from ratelimit_app.deny_cache import SAFETY_MARGIN_S, DenyCache
-from ratelimit_app.engine import take
 from ratelimit_app.models import Plan, Rule, Scope
 
-from .helpers import load_demo_data, make_bucket, make_rule, use_fake_clock
+from .helpers import decide, limiter, load_demo_data, make_bucket, make_rule, take, use_fake_clock
 
 T0 = 1_700_000_000_000   # Redis time (ms) at the start of a test
 C0 = 5_000.0             # the cache's clock (s) at that moment: any offset works
@@ -152,13 +150,15 @@ def test_entries_of_refilled_buckets_are_dropped_first():
     assert all(cache.lookup([b], version) is not None for b in slow)
 
 
-def test_nothing_is_remembered_when_the_setting_is_off(settings):
+def test_no_deny_cache_when_the_setting_is_off(settings, db):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "LOCAL_DENY_CACHE": False}
-    clocks = Clocks()
-    cache = DenyCache(clock=clocks.cache_s)
-    bucket = make_bucket(make_rule(rate=1, period_s=60, burst=1))
-    version = deny_in_redis_and_remember(cache, [bucket], clocks)
-    assert len(cache) == 0 and cache.lookup([bucket], version) is None
+    assert limiter().deny_cache is None
+    load_demo_data()
+    limiter().policies.reset()
+    decisions = [decide(RequestFactory().get("/api/items/", REMOTE_ADDR="192.0.2.9"), None,
+                        "api:items") for _ in range(45)]  # free-ip holds 40
+    assert not decisions[-1].allowed
+    assert not any(d.from_deny_cache for d in decisions)
 
 
 def test_random_rules_costs_and_timings_never_deny_what_redis_allows(redis_client):
@@ -212,12 +212,12 @@ def test_a_denial_reported_with_a_newer_config_version_is_not_reused_under_new_r
     factory = RequestFactory()
 
     def request(cost):
-        return engine.check_request(factory.get("/hello/", HTTP_X_REQUEST_COST=str(cost)),
+        return decide(factory.get("/hello/", HTTP_X_REQUEST_COST=str(cost)),
                                     None, "hello")
 
     assert request(1).allowed                        # 1 token left
     Rule.objects.filter(pk=rule.pk).update(rate=3600, period_s=36_000)
-    storage.bump_config_version()                    # as the commit hook does
+    limiter().bump_config_version()                    # as the commit hook does
     assert not request(2).allowed                    # old rules, new version in the reply
     decision = request(1)                            # reloaded: still 1 token (rescaled)
     assert not decision.from_deny_cache

@@ -15,10 +15,10 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client, RequestFactory
 
-from ratelimit_app import policy, storage
-from ratelimit_app.engine import check_request
 from ratelimit_app.headers import TEMPORARY_REDUCED_CAPACITY
 from ratelimit_app.models import FailureMode, Mode, Plan, Rule, Scope
+
+from .helpers import decide, limiter
 
 pytestmark = pytest.mark.django_db
 
@@ -146,14 +146,14 @@ def test_cold_start_with_redis_down_then_config_loads_once_it_is_back(limits, fr
     client = Client()
     response = client.get("/hello/")  # no snapshot yet and no Redis: rules still load from the DB
     assert response.status_code == 200 and decision_of(response).degraded == "fail-open"
-    assert policy.get_snapshot().version == "unknown"
+    assert limiter().snapshot().version == "unknown"
 
     redis_server.start()
-    storage.breaker().record_success()  # skip the cooldown; recovery itself is tested below
+    limiter().breaker.record_success()  # skip the cooldown; recovery itself is tested below
     response = client.get("/hello/")
     assert decision_of(response).degraded == ""
     assert response["RateLimit"] == '"free-ip";r=2;t=60'
-    assert policy.get_snapshot().version == "0"  # the Lua reply's version replaced "unknown"
+    assert limiter().snapshot().version == "0"  # the Lua reply's version replaced "unknown"
 
 
 # --- a hung Redis ------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_a_hung_redis_costs_a_socket_timeout_not_a_500(limits, free_plan, redis_
         redis_client.client_unpause()
     assert response.status_code == 200 and decision_of(response).degraded == "fail-open"
     assert elapsed < 2.0  # bounded by SOCKET_TIMEOUT (0.25 s), not by the 3 s pause
-    assert "TimeoutError" in storage.stats.last_error
+    assert "TimeoutError" in limiter().stats.last_error
 
 
 # --- circuit breaker ---------------------------------------------------------------------------
@@ -183,14 +183,14 @@ def test_breaker_opens_after_the_configured_failures_and_skips_redis(limits, fre
     client = Client()
     client.get("/hello/")
     redis_server.kill()
-    errors, skips = storage.stats.redis_errors, storage.stats.breaker_skips
+    errors, skips = limiter().stats.redis_errors, limiter().stats.breaker_skips
 
     responses = get_all(client, ["/hello/"] * 10)
     assert all(r.status_code == 200 for r in responses)
-    assert storage.stats.redis_errors - errors == 3     # BREAKER_FAILURES calls reached out
-    assert storage.stats.breaker_skips - skips == 7     # the rest never touched the network
-    assert storage.breaker().state == "open"
-    assert storage.breaker().times_opened == 1
+    assert limiter().stats.redis_errors - errors == 3     # BREAKER_FAILURES calls reached out
+    assert limiter().stats.breaker_skips - skips == 7     # the rest never touched the network
+    assert limiter().breaker.state == "open"
+    assert limiter().breaker.times_opened == 1
 
 
 def test_breaker_threshold_follows_the_setting(limits, free_plan, redis_server):
@@ -199,9 +199,9 @@ def test_breaker_threshold_follows_the_setting(limits, free_plan, redis_server):
     client = Client()
     client.get("/hello/")
     redis_server.kill()
-    errors = storage.stats.redis_errors
+    errors = limiter().stats.redis_errors
     get_all(client, ["/hello/"] * 8)
-    assert storage.stats.redis_errors - errors == 5
+    assert limiter().stats.redis_errors - errors == 5
 
 
 def test_recovers_automatically_after_the_cooldown_once_redis_is_back(limits, free_plan,
@@ -211,7 +211,7 @@ def test_recovers_automatically_after_the_cooldown_once_redis_is_back(limits, fr
     client.get("/hello/")
     redis_server.kill()
     get_all(client, ["/hello/"] * 4)
-    assert storage.breaker().state == "open"
+    assert limiter().breaker.state == "open"
     redis_server.start()  # same port, empty: buckets and scripts are gone
 
     opened_at = time.monotonic()
@@ -223,7 +223,7 @@ def test_recovers_automatically_after_the_cooldown_once_redis_is_back(limits, fr
     recovered_after = time.monotonic() - opened_at
 
     assert not decision_of(response).degraded, "no recovery within the deadline"
-    assert storage.breaker().state == "closed"
+    assert limiter().breaker.state == "closed"
     assert response["RateLimit"] == '"free-ip";r=4;t=60'  # a fresh bucket, debited once
     assert recovered_after < RECOVERY_DEADLINE_S
 
@@ -235,7 +235,7 @@ def test_failed_trial_keeps_the_breaker_open_while_redis_is_still_down(limits, f
     client.get("/hello/")
     redis_server.kill()
     get_all(client, ["/hello/"] * 3)
-    breaker = storage.breaker()
+    breaker = limiter().breaker
     deadline = time.monotonic() + RECOVERY_DEADLINE_S
     while breaker.times_opened < 2 and time.monotonic() < deadline:
         assert client.get("/hello/").status_code == 200  # the trial runs and fails
@@ -252,20 +252,20 @@ def ip_request():
 def test_script_flush_is_handled_and_the_next_decision_is_correct(limits, free_plan,
                                                                  redis_server, redis_client):
     add_rule("free-ip", free_plan, burst=3)
-    errors = storage.stats.redis_errors
-    assert check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0).allowed
-    assert check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0).allowed
+    errors = limiter().stats.redis_errors
+    assert decide(ip_request(), AnonymousUser(), "hello", now_ms=T0).allowed
+    assert decide(ip_request(), AnonymousUser(), "hello", now_ms=T0).allowed
     loads = redis_server.command_calls("script|load")
     redis_client.script_flush()
     assert redis_client.script_exists(TAKE_SHA) == [False]
 
-    third = check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    third = decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
     assert third.allowed and not third.degraded
     assert third.policies[0].remaining == 0          # the bucket kept its state
     assert redis_server.command_calls("script|load") == loads + 1  # reloaded once
-    fourth = check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    fourth = decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
     assert not fourth.allowed and fourth.violated == ("free-ip",)
-    assert storage.stats.redis_errors == errors  # NOSCRIPT never counted as an outage
+    assert limiter().stats.redis_errors == errors  # NOSCRIPT never counted as an outage
 
 
 def test_restart_without_breaker_trip_reloads_the_script(limits, free_plan, redis_server):
@@ -286,13 +286,13 @@ def test_restart_without_breaker_trip_reloads_the_script(limits, free_plan, redi
 def test_a_change_made_after_a_redis_restart_is_not_mistaken_for_the_old_version(
         limits, free_plan, redis_server):
     add_rule("free-ip", free_plan)
-    storage.bump_config_version()
-    assert [r.name for r in policy.get_snapshot().rules] == ["free-ip"]
+    limiter().bump_config_version()
+    assert [r.name for r in limiter().snapshot().rules] == ["free-ip"]
     redis_server.kill()
     redis_server.start()  # the version counter is gone with the data
     add_rule("new-rule", free_plan, endpoint="hello")
-    storage.bump_config_version()  # what the commit hook of the edit does
+    limiter().bump_config_version()  # what the commit hook of the edit does
 
-    check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)  # its reply: a new version
-    decision = check_request(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)  # its reply: a new version
+    decision = decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
     assert [p.name for p in decision.policies] == ["free-ip", "new-rule"]

@@ -5,12 +5,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
-from ratelimit_app import policy
 from ratelimit_app.identity import client_ip, identify
 from ratelimit_app.keys import scope_token
 from ratelimit_app.models import ApiKey, Plan, PlanAssignment, Scope
 
-from .helpers import load_demo_data
+from .helpers import limiter, load_demo_data
 
 factory = RequestFactory()
 
@@ -27,7 +26,7 @@ def user(username):
 def who(user=None, **meta):
     """Return the Identity of a GET request with ``meta`` as seen by the current snapshot."""
     request = factory.get("/api/items/", **meta)
-    return identify(request, user, policy.get_snapshot())
+    return identify(request, user, limiter().snapshot())
 
 
 def ratelimit_settings(settings, **changes):
@@ -65,7 +64,7 @@ def test_api_key_header_name_is_configurable(settings, demo):
 def test_key_of_its_own_plan_and_tenant_wins_over_the_users_assignment(demo):
     ApiKey.create_key(user("alice"), "ci", raw_key="rk_alice_ci", plan=Plan.objects.get(slug="pro"),
                       tenant="alice-co")
-    policy.reset()
+    limiter().policies.reset()
     identity = who(HTTP_X_API_KEY="rk_alice_ci")
     assert (identity.plan, identity.tenant) == ("pro", "alice-co")
 
@@ -81,14 +80,14 @@ def test_unknown_key_is_an_anonymous_caller_by_ip(demo):
 
 def test_inactive_key_is_ignored(demo):
     ApiKey.objects.filter(user=user("bob")).update(active=False)
-    policy.reset()
+    limiter().policies.reset()
     assert who(HTTP_X_API_KEY="rk_bob_pro").kind == "anonymous"
 
 
 def test_ten_kilobyte_key_header_is_ignored_even_if_it_would_match(demo):
     huge = "rk_" + "x" * 10_000
     ApiKey.create_key(user("bob"), "huge", raw_key=huge)
-    policy.reset()
+    limiter().policies.reset()
     assert who(HTTP_X_API_KEY=huge).kind == "anonymous"
 
 
@@ -118,7 +117,7 @@ def test_anonymous_user_object_is_anonymous(demo):
 
 def test_key_without_tenant_uses_the_tenant_of_its_users_assignment(demo):
     PlanAssignment.objects.filter(user=user("bob")).update(tenant="initech")
-    policy.reset()
+    limiter().policies.reset()
     assert who(HTTP_X_API_KEY="rk_bob_pro").tenant == "initech"
 
 

@@ -27,13 +27,13 @@ import django
 django.setup()
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
-from ratelimit_app.engine import check_request
+from ratelimit_app.limiter import default_limiter
 
 factory = RequestFactory()
 print("ready", flush=True)
 for _ in sys.stdin:
-    decision = check_request(factory.get("/hello/", REMOTE_ADDR="192.0.2.1"), AnonymousUser(),
-                             "hello")
+    decision = default_limiter().decide(factory.get("/hello/", REMOTE_ADDR="192.0.2.1"),
+                                        AnonymousUser(), "hello")
     print(json.dumps({"at": time.time(), "allowed": decision.allowed,
                       "bursts": {p.name: p.burst for p in decision.policies},
                       "violated": list(decision.violated)}), flush=True)

@@ -1,9 +1,8 @@
 """take.lua through engine.take: token math, all-or-nothing, shadow, TTLs, clock guard, units."""
 
 from ratelimit_app.buckets import unpack_state
-from ratelimit_app.engine import take
 
-from .helpers import make_bucket, make_rule
+from .helpers import make_bucket, make_rule, take
 
 T0 = 1_700_000_000_000  # an arbitrary "now" in ms; the script accepts it in tests
 

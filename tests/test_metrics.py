@@ -1,4 +1,5 @@
-"""metrics.py: in-process counting, the hot-key sketch, the flush to Redis and the reads back."""
+"""The metrics package: in-process counting, the hot-key sketch, the flush to Redis and the
+reads back."""
 
 import contextlib
 import io
@@ -16,7 +17,11 @@ from ratelimit_app import metrics
 from ratelimit_app.buckets import PolicyStatus
 from ratelimit_app.engine import Decision
 from ratelimit_app.identity import Identity
+from ratelimit_app.limiter import default_limiter
 from ratelimit_app.metrics import Flusher, Recorder, SpaceSaving
+from ratelimit_app.stores import StoreUnavailable
+
+from .helpers import limiter
 
 T0 = 1_700_000_040.0  # unix seconds, 0 s into a minute
 
@@ -143,10 +148,10 @@ def test_tokens_count_only_allowed_requests_and_denials_per_identity():
 def test_record_decision_is_off_when_metrics_are_disabled():
     with config(METRICS_ENABLED=False):
         metrics.record_decision(decision())
-    assert metrics.recorder.counts() == {}
+    assert limiter().recorder.counts() == {}
     metrics.record_decision(decision())
-    assert metrics.recorder.counts()["all", "", "allowed"] == 1
-    assert not metrics.flusher.running  # the suite keeps the background thread off
+    assert limiter().recorder.counts()["all", "", "allowed"] == 1
+    assert not limiter().flusher.running  # the suite keeps the background thread off
 
 
 def test_hot_key_memory_is_bounded_when_an_attacker_uses_100k_identities(redis_client):
@@ -222,6 +227,20 @@ def test_flush_adds_up_counts_from_several_flushes_and_processes(redis_client):
     row = metrics.read_hot_keys("1h", now=clock.now)["denials"][0]
     assert (row["ref"], row["tokens"], row["denials"], row["requests"]) == ("key:7", 6, 2, 4)
     assert metrics.read_hot_keys("24h", now=clock.now)["tokens"][0]["tokens"] == 6
+
+
+def test_a_name_holding_the_field_separator_is_read_back_whole(redis_client):
+    """Rule, plan and endpoint names are operators' text: a "|" in one must not shift the
+    outcome (fields.py writes and parses every count field)."""
+    clock = FakeClock()
+    recorder = Recorder(clock=clock)
+    recorder.record(decision(False, endpoint="api:a|b",
+                             policies=[status("odd|rule", remaining=0, short=True)]))
+    Flusher(recorder, clock=clock).flush_now()
+    breakdown = metrics.read_breakdown("5m", now=clock.now)
+    assert breakdown["endpoint"]["api:a|b"] == {"denied": 1}
+    assert breakdown["rule"]["odd|rule"] == {"checked": 1, "denied": 1}
+    assert metrics.read_totals()["rule", "odd|rule", "denied"] == 1
 
 
 def test_metric_keys_have_no_hash_tag_and_no_command_touches_two_keys(redis_server, redis_client):
@@ -324,6 +343,37 @@ def test_d6_the_buffer_is_bounded_while_redis_stays_down(redis_server, redis_cli
     assert (period["decisions"], period["dropped"]) == (40 * 60, 40 * 10)
 
 
+def test_failing_flushes_never_count_against_the_breaker_that_guards_decisions(redis_server):
+    """Issue 10 §2: a failed flush is the flusher's own health (failing_since, last_error); the
+    decisions' breaker sees none of it, so metrics trouble never makes requests fail open or
+    closed. Nor does the flush wait for that breaker: it writes as soon as Redis answers."""
+    with config(BREAKER_FAILURES=3, BREAKER_COOLDOWN_S=3600):
+        worker = default_limiter()
+        worker.recorder.record(decision())
+        redis_server.kill()
+        try:
+            for _ in range(5):
+                assert worker.flusher.flush_now() == 0
+            assert worker.flusher.failing_since is not None and worker.flusher.last_error
+            assert worker.breaker.state == worker.breaker.CLOSED
+            assert worker.stats.redis_errors == 0
+            # the breaker's failure count is still 0: two decision-path failures leave it
+            # closed, the third opens it
+            for _ in range(2):
+                with pytest.raises(StoreUnavailable):
+                    worker.read_version()
+            assert worker.breaker.state == worker.breaker.CLOSED
+            with pytest.raises(StoreUnavailable):
+                worker.read_version()
+            assert worker.breaker.state == worker.breaker.OPEN
+        finally:
+            redis_server.start()
+        assert worker.flusher.flush_now() > 0  # the decisions' breaker is still open
+        assert worker.breaker.state == worker.breaker.OPEN and worker.breaker.times_opened == 1
+    assert worker.flusher.failing_since is None
+    assert metrics.read_totals()["all", "", "allowed"] == 1
+
+
 def test_background_thread_flushes_by_itself_and_stops(redis_client):
     recorder = Recorder()
     flusher = Flusher(recorder)
@@ -355,9 +405,9 @@ def test_a_request_costs_one_redis_command_and_the_flush_none_of_its_own(client,
             assert client.get("/api/items/", **headers).status_code == 200
             assert client.get("/hello/").status_code == 200
     assert sent == ["evalsha"] * 20
-    assert metrics.recorder.counts()["all", "", "allowed"] == 22
+    assert limiter().recorder.counts()["all", "", "allowed"] == 22
     with commands_sent(redis_server.client()) as sent:
-        metrics.flusher.flush_now()
+        limiter().flusher.flush_now()
     assert "hincrby" in sent and "evalsha" not in sent
     breakdown = metrics.read_breakdown("5m")
     assert breakdown["plan"]["pro"]["allowed"] == 11

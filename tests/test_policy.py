@@ -7,13 +7,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.test import RequestFactory
 
-from ratelimit_app import policy, storage
-from ratelimit_app.engine import check_request
 from ratelimit_app.models import (EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
                                   PlanAssignment, Rule, Scope)
 from ratelimit_app.policy import Snapshot
 
-from .helpers import make_rule
+from .helpers import decide, limiter, make_rule
 
 pytestmark = pytest.mark.django_db
 
@@ -54,7 +52,7 @@ def test_rules_for_filters_by_plan_and_endpoint():
     add_rule("pro-user", pro)
     add_rule("free-search", free, endpoint="api:search")
     add_rule("any-search", endpoint="api:search")
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
 
     assert names(snapshot.rules_for("free", "api:items")) == ["everyone", "free-user"]
     assert names(snapshot.rules_for("free", "api:search")) == \
@@ -78,9 +76,9 @@ def test_disabled_rules_are_ignored():
     free = add_plan("free", default_for_anonymous=True)
     add_rule("on", free, scope=Scope.IP, burst=1)
     add_rule("off", free, scope=Scope.IP, burst=1, rate=1, enabled=False)
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
     assert names(snapshot.rules_for("free", "api:items")) == ["on"]
-    decision = check_request(request_from(), AnonymousUser(), "api:items", now_ms=T0)
+    decision = decide(request_from(), AnonymousUser(), "api:items", now_ms=T0)
     assert [p.name for p in decision.policies] == ["on"]
 
 
@@ -88,7 +86,7 @@ def test_compiled_rule_carries_mode_and_failure_mode():
     add_rule("shadowed", mode=Mode.SHADOW, on_redis_failure=FailureMode.CLOSED)
     add_rule("default-failure", on_redis_failure=FailureMode.DEFAULT)
     add_rule("opens", on_redis_failure=FailureMode.OPEN)
-    by_name = {r.name: r for r in policy.get_snapshot().rules}
+    by_name = {r.name: r for r in limiter().snapshot().rules}
     assert by_name["shadowed"].shadow and by_name["shadowed"].fail_open is False
     assert not by_name["default-failure"].shadow and by_name["default-failure"].fail_open is None
     assert by_name["opens"].fail_open is True
@@ -101,7 +99,7 @@ def test_cost_for_prefers_the_most_specific_row():
     for method, plan, cost in [("GET", pro, 7), ("*", pro, 6), ("POST", None, 3), ("GET", None, 5),
                                ("*", None, 4)]:
         EndpointCost.objects.create(endpoint="api:search", method=method, plan=plan, cost=cost)
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
 
     assert snapshot.cost_for("api:search", "GET", "pro") == 7      # plan + method
     assert snapshot.cost_for("api:search", "POST", "pro") == 6     # plan + any beats method
@@ -116,7 +114,7 @@ def test_request_is_charged_its_endpoint_cost_except_on_endpoint_rules():
     add_rule("free-ip", free, scope=Scope.IP, burst=100)
     add_rule("search-calls", free, scope=Scope.IP, endpoint="api:search", burst=100)
     EndpointCost.objects.create(endpoint="api:search", method="GET", cost=5)
-    decision = check_request(request_from(), AnonymousUser(), "api:search", now_ms=T0)
+    decision = decide(request_from(), AnonymousUser(), "api:search", now_ms=T0)
     assert decision.cost == 5
     remaining = {p.name: p.remaining for p in decision.policies}
     assert remaining == {"free-ip": 95, "search-calls": 99}  # endpoint rules count calls
@@ -130,11 +128,11 @@ def test_exempt_override_skips_redis_entirely(redis_server):
     add_rule("everyone", scope=Scope.GLOBAL, burst=1)
     vip = add_user("vip", free)
     IdentityOverride.objects.create(user=vip, exempt=True)
-    policy.get_snapshot()  # warm (reads the config version once)
+    limiter().snapshot()  # warm (reads the config version once)
 
     calls_before = redis_server.command_calls("evalsha") + redis_server.command_calls("eval")
     keys_before = redis_server.client().dbsize()
-    decisions = [check_request(request_from(), vip, "api:items") for _ in range(5)]
+    decisions = [decide(request_from(), vip, "api:items") for _ in range(5)]
     assert all(d.allowed and d.exempt and not d.policies for d in decisions)
     assert redis_server.command_calls("evalsha") + redis_server.command_calls("eval") == calls_before
     assert redis_server.client().dbsize() == keys_before
@@ -149,15 +147,15 @@ def test_override_numbers_replace_user_and_ip_rule_numbers_only():
     IdentityOverride.objects.create(user=special, rate=2, period_s=30, burst=3)
     plain = add_user("plain", free)
 
-    decision = check_request(request_from("198.51.100.1"), special, "api:items", now_ms=T0)
+    decision = decide(request_from("198.51.100.1"), special, "api:items", now_ms=T0)
     numbers = {p.name: (p.quota, p.window_s, p.burst, p.remaining) for p in decision.policies}
     assert numbers == {"free-plan": (10, 60, 10, 9), "free-user": (2, 30, 3, 2),
                        "free-ip": (2, 30, 3, 2)}
     for expected in (True, True, False):  # the override's burst of 3 is what limits
-        assert check_request(request_from("198.51.100.1"), special, "api:items",
+        assert decide(request_from("198.51.100.1"), special, "api:items",
                              now_ms=T0).allowed is expected
     # another user on the same plan keeps the rule's own numbers
-    other = check_request(request_from("198.51.100.2"), plain, "api:items", now_ms=T0)
+    other = decide(request_from("198.51.100.2"), plain, "api:items", now_ms=T0)
     assert {p.name: p.burst for p in other.policies} == {"free-plan": 10, "free-user": 10,
                                                          "free-ip": 10}
 
@@ -167,7 +165,7 @@ def test_override_of_one_rule_leaves_the_callers_other_rules_alone():
     add_rule("free-ip", free, scope=Scope.IP, rate=10, period_s=60, burst=10)
     narrow = add_rule("free-ip-search", free, scope=Scope.IP, rate=10, period_s=60, burst=10)
     IdentityOverride.objects.create(ip="198.51.100.9", rule=narrow, rate=1, period_s=60, burst=50)
-    decision = check_request(request_from("198.51.100.9"), AnonymousUser(), "api:items",
+    decision = decide(request_from("198.51.100.9"), AnonymousUser(), "api:items",
                              now_ms=T0)
     assert {p.name: p.burst for p in decision.policies} == {"free-ip": 10, "free-ip-search": 50}
 
@@ -178,7 +176,7 @@ def test_shadow_rule_reports_would_be_denials_and_never_denies():
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP, rate=1, period_s=60, burst=100)
     add_rule("trial", free, scope=Scope.IP, rate=1, period_s=60, burst=2, mode=Mode.SHADOW)
-    decisions = [check_request(request_from(), AnonymousUser(), "api:items", now_ms=T0)
+    decisions = [decide(request_from(), AnonymousUser(), "api:items", now_ms=T0)
                  for _ in range(4)]
     assert all(d.allowed for d in decisions)
     assert [d.shadow_violations for d in decisions] == [(), (), ("trial",), ("trial",)]
@@ -190,8 +188,8 @@ def test_shadow_rule_does_not_report_when_an_enforced_rule_denies_for_its_own_re
     free = add_plan("free", default_for_anonymous=True)
     add_rule("strict", free, scope=Scope.IP, rate=1, period_s=60, burst=1)
     add_rule("trial", free, scope=Scope.IP, rate=1, period_s=60, burst=5, mode=Mode.SHADOW)
-    check_request(request_from(), AnonymousUser(), "api:items", now_ms=T0)
-    denied = check_request(request_from(), AnonymousUser(), "api:items", now_ms=T0)
+    decide(request_from(), AnonymousUser(), "api:items", now_ms=T0)
+    denied = decide(request_from(), AnonymousUser(), "api:items", now_ms=T0)
     assert not denied.allowed
     assert denied.violated == ("strict",)
     assert denied.shadow_violations == ()
@@ -202,37 +200,37 @@ def test_shadow_rule_does_not_report_when_an_enforced_rule_denies_for_its_own_re
 def test_snapshot_is_reused_until_the_config_version_changes(django_assert_num_queries):
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP, burst=5)
-    first = policy.get_snapshot()
+    first = limiter().snapshot()
     with django_assert_num_queries(0):
-        assert policy.get_snapshot() is first
-    storage.bump_config_version()
-    policy.observe_version(storage.read_config_version())  # as a Lua reply would report it
-    second = policy.get_snapshot()
+        assert limiter().snapshot() is first
+    limiter().bump_config_version()
+    limiter().policies.observe_version(limiter().read_version())  # as a Lua reply would report it
+    second = limiter().snapshot()
     assert second is not first
-    assert second.version == storage.read_config_version() != first.version
+    assert second.version == limiter().read_version() != first.version
 
 
 def test_version_is_polled_once_the_check_interval_has_passed(settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_CHECK_INTERVAL_S": 0}
     add_rule("old", scope=Scope.GLOBAL)
-    first = policy.get_snapshot()
+    first = limiter().snapshot()
     Rule.objects.create(name="new", scope=Scope.GLOBAL, rate=1, period_s=1, burst=1)
-    storage.bump_config_version()  # what the on_commit hook does after a real commit
-    assert names(policy.get_snapshot().rules) == ["new", "old"]
-    assert policy.get_snapshot() is not first
+    limiter().bump_config_version()  # what the on_commit hook does after a real commit
+    assert names(limiter().snapshot().rules) == ["new", "old"]
+    assert limiter().snapshot() is not first
 
 
 def test_snapshot_survives_a_database_error_and_keeps_enforcing():
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP, rate=1, period_s=60, burst=2)
-    good = policy.get_snapshot()
+    good = limiter().snapshot()
     with connection.cursor() as cursor:  # a real DB error; rolled back with the test
         cursor.execute(f"ALTER TABLE {Rule._meta.db_table} RENAME TO broken_rules")
-    storage.bump_config_version()
-    policy.observe_version(storage.read_config_version())
+    limiter().bump_config_version()
+    limiter().policies.observe_version(limiter().read_version())
 
-    assert policy.get_snapshot() is good  # the old rules stay in force
-    results = [check_request(request_from(), AnonymousUser(), "api:items", now_ms=T0).allowed
+    assert limiter().snapshot() is good  # the old rules stay in force
+    results = [decide(request_from(), AnonymousUser(), "api:items", now_ms=T0).allowed
                for _ in range(3)]
     assert results == [True, True, False]
 
@@ -240,22 +238,22 @@ def test_snapshot_survives_a_database_error_and_keeps_enforcing():
 def test_first_load_during_a_database_error_serves_an_empty_policy():
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {Rule._meta.db_table} RENAME TO broken_rules")
-    snapshot = policy.get_snapshot()
+    snapshot = limiter().snapshot()
     assert snapshot.rules == () and snapshot.version == "unknown"
-    decision = check_request(request_from(), AnonymousUser(), "api:items")
+    decision = decide(request_from(), AnonymousUser(), "api:items")
     assert decision.allowed and not decision.policies
 
 
 def test_database_outage_is_retried_once_per_check_interval_not_per_request(caplog):
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP, rate=1, period_s=60, burst=100)
-    policy.get_snapshot()
+    limiter().snapshot()
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {Rule._meta.db_table} RENAME TO broken_rules")
-    storage.bump_config_version()  # a change this worker cannot load while the DB is down
+    limiter().bump_config_version()  # a change this worker cannot load while the DB is down
 
     for _ in range(5):  # every Lua reply reports the version the worker could not load
-        assert check_request(request_from(), AnonymousUser(), "api:items").allowed
+        assert decide(request_from(), AnonymousUser(), "api:items").allowed
     failures = [r for r in caplog.records if "could not load" in r.getMessage()]
     assert len(failures) == 1
 
@@ -264,16 +262,16 @@ def test_configuration_reloads_once_the_database_is_back(settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_CHECK_INTERVAL_S": 0}
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP, rate=1, period_s=60, burst=100)
-    policy.get_snapshot()
+    limiter().snapshot()
     table = Rule._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {table} RENAME TO broken_rules")
-    storage.bump_config_version()  # a change this worker cannot load yet
-    assert policy.get_snapshot().version != storage.read_config_version()  # still the old one
+    limiter().bump_config_version()  # a change this worker cannot load yet
+    assert limiter().snapshot().version != limiter().read_version()  # still the old one
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE broken_rules RENAME TO {table}")
-    reloaded = policy.get_snapshot()
-    assert reloaded.version == storage.read_config_version()
+    reloaded = limiter().snapshot()
+    assert reloaded.version == limiter().read_version()
     assert names(reloaded.rules) == ["free-ip"]
 
 
@@ -287,7 +285,7 @@ def test_ip_override_matches_the_address_as_the_identity_sees_it(override_ip, cl
     free = add_plan("free", default_for_anonymous=True)
     add_rule("free-ip", free, scope=Scope.IP)
     IdentityOverride.objects.create(ip=override_ip, exempt=True)
-    decision = check_request(request_from(client), AnonymousUser(), "api:items", now_ms=T0)
+    decision = decide(request_from(client), AnonymousUser(), "api:items", now_ms=T0)
     assert decision.exempt is (client != "::ffff:192.0.2.1")
 
 

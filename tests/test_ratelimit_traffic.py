@@ -5,17 +5,9 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from ratelimit_app import metrics
-from ratelimit_app.management.commands.ratelimit_traffic import check_loopback
+from project.demo.management.commands.ratelimit_traffic import check_loopback
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _orm_beside_playwright(django_db_setup):
-    """After the browser tests, Playwright's event loop still runs in this thread and Django
-    takes it for an async context; these tests' ORM calls are plain sync code."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        yield
+from .helpers import limiter
 
 
 @pytest.mark.parametrize("url", ["http://example.com", "http://10.0.0.1:8000", "ftp://127.0.0.1",
@@ -47,6 +39,6 @@ def test_sends_bounded_traffic_with_an_abusive_client(live_server, settings):
     report = out.getvalue()
     assert "Sent 90 requests" in report
     assert "scraper (anonymous, abusive)" in report and "429:" in report
-    counts = metrics.recorder.counts()
+    counts = limiter().recorder.counts()
     assert counts["all", "", "allowed"] + counts["all", "", "denied"] == 90
     assert counts["all", "", "denied"] > 0

@@ -4,10 +4,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
-from ratelimit_app import engine, policy
 from ratelimit_app.models import ApiKey, Counts, IdentityOverride, Rule
 from ratelimit_app.simulator import simulate
-from tests.helpers import load_demo_data
+from tests.helpers import decide, limiter, load_demo_data
 
 pytestmark = pytest.mark.django_db
 
@@ -21,12 +20,12 @@ def demo():
     load_demo_data()
     # the quotas alone; the failed-auth gate has its own test below
     Rule.objects.filter(counts=Counts.FAILED_AUTH).delete()
-    policy.reset()  # the rows were written after this test's first snapshot could exist
+    limiter().policies.reset()  # the rows were written after this test's first snapshot could exist
 
 
 def test_the_failed_auth_gate_is_shown_with_what_is_left(db):
     load_demo_data()
-    policy.reset()
+    limiter().policies.reset()
     result = simulate(endpoint="api:items", method="GET", ip=IP, now_ms=NOW_MS)
     gate = buckets_of(result)["auth-failures"]
     assert gate == (10, 1, False)  # 10 failures left; a request needs one left to pass
@@ -55,7 +54,7 @@ def real_request(rf, endpoint, method="GET", username=None, api_key=None, ip=IP)
     """Send one real (debiting) decision through the engine, as the adapters do."""
     headers = {"HTTP_X_API_KEY": api_key} if api_key else {}
     request = rf.generic(method, "/", REMOTE_ADDR=ip, **headers)
-    return engine.check_request(request, user(username) if username else None, endpoint,
+    return decide(request, user(username) if username else None, endpoint,
                                 now_ms=NOW_MS)
 
 
@@ -158,7 +157,7 @@ def test_a_real_request_after_simulations_still_sees_the_full_bucket(demo, rf, r
 
 def test_exempt_caller_is_reported_as_never_limited(demo):
     IdentityOverride.objects.create(user=user("bob"), exempt=True)
-    policy.reset()
+    limiter().policies.reset()
     result = simulate(endpoint="api:search", ip=IP, user=user("bob"), now_ms=NOW_MS)
     assert result.exempt and result.allowed and result.buckets == ()
 
@@ -166,7 +165,7 @@ def test_exempt_caller_is_reported_as_never_limited(demo):
 def test_identity_override_numbers_are_shown_as_such(demo):
     IdentityOverride.objects.create(user=user("alice"), rule=Rule.objects.get(name="free-user"),
                                     rate=600, period_s=60, burst=300)
-    policy.reset()
+    limiter().policies.reset()
     result = simulate(endpoint="api:items", ip=IP, user=user("alice"), now_ms=NOW_MS)
     free_user = next(b for b in result.buckets if b.name == "free-user")
     assert (free_user.describe, free_user.overridden, free_user.tokens) == \
@@ -177,7 +176,7 @@ def test_inactive_api_key_is_limited_as_no_key(demo):
     key = demo_key("bob")
     key.active = False
     key.save()
-    policy.reset()
+    limiter().policies.reset()
     result = simulate(endpoint="api:items", ip=IP, api_key=key, now_ms=NOW_MS)
     assert result.identity.kind == "anonymous"
     note = f"The key {key.prefix}… is not active: requests carrying it are limited as if they "
@@ -192,8 +191,8 @@ def test_endpoint_without_rules_is_reported_unlimited():
 
 def test_redis_down_reports_the_failure_behaviour_without_raising(demo, redis_server):
     Rule.objects.filter(name="free-user").update(on_redis_failure="closed")
-    policy.reset()
-    policy.get_snapshot()
+    limiter().policies.reset()
+    limiter().snapshot()
     redis_server.kill()
     result = simulate(endpoint="api:items", ip=IP, user=user("alice"))
     assert result.redis_error

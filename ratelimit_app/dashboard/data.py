@@ -13,9 +13,10 @@ from urllib.parse import urlencode
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
-from redis.exceptions import RedisError
 
-from .. import metrics, policy, storage
+from .. import metrics
+from ..limiter import default_limiter
+from ..stores.base import READ_ERRORS
 from ..conf import get_config
 from ..models import ApiKey
 from .charts import requests_chart
@@ -93,7 +94,7 @@ def _flush_state(now, last_flush_age_s, buffered, oldest_pending_at):
     is not running), "idle" (no flush for a while because there was nothing to flush: no
     traffic is healthy) or "ok"."""
     late_s = 3 * float(get_config()["METRICS_FLUSH_INTERVAL_S"]) + 2
-    if metrics.flusher.failing_since is not None:
+    if default_limiter().flusher.failing_since is not None:
         return "failing"
     if buffered and oldest_pending_at is not None and now - oldest_pending_at > late_s:
         return "late"
@@ -103,29 +104,33 @@ def _flush_state(now, last_flush_age_s, buffered, oldest_pending_at):
 
 
 def _health(now):
-    buffered, oldest_pending_at = metrics.recorder.pending_decisions()
-    failing_since = metrics.flusher.failing_since
+    limiter = default_limiter()
+    buffered, oldest_pending_at = default_limiter().recorder.pending_decisions()
+    failing_since = default_limiter().flusher.failing_since
     health = {"redis_ok": True, "redis_latency_ms": None, "redis_error": "",
-              "breaker": storage.breaker().state, "redis_errors": storage.stats.redis_errors,
+              "breaker": limiter.breaker.state, "redis_errors": limiter.stats.redis_errors,
+              "store": limiter.store.kind,
               "config_version": None, "last_flush_age_s": None,
-              "flush_error": metrics.flusher.last_error, "dropped": metrics.recorder.dropped,
+              "flush_error": default_limiter().flusher.last_error, "dropped": default_limiter().recorder.dropped,
               "buffered_decisions": buffered, "failing_since": failing_since,
               "failing_since_text": _clock_text(failing_since) if failing_since else "",
               "pending_age_s": round(now - oldest_pending_at, 1) if buffered else None,
               "buffered_periods": []}
+    # straight to the store, not through the breaker: the dashboard's reads must never open
+    # the breaker that guards decisions
     try:
         started = time.perf_counter()
-        storage.get_client().ping()
+        limiter.store.ping()
         health["redis_latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
         flushed_at = metrics.read_last_flush_at()
         if flushed_at is not None:
             health["last_flush_age_s"] = round(max(0.0, now - flushed_at), 1)
-        health["config_version"] = storage.read_config_version()
+        health["config_version"] = limiter.store.read_version(limiter.version_key)
         health["buffered_periods"] = [
             {**period, "from_text": _clock_text(period["from"]),
              "to_text": _clock_text(period["to"])}
             for period in metrics.read_buffered_periods()[:BUFFERED_PERIODS_SHOWN]]
-    except (RedisError, storage.StorageUnavailable) as exc:
+    except READ_ERRORS as exc:
         health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
     health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
                                          oldest_pending_at)
@@ -133,7 +138,7 @@ def _health(now):
 
 
 def _shadow_rules(rule_rows):
-    names = {rule.name for rule in policy.get_snapshot().rules if rule.shadow}
+    names = {rule.name for rule in default_limiter().snapshot().rules if rule.shadow}
     names |= {row["name"] for row in rule_rows if row["shadow"]}
     by_name = {row["name"]: row for row in rule_rows}
     rows = []
@@ -158,7 +163,7 @@ def dashboard_data(window="1h", now=None, with_html=True):
             breakdown = metrics.read_breakdown(window, now=now)
             hot = metrics.read_hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
             near = metrics.read_near_limit(now=now)
-        except RedisError as exc:
+        except READ_ERRORS as exc:
             health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
     overall = breakdown.get("all", {}).get("", {})
     allowed, denied = overall.get("allowed", 0), overall.get("denied", 0)

@@ -1,6 +1,7 @@
 -- All-or-nothing debit of several token buckets in one atomic call.
 --
--- KEYS[1..n]  bucket keys; KEYS[n+1] the config version counter (read, never written here)
+-- KEYS[1..n]  bucket keys; KEYS[n+1], if given, the config version counter (read, never
+--             written here; on a Redis Cluster only a call in its slot can read it)
 -- ARGV[1]     now in milliseconds, or "" to use the Redis server clock (tests pass a value)
 -- ARGV[2]     "1" to debit, "0" to only look (simulator, inspector)
 -- ARGV[3..]   five integers per bucket: period_ms, capacity, refill_per_ms, cost, mode
@@ -25,7 +26,7 @@
 -- level is the bucket's units after the call and status is 1 = debited, 0 = held the cost but
 -- not debited, -1 = short of the cost (a denial, or a would-be denial for a shadow bucket).
 
-local n = #KEYS - 1
+local n = (#ARGV - 2) / 5
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')

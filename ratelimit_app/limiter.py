@@ -1,0 +1,361 @@
+"""``Limiter``: the request path, and every piece of per-process state it needs.
+
+A Limiter owns the policy snapshot cache, the local deny cache, the leases of hot buckets, the
+circuit breaker, its error counters, the metrics recorder and flusher, and the store. The
+adapters (throttle, middleware), the simulator, the inspector and the benchmarks all call it;
+the steps it runs are the pure functions of ``engine`` and the store's scripts. The request
+path reads one way: adapter → Limiter → pure modules → store.
+
+``default_limiter()`` is the process's Limiter, built from settings on first use and rebuilt when
+the settings change; tests install their own through ``install_limiter``.
+"""
+
+import logging
+import secrets
+import threading
+import time
+
+from . import engine, keys, metrics
+from .breaker import CircuitBreaker
+from .conf import get_config
+from .deny_cache import DenyCache
+from .engine import Decision
+from .identity import identify
+from .leases import Leases
+from .policy import PolicyCache
+from .stores import StoreUnavailable, build_store
+from .stores.base import is_misconfiguration
+
+__all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
+           "install_limiter", "forget_default_limiter"]
+
+logger = logging.getLogger("ratelimit_app")
+
+
+class SystemClock:
+    """Real time: buckets follow the Redis server clock, local state ``time.monotonic``.
+
+    Tests pass a clock whose ``redis_now_ms`` returns a number instead: the script then uses it
+    (never the server's), and the deny cache and breaker read the same test time.
+    """
+
+    def redis_now_ms(self):
+        """Return "now" for the scripts in ms, or None to let Redis read its own clock."""
+        return None
+
+    def monotonic(self):
+        return time.monotonic()
+
+
+class LimiterStats:
+    """This process's counters of store trouble, read by the dashboard and Prometheus."""
+
+    def __init__(self):
+        self.redis_errors = 0
+        self.breaker_skips = 0
+        self.last_error = ""
+        self.last_error_at = None
+        self.last_latency_ms = None
+
+
+class Peek:
+    """A read-only look at the buckets a request would be charged against.
+
+    ``buckets`` is None when the caller is exempt; ``statuses`` (in the buckets' order) is None
+    when the store could not be read, and ``error`` then says why.
+    """
+
+    __slots__ = ("identity", "endpoint", "cost", "buckets", "statuses", "allowed", "error")
+
+    def __init__(self, identity, endpoint, cost, buckets, statuses=None, allowed=True, error=""):
+        self.identity, self.endpoint, self.cost = identity, endpoint, cost
+        self.buckets, self.statuses, self.allowed, self.error = buckets, statuses, allowed, error
+
+
+class Limiter:
+    """Decide requests against the quotas in ``store``. ``config`` is the RATELIMIT_APP mapping
+    (``conf.get_config()``); ``clock`` a SystemClock or a test clock."""
+
+    def __init__(self, config, store, clock=None, *, metrics_autostart=True):
+        self.config = config
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.version_key = keys.config_version_key(config["KEY_PREFIX"])
+        self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
+                                      clock=self.clock.monotonic)
+        self.stats = LimiterStats()
+        self.policies = PolicyCache(self.read_version,
+                                    check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
+                                    clock=self.clock.monotonic)
+        self.deny_cache = DenyCache(clock=self.clock.monotonic) \
+            if config["LOCAL_DENY_CACHE"] else None
+        self.leases = Leases(config["LEASE_TTL_S"], clock=self.clock.monotonic)
+        self.recorder = metrics.Recorder(config=lambda: self.config)
+        # the flush goes straight to the store: a failing flush never opens the breaker above
+        self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
+                                       config=lambda: self.config,
+                                       request_errors=lambda: self.stats.redis_errors)
+        self.flusher.autostart = metrics_autostart
+
+    @classmethod
+    def from_settings(cls, clock=None, *, metrics_autostart=True):
+        """Return a Limiter built from the current settings."""
+        config = get_config()
+        return cls(config, build_store(config), clock, metrics_autostart=metrics_autostart)
+
+    def close(self):
+        """Stop this Limiter's background work (the metrics flush thread)."""
+        self.flusher.stop()
+
+    def record(self, decision):
+        """Count one decision for the dashboard (in process; flushed by a background thread)."""
+        if not self.config["METRICS_ENABLED"]:
+            return
+        self.recorder.record(decision)
+        flusher = self.flusher
+        if flusher.autostart and not flusher.running:
+            flusher.ensure_running()
+
+    # --- the request path --------------------------------------------------------------------
+
+    def snapshot(self):
+        """Return the current policy snapshot (reloaded when the config version changed)."""
+        return self.policies.get()
+
+    def decide(self, request, user, endpoint, *, now_ms=None):
+        """Decide one request and debit its buckets if it is allowed. Returns a Decision.
+
+        ``user`` is the authenticated user (or None); ``endpoint`` the URL name of the view.
+        ``now_ms`` (tests only) overrides the clock for this call and keeps the deny cache out.
+        """
+        snapshot = self.policies.get()
+        identity = identify(request, user, snapshot)
+        cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
+        buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
+        if buckets is None:
+            return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost,
+                            exempt=True)
+        if not buckets:
+            return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
+        deny_cache = self.deny_cache if now_ms is None else None
+        if deny_cache is not None:
+            cached = deny_cache.lookup(buckets, snapshot.version)
+            if cached is not None:
+                return engine.decision_from(buckets, cached, False, identity, endpoint,
+                                            cost)._replace(from_deny_cache=True)
+            sent_at = deny_cache.now()
+        try:
+            if snapshot.has_leases:
+                allowed, statuses = self._take_with_leases(buckets, snapshot.version, now_ms)
+            else:
+                reply = self.take(buckets, now_ms=now_ms)
+                allowed, statuses = reply.allowed, engine.statuses_from(buckets, reply)
+        except StoreUnavailable:
+            return engine.degraded_decision(buckets, identity, endpoint, cost)
+        if deny_cache is not None:
+            # the snapshot's version, not the reply's: the levels are only a valid bound for
+            # the rules these buckets were built from
+            deny_cache.learn(buckets, statuses, allowed, snapshot.version, sent_at)
+        return engine.decision_from(buckets, statuses, allowed, identity, endpoint, cost)
+
+    def _take_with_leases(self, buckets, version, now_ms):
+        """``take`` for a decision some of whose buckets lease tokens (see leases.py). Returns
+        ``(allowed, statuses)``, statuses in the buckets' order."""
+        leases = self.leases
+        plan = leases.plan(buckets, version)
+        allowed, reply = True, None
+        try:
+            if plan.send:
+                reply = self.take(plan.send, now_ms=now_ms)
+                if not reply.allowed and _lease_was_too_much(plan, buckets, reply):
+                    # the bucket holds this request's cost but not a lease as well: no lease
+                    plan = leases.without_leasing(plan, buckets)
+                    reply = self.take(plan.send, now_ms=now_ms)
+                allowed = reply.allowed
+        except StoreUnavailable:
+            leases.settle(plan, buckets, False, version)
+            raise
+        leases.settle(plan, buckets, allowed, version)
+        statuses = [None] * len(buckets)
+        for j, i in enumerate(plan.sent):
+            bucket, level = buckets[i], reply.levels[j]
+            # short against this request's cost, not the cost plus a lease
+            statuses[i] = bucket.status(level, reply.results[j] == -1 and
+                                        level < bucket.cost_units)
+        for i in plan.local:
+            # the bucket's level is not known here; its capacity is a safe upper bound for the
+            # deny cache, and shared buckets' levels are not shown to clients anyway
+            statuses[i] = buckets[i].status(buckets[i].capacity_units, False)
+        return allowed, tuple(statuses)
+
+    def failed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
+        """Charge one failed authentication of ``request`` to its client IP's failed-auth
+        buckets (``charge=False``: only check that they hold one). Returns the Decision, refused
+        when a bucket is out of tokens, or None when no failed-auth rule applies.
+
+        Failures are charged after the response (the adapters cannot know earlier that the
+        credentials were wrong); the check runs where no ordinary decision is made first.
+        """
+        snapshot = self.policies.get()
+        if not snapshot.failed_auth_rules:
+            return None
+        identity = identify(request, None, snapshot)
+        buckets = engine.failed_auth_buckets(snapshot, identity, endpoint)
+        if not buckets:
+            return None
+        try:
+            reply = self.take(buckets, now_ms=now_ms, debit=charge)
+        except StoreUnavailable:
+            return engine.degraded_decision(buckets, identity, endpoint, 1)
+        return engine.decision_from(buckets, engine.statuses_from(buckets, reply),
+                                    reply.allowed, identity, endpoint, 1,
+                                    failed_authentication=True)
+
+    # --- read-only looks and operator actions ------------------------------------------------
+
+    def peek(self, request, user, endpoint, *, identity=None, now_ms=None):
+        """Return a Peek: the buckets ``request`` would be charged against and their levels
+        now. Nothing is debited, nothing is counted. ``identity`` replaces the one the request
+        would give (the simulator's stand-in API key)."""
+        snapshot = self.policies.get()
+        identity = identity or identify(request, user, snapshot)
+        cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
+        buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
+        if not buckets:
+            return Peek(identity, endpoint, cost, buckets, statuses=())
+        try:
+            statuses, allowed = self.peek_buckets(buckets, now_ms=now_ms)
+        except StoreUnavailable as exc:
+            return Peek(identity, endpoint, cost, buckets,
+                        allowed=not engine.refusing_without_redis(buckets),
+                        error=str(exc) or "no answer")
+        return Peek(identity, endpoint, cost, buckets, statuses, allowed)
+
+    def peek_buckets(self, buckets, *, now_ms=None):
+        """Return ``(statuses, allowed)`` of ``buckets`` now, debiting nothing. Raises
+        StoreUnavailable."""
+        reply = self.take(buckets, now_ms=now_ms, debit=False)
+        return engine.statuses_from(buckets, reply), reply.allowed
+
+    def reset(self, bucket_keys):
+        """Delete ``bucket_keys`` (one client's own buckets: one hash tag, so one call even on a
+        cluster) and announce a new config version, so every worker drops its local denials.
+        Returns ``(keys deleted, new version)``; raises StoreUnavailable."""
+        deleted = self._guarded(self.store.delete, bucket_keys)
+        return deleted, self.bump_config_version()
+
+    # --- the config version ------------------------------------------------------------------
+
+    def read_version(self):
+        """Return the config version in the store ("0" when unset). Raises StoreUnavailable."""
+        return self._guarded(self.store.read_version, self.version_key)
+
+    def bump_config_version(self):
+        """Give the config version a value never used before, so every worker reloads; return it.
+
+        Workers reload whenever the version differs from their snapshot's, so a bump only has
+        to be new. A counter is not enough: after FLUSHALL, a restore or a failover to a replica
+        that missed the last bump, counting on from an older value can land on a number a
+        worker already holds, and that worker would never load the edit. The value is the clock
+        in ms (readable when debugging) plus 64 random bits. This process reloads at once.
+        """
+        version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
+        self.policies.invalidate()
+        self._guarded(self.store.write_version, self.version_key, version)
+        return version
+
+    # --- the store, through the breaker ------------------------------------------------------
+
+    def take(self, buckets, *, now_ms=None, debit=True):
+        """Run take.lua for ``buckets`` through the breaker and return the store's TakeReply
+        (the config version it carried is noted). Raises StoreUnavailable."""
+        if now_ms is None:
+            now_ms = self.clock.redis_now_ms()
+        args = engine.take_args(buckets, now_ms, debit)
+        reply = self._guarded(self.store.take, [b.key for b in buckets], args,
+                              version_key=self.version_key)
+        self.policies.observe_version(reply.version)
+        return reply
+
+    def _guarded(self, operation, *args, **kwargs):
+        """Run a store operation of the request path through the breaker; count failures."""
+        breaker, stats = self.breaker, self.stats
+        if not breaker.allow_call():
+            stats.breaker_skips += 1
+            raise StoreUnavailable("circuit breaker open")
+        started = time.perf_counter()
+        try:
+            result = operation(*args, **kwargs)
+        except StoreUnavailable as exc:
+            breaker.record_failure()
+            stats.redis_errors += 1
+            stats.last_error, stats.last_error_at = str(exc), time.time()
+            if is_misconfiguration(exc):
+                # Redis answers but refuses what the limiter sends: no wait will cure it
+                logger.error("ratelimit_app: the store is misconfigured, not down: %s (a %s "
+                             "store; run manage.py check); breaker %s", exc, self.store.kind,
+                             breaker.state)
+            else:
+                logger.warning("ratelimit_app: Redis unavailable (%s); breaker %s", exc,
+                               breaker.state)
+            raise
+        breaker.record_success()
+        stats.last_latency_ms = (time.perf_counter() - started) * 1000
+        return result
+
+
+def _lease_was_too_much(plan, buckets, reply):
+    """True if a bucket asked for a lease was short of the lease but held the request's cost."""
+    position = {i: j for j, i in enumerate(plan.sent)}
+    return any(reply.results[position[i]] == -1 and
+               reply.levels[position[i]] >= buckets[i].cost_units for i in plan.leasing)
+
+
+class _DefaultLimiter:
+    """Holds the process's Limiter: built on first use, forgotten when settings change."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.limiter = None
+        # how to build the next one; a test's choices survive settings changes
+        self.clock = None
+        self.metrics_autostart = True
+
+    def get(self):
+        limiter = self.limiter
+        if limiter is None:
+            with self._lock:
+                if self.limiter is None:
+                    self.limiter = Limiter.from_settings(
+                        self.clock, metrics_autostart=self.metrics_autostart)
+                limiter = self.limiter
+        return limiter
+
+    def replace(self, limiter):
+        """Install ``limiter`` (None: build anew on next use); stop the one it replaces."""
+        with self._lock:
+            old, self.limiter = self.limiter, limiter
+        if old is not None and old is not limiter:
+            old.close()
+
+
+_default = _DefaultLimiter()
+
+
+def default_limiter():
+    """Return the process's Limiter (built from settings on first use)."""
+    return _default.limiter or _default.get()
+
+
+def install_limiter(limiter=None, *, clock=None, metrics_autostart=True):
+    """Make ``limiter`` the process's Limiter (None: build one from settings on next use, with
+    ``clock`` and ``metrics_autostart``). Tests use this; production code never needs to."""
+    _default.clock, _default.metrics_autostart = clock, metrics_autostart
+    _default.replace(limiter)
+
+
+def forget_default_limiter(**kwargs):
+    """``setting_changed`` receiver: rebuild the Limiter from the new settings on next use
+    (keeping a test's clock and metrics choice)."""
+    if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES"):
+        _default.replace(None)

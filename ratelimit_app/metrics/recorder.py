@@ -1,0 +1,200 @@
+"""Counting decisions in process, on the request path: a few dict increments under a lock per
+decision (no Redis, no I/O), kept per minute until a flush takes them.
+
+Hot keys: per minute, two Space-Saving sketches (top identities by tokens and by denials) of at
+most ``HOT_KEYS_CAPACITY`` entries each, so memory stays bounded however many distinct
+identities an attacker uses.
+
+While flushes fail, pending minutes are kept, bounded: the newest ``MAX_DETAILED_MINUTES`` in
+full (both sketches, near-limit sightings), older ones compacted to what a flush writes anyway
+(counts, the top ``METRICS_HOT_KEYS_STORED`` identities of each sketch; near-limit sightings of
+old minutes are never shown, so they go). Beyond ``MAX_BUFFERED_MINUTES`` (an hour of outage)
+the oldest minute is dropped and counted in ``Recorder.dropped``.
+"""
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+from ..conf import get_config
+from .fields import identity_member
+from .sketch import SpaceSaving
+
+__all__ = ["Recorder", "PendingMinute", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES",
+           "MAX_BUFFERED_MINUTES"]
+
+logger = logging.getLogger("ratelimit_app")
+
+# Near-limit sightings kept per process per minute, and per minute in Redis.
+NEAR_LIMIT_CAPACITY = 200
+MAX_DETAILED_MINUTES = 3
+MAX_BUFFERED_MINUTES = 60
+# Bucket keys of client scopes (the near-limit table is about clients, not shared buckets).
+_CLIENT_TAGS = ("{user.", "{key.", "{ip.")
+
+
+def _note_near(near, key, value):
+    """Remember a near-limit sighting; ``near`` keeps the latest NEAR_LIMIT_CAPACITY."""
+    if key in near:
+        del near[key]  # re-insert: dict order is recency order
+    elif len(near) >= NEAR_LIMIT_CAPACITY:
+        del near[next(iter(near))]  # forget the oldest sighting
+    near[key] = value
+
+
+class PendingMinute:
+    """Everything counted in one minute by this process, waiting for a flush."""
+
+    __slots__ = ("counts", "by_tokens", "by_denials", "near", "started_at", "compacted")
+
+    def __init__(self, capacity, started_at):
+        self.counts = defaultdict(int)   # (dimension, name, outcome) -> count
+        self.by_tokens = SpaceSaving(capacity)
+        self.by_denials = SpaceSaving(capacity)
+        self.near = {}                   # (member, rule) -> (remaining, burst, unix time)
+        self.started_at = started_at     # when its first decision was counted
+        self.compacted = False
+
+    def decisions(self):
+        """Return how many decisions this minute counted."""
+        counts = self.counts
+        return counts.get(("all", "", "allowed"), 0) + counts.get(("all", "", "denied"), 0)
+
+    def merge(self, newer):
+        """Add what ``newer`` (counted for the same minute since) holds to this minute."""
+        for key, value in newer.counts.items():
+            self.counts[key] += value
+        self.by_tokens.merge(newer.by_tokens)
+        self.by_denials.merge(newer.by_denials)
+        if not self.compacted:
+            for key, value in newer.near.items():
+                _note_near(self.near, key, value)
+        self.started_at = min(self.started_at, newer.started_at)
+
+    def compact(self, stored):
+        """Keep only what a flush writes of an old minute (see MAX_DETAILED_MINUTES)."""
+        self.by_tokens.truncate(stored)
+        self.by_denials.truncate(stored)
+        self.near = {}
+        self.compacted = True
+
+
+class Recorder:
+    """This process's pending counts, keyed by minute.
+
+    ``clock`` returns unix seconds; ``config`` returns the RATELIMIT_APP settings dict.
+    """
+
+    def __init__(self, clock=time.time, config=get_config):
+        self.clock = clock
+        self.config = config
+        self._lock = threading.Lock()
+        self._minutes = {}
+        self.dropped = 0  # decisions lost to the MAX_BUFFERED_MINUTES bound
+
+    def record(self, decision):
+        """Count one decision: by outcome for all, its plan, its endpoint and each rule; its
+        identity in the hot-key sketches; its client buckets under 20 % as near-limit."""
+        now = self.clock()
+        minute = int(now // 60)
+        allowed = decision.allowed
+        outcome = "allowed" if allowed else "denied"
+        identity = decision.identity
+        plan = (identity.plan if identity is not None else None) or "-"
+        endpoint = decision.endpoint or "-"
+        policies = decision.policies
+        with self._lock:
+            pending = self._minutes.get(minute)
+            if pending is None:
+                pending = self._new_minute(minute, now)
+            counts = pending.counts
+            counts["all", "", outcome] += 1
+            counts["plan", plan, outcome] += 1
+            counts["endpoint", endpoint, outcome] += 1
+            if decision.shadow_violations:
+                counts["all", "", "shadow"] += 1
+                counts["plan", plan, "shadow"] += 1
+                counts["endpoint", endpoint, "shadow"] += 1
+                for name in decision.shadow_violations:
+                    counts["rule", name, "shadow"] += 1
+            for status in policies:
+                counts["rule", status.name, "checked"] += 1
+            for name in decision.violated:
+                counts["rule", name, "denied"] += 1
+            if decision.degraded:
+                counts["degraded", decision.degraded, "count"] += 1
+            if identity is None:
+                return
+            member = identity_member(identity)
+            tokens = decision.cost if allowed and policies else 0
+            denials = 0 if allowed else 1
+            pending.by_tokens.add(member, tokens, tokens, denials)
+            pending.by_denials.add(member, denials, tokens, denials)
+            for status in policies:
+                # remaining under 20 % of the burst (integers: no division on the hot path)
+                if status.remaining * 5 < status.burst and not status.shadow \
+                        and any(tag in status.key for tag in _CLIENT_TAGS):
+                    _note_near(pending.near, (member, status.name),
+                               (status.remaining, status.burst, now))
+
+    def _new_minute(self, minute, now):
+        pending = self._minutes[minute] = PendingMinute(self.config()["HOT_KEYS_CAPACITY"], now)
+        self._bound()
+        return pending
+
+    def _bound(self):
+        """Hold the buffer to its bounds (caller holds the lock); see MAX_BUFFERED_MINUTES."""
+        minutes = sorted(self._minutes)
+        while len(minutes) > MAX_BUFFERED_MINUTES:
+            lost = self._minutes.pop(minutes.pop(0)).decisions()
+            self.dropped += lost
+            logger.warning("ratelimit_app: metrics buffered for more than %d minutes; %d "
+                           "decisions of the oldest minute not counted", MAX_BUFFERED_MINUTES,
+                           lost)
+        stored = int(self.config()["METRICS_HOT_KEYS_STORED"])
+        for minute in minutes[:-MAX_DETAILED_MINUTES]:
+            if not self._minutes[minute].compacted:
+                self._minutes[minute].compact(stored)
+
+    def take_pending(self):
+        """Return ``{minute: PendingMinute}`` and start counting afresh (used by the flusher)."""
+        with self._lock:
+            taken, self._minutes = self._minutes, {}
+        return taken
+
+    def restore(self, taken):
+        """Put back minutes a flush could not write, merged with what was counted since."""
+        with self._lock:
+            for minute, older in taken.items():
+                newer = self._minutes.get(minute)
+                if newer is not None:
+                    older.merge(newer)
+                self._minutes[minute] = older
+            self._bound()
+
+    def pending_decisions(self):
+        """Return ``(decisions waiting for a flush, when the oldest of them was counted)``."""
+        with self._lock:
+            pending = list(self._minutes.values())
+        return (sum(p.decisions() for p in pending),
+                min((p.started_at for p in pending), default=None))
+
+    def clear(self):
+        with self._lock:
+            self._minutes = {}
+            self.dropped = 0
+
+    def counts(self):
+        """Return ``{(dimension, name, outcome): count}`` summed over the pending minutes."""
+        total = defaultdict(int)
+        with self._lock:
+            for pending in self._minutes.values():
+                for key, value in pending.counts.items():
+                    total[key] += value
+        return dict(total)
+
+    def sketch_sizes(self):
+        """Return the number of identities held in memory (all pending minutes, both sketches)."""
+        with self._lock:
+            return sum(len(p.by_tokens) + len(p.by_denials) for p in self._minutes.values())

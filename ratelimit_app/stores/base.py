@@ -1,0 +1,137 @@
+"""What every store offers the Limiter, and the one error it raises.
+
+A store holds the buckets and the config version. It does no policy work: it runs the scripts on
+the keys and arguments it is given and reports what Redis answered. Every Redis failure leaves a
+store as :class:`StoreUnavailable`; the Limiter decides between fail-open and fail-closed.
+"""
+
+from importlib import resources
+from typing import NamedTuple
+
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterError,
+    MasterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+
+__all__ = [
+    "Store",
+    "StoreMisconfigured",
+    "StoreUnavailable",
+    "TakeReply",
+    "is_misconfiguration",
+    "script_source",
+    "store_error",
+    "READ_ERRORS",
+]
+
+
+class StoreUnavailable(Exception):
+    """The store could not give an answer (down, slow, restarting, or refusing the script)."""
+
+
+# What a read or write straight through a store's client (the metrics, the dashboard) may raise
+# when Redis cannot answer: redis-py's errors, the cluster client's own (a slot not covered is
+# not a RedisError), and a store that could not even build its client.
+READ_ERRORS = (RedisError, RedisClusterException, StoreUnavailable)
+
+
+class StoreMisconfigured(StoreUnavailable):
+    """Redis answered, but refuses what the limiter sends and will go on refusing it: the wrong
+    kind of Redis (CROSSSLOT on a cluster node), an ACL without EVALSHA (NOPERM), a key of the
+    wrong type. Waiting does not cure it; an operator must."""
+
+
+# Error replies that a retry (or a failover finishing) cures: redirects, a cluster or master
+# in transition, a node loading its data or busy, a script cache emptied by a restart.
+_TRANSIENT_REPLIES = (AskError, ClusterError, TryAgainError, BusyLoadingError, MasterDownError,
+                      ReadOnlyError, NoScriptError)
+_TRANSIENT_PREFIXES = ("BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+
+
+def is_misconfiguration(error):
+    """Return whether ``error`` (a Redis error, or a StoreUnavailable raised from one) is a
+    refusal that retrying cannot cure."""
+    if isinstance(error, StoreMisconfigured):
+        return True
+    if isinstance(error, StoreUnavailable):
+        error = error.__cause__
+    return (isinstance(error, ResponseError) and not isinstance(error, _TRANSIENT_REPLIES)
+            and not str(error).startswith(_TRANSIENT_PREFIXES))
+
+
+def store_error(error):
+    """Return the StoreUnavailable (or StoreMisconfigured) to raise ``from`` a Redis error."""
+    kind = StoreMisconfigured if is_misconfiguration(error) else StoreUnavailable
+    return kind(f"{type(error).__name__}: {error}")
+
+
+class TakeReply(NamedTuple):
+    """What take.lua answered for a decision's buckets (lists in the buckets' order).
+
+    ``levels`` are the buckets' units after the call; ``results`` 1 = debited, 0 = held the
+    cost but not debited, -1 = short of it. ``version`` is the config version read in the same
+    call, or None when the store could not read it there (a Cluster slot without the key).
+    """
+
+    allowed: bool
+    version: str | None
+    levels: list
+    results: list
+
+
+def script_source(name):
+    """Return the text of ``lua/<name>.lua`` shipped with the package."""
+    return resources.files("ratelimit_app").joinpath(f"lua/{name}.lua").read_text()
+
+
+class Store:
+    """The interface the Limiter uses. Subclasses own their client and their scripts."""
+
+    #: shown on the dashboard and in ``manage.py check``
+    kind = "abstract"
+
+    def take(self, bucket_keys, args, *, version_key):
+        """Run take.lua for one decision and return a TakeReply.
+
+        ``bucket_keys`` and ``args`` are as take.lua documents them (``args`` begins with now
+        and the debit flag, then five values per bucket); ``version_key`` is the config version
+        counter, read in the same call where the store can.
+        """
+        raise NotImplementedError
+
+    def read_version(self, version_key):
+        """Return the config version ("0" when unset)."""
+        raise NotImplementedError
+
+    def write_version(self, version_key, value):
+        """Set the config version to ``value``."""
+        raise NotImplementedError
+
+    def delete(self, keys):
+        """Delete ``keys`` and return how many existed."""
+        raise NotImplementedError
+
+    def scan(self, pattern):
+        """Yield every key matching ``pattern`` (on every primary of a cluster)."""
+        raise NotImplementedError
+
+    def metrics_client(self):
+        """Return the redis-py client the metrics flush and readers pipeline through."""
+        raise NotImplementedError
+
+    def ping(self):
+        """Raise StoreUnavailable unless the store answers."""
+        raise NotImplementedError
+
+    def problems(self):
+        """Return what stops this store from serving decisions (a list of sentences; empty when
+        it can): unreachable, the wrong kind of Redis for this store, the script refused."""
+        raise NotImplementedError

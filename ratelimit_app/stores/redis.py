@@ -1,0 +1,180 @@
+"""``RedisStore``: every bucket on one Redis node, reached through a django-redis cache alias.
+
+One decision is one EVALSHA whatever the hierarchy's depth, and it reads the config version in
+the same call. ``SentinelStore`` is this store behind django-redis's Sentinel client, plus what
+redis-py's Sentinel pool leaves to its user (see the class).
+"""
+
+import time
+
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+
+from .base import Store, StoreUnavailable, TakeReply, script_source
+
+__all__ = ["RedisStore", "SentinelStore", "parse_take_reply"]
+
+
+def parse_take_reply(reply, with_version=True):
+    """Return the TakeReply of a raw take.lua reply ``{allowed, version, now, level, result,
+    ...}``."""
+    version = reply[1]
+    if with_version:
+        version = version.decode() if isinstance(version, bytes) else str(version)
+    else:
+        version = None
+    return TakeReply(reply[0] == 1, version, reply[3::2], reply[4::2])
+
+
+class RedisStore(Store):
+    """Buckets on one Redis node (a standalone server, or a master behind a proxy)."""
+
+    kind = "redis"
+
+    def __init__(self, client):
+        self.client = client
+        # register_script runs EVALSHA and reloads the script on NOSCRIPT (after a restart or
+        # SCRIPT FLUSH), so the source is sent only when needed
+        self._take = client.register_script(script_source("take"))
+
+    @classmethod
+    def from_cache_alias(cls, alias):
+        """Return the store on the redis-py client of django-redis cache ``alias``."""
+        from django_redis import get_redis_connection
+
+        return cls(get_redis_connection(alias))
+
+    @property
+    def take_sha(self):
+        """The SHA1 of take.lua (for benchmarks that call it raw)."""
+        return self._take.sha
+
+    def take(self, bucket_keys, args, *, version_key):
+        try:
+            reply = self._take(keys=[*bucket_keys, version_key], args=args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return parse_take_reply(reply)
+
+    def read_version(self, version_key):
+        value = self._call(self.client.get, version_key)
+        return value.decode() if value else "0"
+
+    def write_version(self, version_key, value):
+        self._call(self.client.set, version_key, value)
+
+    def delete(self, keys):
+        return self._call(self.client.delete, *keys) if keys else 0
+
+    def scan(self, pattern):
+        try:
+            yield from self.client.scan_iter(match=pattern, count=1000)
+        except RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    def metrics_client(self):
+        return self.client
+
+    def ping(self):
+        self._call(self.client.ping)
+
+    def problems(self):
+        try:
+            info = self.client.info("cluster")
+            if info.get("cluster_enabled"):
+                return [f"{self._where()} is a Redis Cluster node: one decision's buckets span "
+                        f"several slots there (CROSSSLOT). Use the cluster store "
+                        f"(RATELIMIT_APP['CLUSTER_NODES'])."]
+            # a bucket-less call: proves EVALSHA (or EVAL, after NOSCRIPT) is allowed
+            self._take(keys=["ratelimit_app:check:version"], args=[b"", b"0"])
+        except ResponseError as exc:
+            return [f"{self._where()} refuses the limiter's script: {exc}"]
+        except RedisError as exc:
+            return [f"{self._where()} cannot be reached: {type(exc).__name__}: {exc}"]
+        return []
+
+    def _where(self):
+        kwargs = self.client.connection_pool.connection_kwargs
+        if "host" in kwargs:
+            return f"Redis at {kwargs['host']}:{kwargs.get('port', 6379)}"
+        return f"Redis at {kwargs.get('path', 'its socket')}"
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+class SentinelStore(RedisStore):
+    """Buckets on the master of a Sentinel-watched group, through django-redis's
+    ``SentinelClient`` (its pool is redis-py's ``SentinelConnectionPool``).
+
+    What redis-py does: every new connection asks the sentinels for the master; a connection
+    whose server died is reopened that way; a READONLY reply on a master connection closes it
+    and raises ConnectionError. What it leaves to us, done here:
+
+    - An open connection to a master that the sentinels no longer name (a manual failover, a
+      partition) keeps working there: writes that will be discarded when it is demoted, among
+      them config version bumps. So at most once per ``master_check_interval_s`` the store asks
+      the sentinels; when the master moved, the pool closes its idle connections to the old
+      one (connections in use are closed as they are released).
+    - A call refused with READONLY wrote nothing (the node is a replica now), so it is sent
+      once more, to the master the sentinels name, instead of failing a decision.
+
+    The seconds in which no master can be named are the Limiter's: breaker and fail modes.
+    """
+
+    kind = "sentinel"
+
+    def __init__(self, client, master_check_interval_s=1.0):
+        super().__init__(client)
+        self.master_check_interval_s = master_check_interval_s
+        self._next_master_check = 0.0
+
+    def take(self, bucket_keys, args, *, version_key):
+        return self._on_master(super().take, bucket_keys, args, version_key=version_key)
+
+    def _call(self, method, *args):
+        return self._on_master(super()._call, method, *args)
+
+    def _on_master(self, operation, *args, **kwargs):
+        """Run ``operation`` (which raises StoreUnavailable) on the current master; again once
+        if the node answered READONLY."""
+        if time.monotonic() >= self._next_master_check:
+            self.follow_master()
+        try:
+            return operation(*args, **kwargs)
+        except StoreUnavailable as exc:
+            if not _caused_by(exc, ReadOnlyError):
+                raise
+        self.follow_master()
+        return operation(*args, **kwargs)
+
+    def follow_master(self):
+        """Ask the sentinels for the master; if it moved, the pool drops its idle connections
+        to the old one. Returns the master's ``(host, port)``, or None when no sentinel names
+        one (the open connections are then kept: a master that answers is still the best bet)."""
+        self._next_master_check = time.monotonic() + self.master_check_interval_s
+        try:
+            return self.client.connection_pool.get_master_address()
+        except RedisError:
+            return None
+
+    def _where(self):
+        pool = self.client.connection_pool
+        sentinels = ", ".join(
+            "{host}:{port}".format_map(sentinel.connection_pool.connection_kwargs)
+            for sentinel in pool.sentinel_manager.sentinels)
+        return f"the Sentinel master {pool.service_name!r} (sentinels {sentinels})"
+
+
+def _caused_by(error, error_class):
+    """True when ``error`` or an exception in its chain (cause or context) is an
+    ``error_class``: redis-py turns READONLY into a ConnectionError raised while handling it."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, error_class):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
