@@ -25,7 +25,9 @@ def check_settings(app_configs=None, **kwargs):
     config = get_config()
     alias = config["CACHE_ALIAS"]
     cache = settings.CACHES.get(alias)
-    if cache is None:
+    if config["CLUSTER_NODES"]:
+        pass  # the buckets live in the cluster: the cache alias is not used for them
+    elif cache is None:
         errors.append(Error(
             f"RATELIMIT_APP['CACHE_ALIAS'] is {alias!r}, but CACHES has no such alias.",
             hint="Add a django-redis cache under that alias or point CACHE_ALIAS at one.",
@@ -101,3 +103,42 @@ def check_adapters(app_configs=None, **kwargs):
             hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE.",
             id="ratelimit_app.W003"))
     return errors
+
+
+@register()
+def check_store(app_configs=None, **kwargs):
+    """E006 when the store cannot serve the limiter's script (a cluster node behind a
+    single-node store, an ACL refusing EVALSHA, a cluster not ok); W004 when it cannot be
+    reached at all: Redis may simply be starting later than this process, and decisions then
+    follow the rules' fail modes until it answers. Talks to Redis (socket timeouts apply)."""
+    from .stores import StoreUnavailable, build_store
+    from .stores.base import is_misconfiguration
+
+    config = get_config()
+    if not config["CLUSTER_NODES"]:
+        cache = settings.CACHES.get(config["CACHE_ALIAS"]) or {}
+        if not cache.get("BACKEND", "").startswith("django_redis."):
+            return []  # E001 says so already; there is no store to ask
+    try:
+        store = build_store(config)
+        store.ping()
+    except StoreUnavailable as exc:
+        if not is_misconfiguration(exc):
+            return [Warning(
+                f"The rate-limit store cannot be reached at startup: {exc}",
+                hint="Requests follow each rule's fail mode (FAIL_OPEN) until Redis answers; "
+                     "check the Redis address, or start Redis before the app.",
+                id="ratelimit_app.W004")]
+        problems = [str(exc)]
+    except Exception as exc:  # a setting the store cannot even be built from
+        problems = [f"{type(exc).__name__}: {exc}"]
+    else:
+        problems = store.problems()
+    if not problems:
+        return []
+    return [Error(
+        "The rate-limit store cannot serve the limiter's script: " + " ".join(problems),
+        hint="For a Redis Cluster set RATELIMIT_APP['CLUSTER_NODES'] (the cluster store); for "
+             "one node or Sentinel point CACHE_ALIAS at it; an ACL user needs EVALSHA, EVAL, "
+             "SCRIPT LOAD, GET, SET and MGET on the key prefix.",
+        id="ratelimit_app.E006")]
