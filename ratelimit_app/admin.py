@@ -187,7 +187,7 @@ class RuleAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "plan", "scope", "endpoint", "counts"]}),
         ("Limit", {
-            "fields": ["rate", "period_s", "burst", "in_words"],
+            "fields": ["rate", "period_s", "burst", "in_words", "lease"],
             "description": "A bucket holding up to <em>burst</em> tokens, refilled with "
                            "<em>rate</em> tokens every <em>period</em> seconds. A request "
                            "passes only if every bucket that applies holds its cost.",

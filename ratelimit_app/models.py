@@ -181,6 +181,14 @@ class Rule(models.Model):
                   "client IP one token each, and while its bucket is empty every request from "
                   "that IP is refused, whether its credentials are right or not.",
     )
+    lease = models.PositiveIntegerField(
+        "lease size", default=0,
+        help_text="For a busy shared bucket (global, plan or tenant): each worker takes this many "
+                  "tokens at a time and spends them locally, so the bucket's Redis node sees one "
+                  "call per lease instead of one per request. Never lets more through; a worker "
+                  "may hold up to this many tokens for about a second that others cannot use. "
+                  "0: off.",
+    )
     mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE)
     on_redis_failure = models.CharField(
         max_length=10, choices=FailureMode.choices, default=FailureMode.DEFAULT
@@ -211,6 +219,15 @@ class Rule(models.Model):
         if self.burst is not None and self.period_s and \
                 self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             errors["burst"] = "Burst × period is too large; lower the burst or the period."
+        if self.lease:
+            if self.scope not in (Scope.GLOBAL, Scope.PLAN, Scope.TENANT):
+                errors["lease"] = ("Leases are for buckets many clients share (global, plan, "
+                                   "tenant); a client's own bucket is not busy enough to need "
+                                   "one. Set it to 0.")
+            elif self.burst and self.lease > self.burst // 2:
+                errors["lease"] = (f"A lease of {self.lease} tokens could hold more than half "
+                                   f"of the burst ({self.burst}) in one worker; use at most "
+                                   f"{max(1, self.burst // 2)}.")
         if self.counts == Counts.FAILED_AUTH:
             if self.scope != Scope.IP:
                 errors["scope"] = ("Failed authentications are counted per client IP (the "

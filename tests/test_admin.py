@@ -40,7 +40,7 @@ def make_rule(name="free-user", plan=None, **fields):
 
 def rule_post(**fields):
     return {"name": "new-rule", "plan": "", "scope": "user", "endpoint": "", "rate": "100",
-            "period_s": "60", "burst": "20", "counts": "requests", "mode": "enforce",
+            "period_s": "60", "burst": "20", "counts": "requests", "lease": "0", "mode": "enforce",
             "on_redis_failure": "default", "enabled": "on", **fields}
 
 
