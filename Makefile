@@ -12,10 +12,11 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-# Debian's redis-server when it is missing (and no REDIS_URL points elsewhere).
+# Debian's redis-server when it is missing (and no REDIS_URL, REDIS_CLUSTER_NODES or
+# REDIS_SENTINELS points elsewhere).
 system-packages:
-	@if [ -z "$$REDIS_URL" ] && ! command -v redis-server >/dev/null; then \
-		scripts/apt-install.sh redis-server; fi
+	@if [ -z "$$REDIS_URL$$REDIS_CLUSTER_NODES$$REDIS_SENTINELS" ] && \
+		! command -v redis-server >/dev/null; then scripts/apt-install.sh redis-server; fi
 
 run: $(VENV)/.installed system-packages
 	PORT=$(PORT) PY=$(PY) scripts/run-demo.sh
@@ -31,8 +32,11 @@ test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
-	@command -v redis-server >/dev/null || scripts/apt-install.sh redis-server
-	@command -v wrk >/dev/null || scripts/apt-install.sh wrk
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	if [ -n "$$missing" ]; then scripts/apt-install.sh $$missing; fi
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:

@@ -6,7 +6,10 @@
   HTTP runs (4 levels), an ip rule on ``bench:flood`` that the flood exceeds, and an ip rule on
   ``bench:memory`` that keeps one key per identity for 60 s (and one on ``bench:expiry`` for 2 s);
 - plan ``og``: the over-grant rule, burst 10, 10 per second;
-- 1,000 "noise" rules that never apply to the measured requests (other plans, other endpoints).
+- 1,000 "noise" rules that never apply to the measured requests (other plans, other endpoints);
+- plans ``c-spread`` (a user rule only), ``c-hot`` (a global rule of its own and a user rule) and
+  ``c-lease`` (the same with a lease on the global rule), each with CLUSTER_USERS users, for the
+  cluster section.
 """
 
 from django.contrib.auth import get_user_model
@@ -19,13 +22,15 @@ DEPTH_SCOPES = [  # (scope, endpoint) of each level, widest first
     (Scope.USER, "bench:item"),
 ]
 NOISE_RULES = 1000
+CLUSTER_USERS = 300
+CLUSTER_LEASE = 100
 OVERGRANT = {"rate": 10, "period_s": 1, "burst": 10}
 FLOOD = {"rate": 10, "period_s": 1, "burst": 10}
 
 
-def _rule(name, plan, scope, endpoint="", rate=HUGE, period_s=1, burst=HUGE):
+def _rule(name, plan, scope, endpoint="", rate=HUGE, period_s=1, burst=HUGE, lease=0):
     return Rule(name=name, plan=plan, scope=scope, endpoint=endpoint, rate=rate,
-                period_s=period_s, burst=burst, mode=Mode.ENFORCE, enabled=True)
+                period_s=period_s, burst=burst, mode=Mode.ENFORCE, enabled=True, lease=lease)
 
 
 def load():
@@ -53,6 +58,18 @@ def load():
     rules.append(_rule("og-user", og, Scope.USER, **OVERGRANT))
     users["og"] = User.objects.create(username="overgrant")
     PlanAssignment.objects.create(user=users["og"], plan=og)
+
+    users["cluster"] = {}
+    for slug, lease in (("c-spread", None), ("c-hot", 0), ("c-lease", CLUSTER_LEASE)):
+        plan = Plan.objects.create(slug=slug, name=slug)
+        if lease is not None:  # a global bucket of this plan's own, hot in every decision
+            rules.append(_rule(f"{slug}-global", plan, Scope.GLOBAL, lease=lease))
+        rules.append(_rule(f"{slug}-user", plan, Scope.USER))
+        members = User.objects.bulk_create(
+            [User(username=f"{slug}-{i}") for i in range(CLUSTER_USERS)])
+        PlanAssignment.objects.bulk_create(
+            [PlanAssignment(user=member, plan=plan) for member in members])
+        users["cluster"][slug] = members
 
     other = Plan.objects.create(slug="other", name="Other")
     for i in range(NOISE_RULES):

@@ -58,19 +58,72 @@ DATABASES = {
     }
 }
 
+# Where the buckets live (a contract, see docs/sentinel-notes.md): a Redis Cluster
+# (REDIS_CLUSTER_NODES, any of its nodes), a Sentinel group (REDIS_SENTINELS and
+# REDIS_SENTINEL_SERVICE) or one node (REDIS_URL). Cluster and Sentinel take precedence over
+# REDIS_URL, which the single-node default always has.
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_CLUSTER_NODES = os.environ.get("REDIS_CLUSTER_NODES", "")
+REDIS_SENTINELS = os.environ.get("REDIS_SENTINELS", "")
+REDIS_SENTINEL_SERVICE = os.environ.get("REDIS_SENTINEL_SERVICE", "") or "mymaster"
 
-CACHES = {
-    "default": {
+# Short timeouts: a hung Redis must cost a request milliseconds, not seconds.
+REDIS_TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
+
+
+def redis_addresses(variable, value):
+    """``"host:port,host:port"`` as ``[(host, port), ...]``; a malformed entry stops start-up
+    with a message naming the variable."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    addresses = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(f"{variable}: {item!r} is not host:port "
+                                       f"(expected e.g. 127.0.0.1:26379,127.0.0.1:26380)")
+        addresses.append((host, int(port)))
+    return addresses
+
+
+def sentinel_cache(sentinels, service_name, timeouts=REDIS_TIMEOUTS):
+    """A django-redis cache on the master of Sentinel group ``service_name`` (the app then uses
+    its SentinelStore). ``sentinels``: ``[(host, port), ...]``."""
+    return {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": f"redis://{service_name}/0",
         "OPTIONS": {
-            # Short timeouts: a hung Redis must cost a request milliseconds, not seconds.
-            "SOCKET_CONNECT_TIMEOUT": 0.25,
-            "SOCKET_TIMEOUT": 0.25,
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            # per cache (django-redis >= 5.3), so other caches keep the plain factory
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "SENTINELS": list(sentinels),
+            **timeouts,
         },
     }
-}
+
+
+CLUSTER_NODES = [f"{host}:{port}" for host, port in
+                 redis_addresses("REDIS_CLUSTER_NODES", REDIS_CLUSTER_NODES)]
+SENTINELS = redis_addresses("REDIS_SENTINELS", REDIS_SENTINELS)
+if CLUSTER_NODES and SENTINELS:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("Set REDIS_CLUSTER_NODES or REDIS_SENTINELS, not both.")
+
+if CLUSTER_NODES:
+    # The buckets live in the cluster (RATELIMIT_APP["CLUSTER_NODES"]); Django's own cache
+    # needs no Redis, and django-redis has no cluster client anyway.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+elif SENTINELS:
+    CACHES = {"default": sentinel_cache(SENTINELS, REDIS_SENTINEL_SERVICE)}
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": dict(REDIS_TIMEOUTS),
+        }
+    }
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -85,6 +138,7 @@ RATELIMIT_APP = {
     "COST_HEADER": "X-Request-Cost",
     "MAX_COST": 50,
     "TRUSTED_PROXIES": ["127.0.0.1/32"] if os.environ.get("DEMO_BEHIND_PROXY") else [],
+    "CLUSTER_NODES": CLUSTER_NODES,
 }
 
 LANGUAGE_CODE = "en-us"

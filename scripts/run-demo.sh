@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The demo: a private redis-server (unless REDIS_URL is set), SQLite migrated, demo data loaded,
-# the development server on 127.0.0.1:$PORT. Ctrl-C stops the server and the private Redis,
-# removes the Redis's temp dir and exits 0 (stopping the demo is not a failure).
+# The demo: SQLite migrated, demo data loaded, the development server on 127.0.0.1:$PORT, with
+# the buckets in the Redis the environment names (read by project/settings.py; a contract):
+#   REDIS_CLUSTER_NODES=host:port,...   any nodes of a Redis Cluster
+#   REDIS_SENTINELS=host:port,...       sentinels, with REDIS_SENTINEL_SERVICE (default mymaster)
+#   REDIS_URL=redis://host:port/db      one node
+# With none of them set it starts a private redis-server. Ctrl-C stops the server and the
+# private Redis, removes the Redis's temp dir and exits 0 (stopping the demo is not a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -25,7 +29,11 @@ stop() {
 trap cleanup EXIT
 trap stop INT TERM
 
-if [ -z "${REDIS_URL:-}" ]; then
+if [ -n "${REDIS_CLUSTER_NODES:-}" ]; then
+  echo "Using the Redis Cluster at REDIS_CLUSTER_NODES=$REDIS_CLUSTER_NODES"
+elif [ -n "${REDIS_SENTINELS:-}" ]; then
+  echo "Using Sentinel master ${REDIS_SENTINEL_SERVICE:-mymaster} via REDIS_SENTINELS=$REDIS_SENTINELS"
+elif [ -z "${REDIS_URL:-}" ]; then
   REDIS_PORT=${REDIS_PORT:-$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
   REDIS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-demo-redis.XXXXXX")
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
