@@ -1,14 +1,17 @@
 """Optional URLs of the app: ``path("ratelimit/", include("ratelimit_app.urls"))``.
 
-The dashboard itself lives in the admin and needs no URL here.
+``usage/`` is the caller's own quota usage (see usage.py), ``metrics/`` the Prometheus endpoint
+(off unless enabled). The dashboard itself lives in the admin and needs no URL here.
 """
 
 from django.urls import path
 
 from .prometheus import metrics_view
+from .usage import usage_view
 
 app_name = "ratelimit_app"
 
 urlpatterns = [
     path("metrics/", metrics_view, name="prometheus"),
+    path("usage/", usage_view, name="usage"),
 ]

@@ -7,19 +7,18 @@ non-staff users are sent to the admin login) and then checks the permission (403
 """
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from .. import policy, storage
 from ..conf import get_config
+from ..limiter import default_limiter
+from ..stores import StoreUnavailable
 from ..models import Dashboard
 from .data import FRAGMENTS, dashboard_data, inspect_url
-from .inspector import bucket_rows, find_identity, reset_buckets
+from .inspector import bucket_rows, find_identity, reset_and_record
 
 __all__ = ["DashboardAdmin"]
 
@@ -83,13 +82,13 @@ class DashboardAdmin(admin.ModelAdmin):
     def inspect_view(self, request):
         """Find a client and show its buckets (tokens, capacity, time to full)."""
         self._require(request, VIEW_PERMISSION)
-        snapshot = policy.get_snapshot()
+        snapshot = default_limiter().snapshot()
         lookup = find_identity(request.GET.get("q", ""), snapshot)
         rows, exempt, error = [], False, ""
         if lookup.identity is not None:
             try:
                 rows, exempt = bucket_rows(lookup.identity, snapshot)
-            except storage.StorageUnavailable as exc:
+            except StoreUnavailable as exc:
                 error = f"Redis is unavailable: {exc}"
         context = {**self._context(request, "Bucket inspector"), "lookup": lookup,
                    "rows": rows, "exempt": exempt, "error": error,
@@ -101,7 +100,7 @@ class DashboardAdmin(admin.ModelAdmin):
         """POST without ``confirm``: the confirmation page. POST with it: delete the client's
         bucket keys, bump the config version and record the action in the admin history."""
         self._require(request, RESET_PERMISSION)
-        snapshot = policy.get_snapshot()
+        snapshot = default_limiter().snapshot()
         lookup = find_identity(request.POST.get("ref", ""), snapshot)
         if lookup.identity is None:
             messages.error(request, "No such client; nothing was reset.")
@@ -112,15 +111,9 @@ class DashboardAdmin(admin.ModelAdmin):
                        "ref": ref, "confirm": True, "rows": [], "exempt": False, "error": ""}
             return TemplateResponse(request, "ratelimit_app/inspector.html", context)
         try:
-            deleted, version = reset_buckets(lookup.identity, snapshot)
-        except storage.StorageUnavailable as exc:
+            message = reset_and_record(lookup, snapshot, request.user)
+        except StoreUnavailable as exc:
             messages.error(request, f"Redis is unavailable; nothing was reset ({exc}).")
             return HttpResponseRedirect(inspect_url(ref))
-        message = f"Reset the buckets of {lookup.label} ({deleted} keys deleted; " \
-                  f"config version {version})."
-        LogEntry.objects.create(
-            user_id=request.user.pk, action_flag=CHANGE, change_message=message,
-            content_type=ContentType.objects.get_for_model(Dashboard, for_concrete_model=False),
-            object_id=None, object_repr=f"buckets of {lookup.label}"[:200])
         messages.success(request, message)
         return HttpResponseRedirect(inspect_url(ref))

@@ -9,15 +9,18 @@ they do for its real requests; buckets are read with a non-debiting Lua call.
 import dataclasses
 import ipaddress
 
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth import get_user_model
+from django.contrib.contenttypes.models import ContentType
 from django.http import HttpRequest
 
-from .. import engine, policy, storage
+from .. import engine
 from ..identity import identify
-from ..models import ApiKey, Scope
+from ..limiter import default_limiter
+from ..models import ApiKey, Dashboard, Scope
 from .data import parse_id
 
-__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets"]
+__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "reset_and_record"]
 
 MAX_QUERY_LENGTH = 200
 # Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
@@ -109,29 +112,27 @@ def find_identity(query, snapshot):
 
 def _client_buckets(identity, snapshot):
     """Return the buckets of every endpoint that apply to ``identity`` (None when exempt)."""
-    endpoints = [""] + sorted({rule.endpoint for rule in snapshot.rules if rule.endpoint})
-    found = {}
-    for endpoint in endpoints:
-        buckets = engine.plan_buckets(snapshot, identity, endpoint, 1)
-        if buckets is None:
-            return None
-        for bucket in buckets:
-            # a signed-in client's IP buckets depend on where it calls from: inspect the IP
-            if bucket.rule.scope == Scope.IP and identity.kind != "anonymous":
-                continue
-            found.setdefault(bucket.key, bucket)
-    return list(found.values())
+    # a signed-in client's IP buckets depend on where it calls from: inspect the IP
+    return engine.client_buckets(snapshot, identity, ip_buckets=identity.kind == "anonymous")
 
 
-def bucket_rows(identity, snapshot):
+def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
     """Return ``(rows, exempt)``: one dict per bucket with rule, scope, endpoint, mode, tokens,
-    capacity, percent and time to full. Raises ``storage.StorageUnavailable``."""
+    capacity, percent and time to full. With ``endpoint``: only the buckets a ``method`` request
+    to it is charged against, each row with its ``cost`` (None without). Raises
+    ``StoreUnavailable``."""
     buckets = _client_buckets(identity, snapshot)
     if buckets is None:
         return [], True
+    costs = {}
+    if endpoint is not None:
+        # the engine's own plan for one such request says which buckets and what they are charged
+        cost = snapshot.cost_for(endpoint, method, identity.plan)
+        costs = {b.key: b.cost for b in engine.plan_buckets(snapshot, identity, endpoint, cost)}
+        buckets = [bucket for bucket in buckets if bucket.key in costs]
     if not buckets:
         return [], False
-    _allowed, statuses, _version = engine.take(buckets, debit=False)
+    statuses, _allowed = default_limiter().peek_buckets(buckets)
     rows = []
     for bucket, status in zip(buckets, statuses):
         rule = bucket.rule
@@ -140,7 +141,7 @@ def bucket_rows(identity, snapshot):
             "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
             "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
             "full_in_s": status.full_s, "rate": f"{rule.rate} per {rule.period_s} s",
-            "own": rule.scope in CLIENT_SCOPES,
+            "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.key),
         })
     return rows, False
 
@@ -148,11 +149,23 @@ def bucket_rows(identity, snapshot):
 def reset_buckets(identity, snapshot):
     """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay) and
     bump the config version so workers drop stale local denials. Returns
-    ``(keys deleted, new config version)``; raises ``storage.StorageUnavailable``."""
+    ``(keys deleted, new config version)``; raises ``StoreUnavailable``."""
     buckets = _client_buckets(identity, snapshot) or []
     own = [b.key for b in buckets if b.rule.scope in CLIENT_SCOPES]
     # one identity's keys share a hash tag: one DEL, even on Redis Cluster
-    deleted = storage.delete_keys(own)
-    version = storage.bump_config_version()
-    policy.observe_version(str(version))  # this process need not wait for its next poll
-    return deleted, version
+    return default_limiter().reset(own)
+
+
+def reset_and_record(lookup, snapshot, user, source=""):
+    """Reset the buckets of the client ``lookup`` found (``reset_buckets``) and record it in the
+    admin history as done by ``user``, from ``source`` when it is not the admin. Returns the
+    message to show; raises ``StoreUnavailable`` (then nothing is reset or recorded)."""
+    deleted, version = reset_buckets(lookup.identity, snapshot)
+    message = f"Reset the buckets of {lookup.label} ({deleted} keys deleted; " \
+              f"config version {version})."
+    LogEntry.objects.create(
+        user_id=user.pk, action_flag=CHANGE,
+        change_message=f"{message} Done with {source}." if source else message,
+        content_type=ContentType.objects.get_for_model(Dashboard, for_concrete_model=False),
+        object_id=None, object_repr=f"buckets of {lookup.label}"[:200])
+    return message

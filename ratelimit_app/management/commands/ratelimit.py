@@ -1,0 +1,232 @@
+"""``manage.py ratelimit <subcommand>``: quotas as code and the operator's tools.
+
+    export [--output FILE]                      the quota rows as JSON (natural keys, stable)
+    import FILE [--dry-run] [--keep-missing]    make the database hold FILE, one version bump
+    check                                       system checks, store, script, version, clock skew
+    inspect IDENTITY [--endpoint E --method M]  a client's buckets, nothing debited
+    reset IDENTITY --user STAFF [--yes]         the admin's reset, recorded in the admin history
+    top [--window 1h]                           the dashboard's hot keys and 429 rates
+
+Exit codes: 0 done, 1 a check failed or Redis is unavailable, 2 bad input (an unknown identity,
+an unreadable or invalid file).
+"""
+
+import json
+import sys
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from ... import metrics
+from ...dashboard.admin import RESET_PERMISSION
+from ...dashboard.data import dashboard_data
+from ...dashboard.inspector import bucket_rows, find_identity, reset_and_record
+from ...dashboard.text import bucket_lines, top_lines
+from ...limiter import default_limiter
+from ...operator_checks import FAIL, OK, run_operator_checks
+from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
+                               export_document, plan_import)
+from ...stores import StoreUnavailable
+
+FAILED = 1
+BAD_INPUT = 2
+
+
+def _bad_input(message):
+    return CommandError(message, returncode=BAD_INPUT)
+
+
+def _redis_down(message, exc):
+    return CommandError(f"Redis is unavailable; {message} ({exc}).", returncode=FAILED)
+
+
+class Command(BaseCommand):
+    help = "Quotas as code (export, import) and operator tools (check, inspect, reset, top)."
+    # ``check`` runs the system checks itself; the others need not wait for a store check
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        commands = parser.add_subparsers(dest="subcommand", required=True,
+                                         metavar="{export,import,check,inspect,reset,top}")
+        export = commands.add_parser("export", help="Write the quota rows as JSON.")
+        export.add_argument("--output", "-o", metavar="FILE",
+                            help="Write to FILE instead of standard output.")
+
+        load = commands.add_parser("import", help="Make the quota rows those of FILE.")
+        load.add_argument("file", metavar="FILE", help="A file export wrote; - reads stdin.")
+        load.add_argument("--dry-run", action="store_true",
+                          help="Print what would be added, changed and removed; change nothing.")
+        load.add_argument("--keep-missing", action="store_true",
+                          help="Keep rows absent from FILE (default: remove them).")
+
+        commands.add_parser("check", help="Is the store ready? Lines OK/WARN/FAIL; exit 1 on FAIL.")
+
+        for name, text in (("inspect", "Show a client's buckets (nothing debited)."),
+                           ("reset", "Refill a client's own buckets, as the admin's reset.")):
+            sub = commands.add_parser(name, help=text)
+            sub.add_argument("identity", help="A username, an API key prefix, an IP address, "
+                                              "or a ref such as user:3, key:7, ip:203.0.113.5.")
+            if name == "inspect":
+                sub.add_argument("--endpoint", help="Only the buckets a request to this "
+                                                    "endpoint (URL name) is charged against.")
+                sub.add_argument("--method", default="GET",
+                                 help="With --endpoint: the request's method (costs may differ).")
+            else:
+                sub.add_argument("--user", required=True, metavar="USERNAME",
+                                 help="The staff account the admin history records the reset "
+                                      "under (needs the reset_buckets permission).")
+                sub.add_argument("--yes", action="store_true", help="Do not ask to confirm.")
+
+        top = commands.add_parser("top", help="The dashboard's hot keys and 429 rates.")
+        top.add_argument("--window", default="1h", choices=list(metrics.WINDOWS))
+
+    def handle(self, *args, subcommand, **options):
+        handler = getattr(self, "handle_" + subcommand)
+        handler(**options)
+
+    # --- quotas as code --------------------------------------------------------------------
+
+    def handle_export(self, output=None, **options):
+        text = dumps(export_document())
+        if output is None:
+            self.stdout.write(text, ending="")
+            return
+        try:
+            with open(output, "w", encoding="utf-8") as file:
+                file.write(text)
+        except OSError as exc:
+            raise _bad_input(f"Cannot write {output}: {exc.strerror}.")
+        self.stderr.write(f"Wrote {output}.")
+
+    def _read_document(self, path):
+        try:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                with open(path, encoding="utf-8") as file:
+                    text = file.read()
+        except OSError as exc:
+            raise _bad_input(f"Cannot read {path}: {exc.strerror}.")
+        except UnicodeDecodeError as exc:
+            raise _bad_input(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}.")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _bad_input(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                             f"column {exc.colno}.")
+
+    def handle_import(self, file, dry_run=False, keep_missing=False, **options):
+        document = self._read_document(file)
+        try:
+            plan = plan_import(document, keep_missing=keep_missing)
+        except QuotaFileError as exc:
+            raise self._invalid(file, exc)
+        for change in plan.changes:
+            for line in describe_change(change):
+                self.stdout.write(line)
+        if plan.kept:
+            self.stdout.write(f"{plan.kept} row(s) absent from the file kept (--keep-missing).")
+        if not plan.changes:
+            self.stdout.write("Nothing to change.")
+            return
+        counts = {action: sum(c.action == action for c in plan.changes)
+                  for action in ("add", "change", "remove")}
+        summary = f"{counts['add']} added, {counts['change']} changed, {counts['remove']} removed"
+        if dry_run:
+            self.stdout.write(f"Dry run: would be {summary}; nothing changed.")
+            return
+        limiter = default_limiter()
+        try:
+            # workers learn of the import only through the version bump: no Redis, no import
+            limiter.store.ping()
+        except StoreUnavailable as exc:
+            raise _redis_down("nothing imported (workers could not be told to reload)", exc)
+        try:
+            apply_import(plan.changes)
+        except QuotaFileError as exc:
+            raise self._invalid(file, exc)
+        try:
+            version = limiter.read_version()
+        except StoreUnavailable as exc:
+            raise _redis_down(f"imported ({summary}), but the change may not have been "
+                              f"announced: workers reload at the next announced quota change",
+                              exc)
+        self.stdout.write(self.style.SUCCESS(f"Imported: {summary}; config version {version}."))
+
+    def _invalid(self, path, exc):
+        for error in exc.errors:
+            self.stderr.write(error)
+        return _bad_input(f"{path}: {len(exc.errors)} error(s); nothing changed.")
+
+    # --- operator tools --------------------------------------------------------------------
+
+    def handle_check(self, **options):
+        lines = run_operator_checks()
+        for line in lines:
+            style = self.style.ERROR if line.level == FAIL else \
+                self.style.WARNING if line.level != OK else self.style.SUCCESS
+            self.stdout.write(style(str(line)))
+        failed = sum(line.level == FAIL for line in lines)
+        if failed:
+            raise CommandError(f"{failed} check(s) failed.", returncode=FAILED)
+
+    def _lookup(self, query):
+        snapshot = default_limiter().snapshot()
+        lookup = find_identity(query, snapshot)
+        if lookup.identity is None:
+            if lookup.choices:
+                listed = "; ".join(f"{ref} ({label})" for ref, label in lookup.choices)
+                raise _bad_input(f"“{query}” matches several API keys; name one: {listed}.")
+            raise _bad_input(f"No client matches “{query}” (a username, an API key prefix, "
+                             f"an IP address, or user:ID, key:ID, ip:ADDRESS).")
+        return lookup, snapshot
+
+    def handle_inspect(self, identity, endpoint=None, method="GET", **options):
+        lookup, snapshot = self._lookup(identity)
+        who = lookup.identity
+        self.stdout.write(f"{lookup.label}: plan {who.plan or '—'}, tenant {who.tenant or '—'}"
+                          + (f", {method} {endpoint}" if endpoint else ""))
+        try:
+            rows, exempt = bucket_rows(who, snapshot, endpoint=endpoint, method=method.upper())
+        except StoreUnavailable as exc:
+            raise _redis_down("the buckets cannot be read", exc)
+        if exempt:
+            self.stdout.write("Exempt from every limit (an identity override).")
+        elif not rows:
+            self.stdout.write("No rule applies.")
+        else:
+            for line in bucket_lines(rows):
+                self.stdout.write(line)
+            if endpoint is None:
+                self.stdout.write("Costs depend on the endpoint: add --endpoint NAME.")
+
+    def handle_reset(self, identity, user, yes=False, **options):
+        User = get_user_model()
+        operator = User.objects.filter(**{User.USERNAME_FIELD: user}).first()
+        if operator is None or not operator.is_active or not operator.is_staff or \
+                not operator.has_perm(RESET_PERMISSION):
+            raise _bad_input(f"“{user}” is not an active staff user with the "
+                             f"{RESET_PERMISSION} permission; the reset is recorded under it.")
+        lookup, snapshot = self._lookup(identity)
+        if not yes:
+            self.stdout.write(f"Reset the buckets of {lookup.label}? Its own user/key and IP "
+                              f"buckets are refilled; shared buckets stay. [y/N] ", ending="")
+            self.stdout.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                self.stdout.write("Nothing was reset.")
+                return
+        try:
+            message = reset_and_record(lookup, snapshot, operator,
+                                       source="manage.py ratelimit reset")
+        except StoreUnavailable as exc:
+            raise _redis_down("nothing was reset", exc)
+        self.stdout.write(self.style.SUCCESS(message))
+
+    def handle_top(self, window="1h", **options):
+        data = dashboard_data(window, with_html=False)
+        health = data["health"]
+        if not health["redis_ok"]:
+            raise CommandError(f"Redis is unavailable: {health['redis_error']}",
+                               returncode=FAILED)
+        for line in top_lines(data):
+            self.stdout.write(line)
