@@ -14,6 +14,7 @@ import logging
 import secrets
 import threading
 import time
+from typing import NamedTuple
 
 from . import engine, keys, metrics
 from .breaker import CircuitBreaker
@@ -72,6 +73,22 @@ class Peek:
         self.buckets, self.statuses, self.allowed, self.error = buckets, statuses, allowed, error
 
 
+class _Pending(NamedTuple):
+    """A decision between its pure steps and the store's answer."""
+
+    snapshot: object
+    identity: object
+    endpoint: str
+    cost: int
+    buckets: tuple
+    deny_cache: object   # the DenyCache to learn from the answer, or None
+    sent_at: float | None
+
+    def degraded(self):
+        """The Decision while the store cannot answer (the rules' fail modes)."""
+        return engine.degraded_decision(self.buckets, self.identity, self.endpoint, self.cost)
+
+
 class Limiter:
     """Decide requests against the quotas in ``store``. ``config`` is the RATELIMIT_APP mapping
     (``conf.get_config()``); ``clock`` a SystemClock or a test clock."""
@@ -128,7 +145,23 @@ class Limiter:
         ``user`` is the authenticated user (or None); ``endpoint`` the URL name of the view.
         ``now_ms`` (tests only) overrides the clock for this call and keeps the deny cache out.
         """
-        snapshot = self.policies.get()
+        pending = self._prepare(self.policies.get(), request, user, endpoint, now_ms)
+        if isinstance(pending, Decision):
+            return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
+        try:
+            if pending.snapshot.has_leases:
+                allowed, statuses = self._take_with_leases(
+                    pending.buckets, pending.snapshot.version, now_ms)
+            else:
+                reply = self.take(pending.buckets, now_ms=now_ms)
+                allowed, statuses = reply.allowed, engine.statuses_from(pending.buckets, reply)
+        except StoreUnavailable:
+            return pending.degraded()
+        return self._conclude(pending, allowed, statuses)
+
+    def _prepare(self, snapshot, request, user, endpoint, now_ms):
+        """The steps of a decision before the store: return a Decision when no call is needed,
+        else the _Pending decision to send."""
         identity = identify(request, user, snapshot)
         cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
         buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
@@ -138,25 +171,24 @@ class Limiter:
         if not buckets:
             return Decision(allowed=True, identity=identity, endpoint=endpoint, cost=cost)
         deny_cache = self.deny_cache if now_ms is None else None
+        sent_at = None
         if deny_cache is not None:
             cached = deny_cache.lookup(buckets, snapshot.version)
             if cached is not None:
                 return engine.decision_from(buckets, cached, False, identity, endpoint,
                                             cost)._replace(from_deny_cache=True)
             sent_at = deny_cache.now()
-        try:
-            if snapshot.has_leases:
-                allowed, statuses = self._take_with_leases(buckets, snapshot.version, now_ms)
-            else:
-                reply = self.take(buckets, now_ms=now_ms)
-                allowed, statuses = reply.allowed, engine.statuses_from(buckets, reply)
-        except StoreUnavailable:
-            return engine.degraded_decision(buckets, identity, endpoint, cost)
-        if deny_cache is not None:
+        return _Pending(snapshot, identity, endpoint, cost, buckets, deny_cache, sent_at)
+
+    def _conclude(self, pending, allowed, statuses):
+        """The steps of a decision after the store answered: learn, and build the Decision."""
+        if pending.deny_cache is not None:
             # the snapshot's version, not the reply's: the levels are only a valid bound for
             # the rules these buckets were built from
-            deny_cache.learn(buckets, statuses, allowed, snapshot.version, sent_at)
-        return engine.decision_from(buckets, statuses, allowed, identity, endpoint, cost)
+            pending.deny_cache.learn(pending.buckets, statuses, allowed,
+                                     pending.snapshot.version, pending.sent_at)
+        return engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
+                                    pending.endpoint, pending.cost)
 
     def _take_with_leases(self, buckets, version, now_ms):
         """``take`` for a decision some of whose buckets lease tokens (see leases.py). Returns
