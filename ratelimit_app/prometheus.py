@@ -10,7 +10,6 @@ import hmac
 
 from django.http import Http404, HttpResponse
 
-from . import metrics
 from .conf import get_config
 from .decorators import ratelimit_exempt
 from .limiter import default_limiter
@@ -43,7 +42,7 @@ def collect():
         "ratelimit_redis_errors", "Redis errors seen by all workers (flushed with the metrics).")
     up = GaugeMetricFamily("ratelimit_metrics_redis_up", "1 if Redis answered this scrape.")
     try:
-        totals = metrics.read_totals()
+        totals = default_limiter().reader.totals()
         up.add_metric([], 1)
     except READ_ERRORS:
         totals = {}

@@ -34,6 +34,11 @@ class FakeClock:
         return self.now
 
 
+def suite_redis():
+    """The client the suite's own Limiter flushes to (the store's metrics client)."""
+    return limiter().store.metrics_client()
+
+
 def config(**extra):
     """override_settings for RATELIMIT_APP that keeps the project's own keys."""
     return override_settings(RATELIMIT_APP={**settings.RATELIMIT_APP, **extra})
@@ -147,9 +152,9 @@ def test_tokens_count_only_allowed_requests_and_denials_per_identity():
 
 def test_record_decision_is_off_when_metrics_are_disabled():
     with config(METRICS_ENABLED=False):
-        metrics.record_decision(decision())
+        limiter().record(decision())
     assert limiter().recorder.counts() == {}
-    metrics.record_decision(decision())
+    limiter().record(decision())
     assert limiter().recorder.counts()["all", "", "allowed"] == 1
     assert not limiter().flusher.running  # the suite keeps the background thread off
 
@@ -167,8 +172,8 @@ def test_hot_key_memory_is_bounded_when_an_attacker_uses_100k_identities(redis_c
             if i % 10 == 0:
                 recorder.record(decision(False, identity=heavy))
         assert recorder.sketch_sizes() <= 2 * 50
-        Flusher(recorder, clock=clock).flush_now()
-        hot = metrics.read_hot_keys("5m", now=clock.now)
+        Flusher(recorder, suite_redis, clock=clock).flush_now()
+        hot = limiter().reader.hot_keys("5m", now=clock.now)
     for key in redis_client.keys("rl:m:hot*"):
         assert redis_client.zcard(key) <= 20
     top = hot["denials"][0]
@@ -193,7 +198,7 @@ def test_near_limit_tracks_client_buckets_only_and_stays_capped():
 def test_flush_writes_per_minute_and_hourly_series_with_ttl(redis_client):
     clock = FakeClock(T0 + 59)  # the last second of a minute
     recorder = Recorder(clock=clock)
-    flusher = Flusher(recorder, clock=clock)
+    flusher = Flusher(recorder, suite_redis, clock=clock)
     recorder.record(decision(True))
     clock.now = T0 + 61  # the next minute
     recorder.record(decision(False))
@@ -207,12 +212,12 @@ def test_flush_writes_per_minute_and_hourly_series_with_ttl(redis_client):
     assert 590 < redis_client.ttl(f"rl:m:c:{minute}") <= 600
     assert 4190 < redis_client.ttl(f"rl:m:ch:{minute // 60}") <= 4200
     assert hash_of(redis_client, f"rl:m:ch:{minute // 60}")["all||allowed"] == 1
-    assert metrics.read_totals()["all", "", "denied"] == 1
-    series = metrics.read_series(60, now=clock.now)
+    assert limiter().reader.totals()["all", "", "denied"] == 1
+    series = limiter().reader.series(60, now=clock.now)
     assert len(series) == 60 and series[-1] == {"minute": (minute + 1) * 60, "allowed": 0,
                                                 "denied": 1, "shadow": 0}
     assert series[-2]["allowed"] == 1
-    assert metrics.read_last_flush_at() == clock.now
+    assert limiter().reader.last_flush_at() == clock.now
 
 
 def test_flush_adds_up_counts_from_several_flushes_and_processes(redis_client):
@@ -221,12 +226,12 @@ def test_flush_adds_up_counts_from_several_flushes_and_processes(redis_client):
     for worker in workers:
         worker.record(decision(False, identity=key_identity()))
         worker.record(decision(True, identity=key_identity(), cost=3))
-        Flusher(worker, clock=clock).flush_now()
-    breakdown = metrics.read_breakdown("5m", now=clock.now)
+        Flusher(worker, suite_redis, clock=clock).flush_now()
+    breakdown = limiter().reader.breakdown("5m", now=clock.now)
     assert breakdown["all"][""] == {"allowed": 2, "denied": 2}
-    row = metrics.read_hot_keys("1h", now=clock.now)["denials"][0]
+    row = limiter().reader.hot_keys("1h", now=clock.now)["denials"][0]
     assert (row["ref"], row["tokens"], row["denials"], row["requests"]) == ("key:7", 6, 2, 4)
-    assert metrics.read_hot_keys("24h", now=clock.now)["tokens"][0]["tokens"] == 6
+    assert limiter().reader.hot_keys("24h", now=clock.now)["tokens"][0]["tokens"] == 6
 
 
 def test_a_name_holding_the_field_separator_is_read_back_whole(redis_client):
@@ -236,11 +241,11 @@ def test_a_name_holding_the_field_separator_is_read_back_whole(redis_client):
     recorder = Recorder(clock=clock)
     recorder.record(decision(False, endpoint="api:a|b",
                              policies=[status("odd|rule", remaining=0, short=True)]))
-    Flusher(recorder, clock=clock).flush_now()
-    breakdown = metrics.read_breakdown("5m", now=clock.now)
+    Flusher(recorder, suite_redis, clock=clock).flush_now()
+    breakdown = limiter().reader.breakdown("5m", now=clock.now)
     assert breakdown["endpoint"]["api:a|b"] == {"denied": 1}
     assert breakdown["rule"]["odd|rule"] == {"checked": 1, "denied": 1}
-    assert metrics.read_totals()["rule", "odd|rule", "denied"] == 1
+    assert limiter().reader.totals()["rule", "odd|rule", "denied"] == 1
 
 
 def test_metric_keys_have_no_hash_tag_and_no_command_touches_two_keys(redis_server, redis_client):
@@ -249,10 +254,10 @@ def test_metric_keys_have_no_hash_tag_and_no_command_touches_two_keys(redis_serv
     recorder = Recorder(clock=clock)
     recorder.record(decision(False, policies=[status("free-ip", remaining=0, short=True)]))
     before = redis_client.info("commandstats")
-    Flusher(recorder, clock=clock).flush_now()
-    metrics.read_breakdown("1h", now=clock.now)
-    metrics.read_hot_keys("1h", now=clock.now)
-    metrics.read_near_limit(now=clock.now)
+    Flusher(recorder, suite_redis, clock=clock).flush_now()
+    limiter().reader.breakdown("1h", now=clock.now)
+    limiter().reader.hot_keys("1h", now=clock.now)
+    limiter().reader.near_limit(now=clock.now)
     after = redis_client.info("commandstats")
     used = {k.removeprefix("cmdstat_") for k in after
             if after[k]["calls"] != before.get(k, {}).get("calls", 0)} - {"info"}
@@ -270,8 +275,8 @@ def test_near_limit_sightings_are_read_back_newest_per_identity_and_rule():
     clock.now += 1
     recorder.record(decision(True, identity=key_identity(),
                              policies=[status("pro-user", remaining=2, burst=200, token="key.x")]))
-    Flusher(recorder, clock=clock).flush_now()
-    near = metrics.read_near_limit(now=clock.now)
+    Flusher(recorder, suite_redis, clock=clock).flush_now()
+    near = limiter().reader.near_limit(now=clock.now)
     assert [(row["ref"], row["rule"], row["remaining"], row["burst"]) for row in near] == [
         ("key:7", "pro-user", 2, 200)]
 
@@ -281,7 +286,7 @@ def test_d6_decisions_counted_while_redis_is_down_are_flushed_when_it_returns(re
     counted meanwhile) and the first flush after the outage writes them and the period."""
     clock = FakeClock()
     recorder = Recorder(clock=clock)
-    flusher = Flusher(recorder, clock=clock)
+    flusher = Flusher(recorder, suite_redis, clock=clock)
     recorder.record(decision())
     recorder.record(decision(False))
     redis_server.kill()
@@ -299,14 +304,14 @@ def test_d6_decisions_counted_while_redis_is_down_are_flushed_when_it_returns(re
     clock.now += 5
     assert flusher.flush_now() > 0
     assert recorder.dropped == 0 and flusher.failing_since is None and flusher.last_error == ""
-    series = {row["minute"]: row for row in metrics.read_series(2, now=clock.now)}
+    series = {row["minute"]: row for row in limiter().reader.series(2, now=clock.now)}
     assert (series[T0]["allowed"], series[T0]["denied"]) == (2, 1)
     assert (series[T0 + 60]["allowed"], series[T0 + 60]["denied"]) == (0, 1)
-    assert metrics.read_totals()["rule", "free-ip", "denied"] == 2  # Prometheus' counters
-    hot = metrics.read_hot_keys("5m", now=clock.now)
+    assert limiter().reader.totals()["rule", "free-ip", "denied"] == 2  # Prometheus' counters
+    hot = limiter().reader.hot_keys("5m", now=clock.now)
     assert {row["ref"]: row["tokens"] for row in hot["tokens"]} == {"ip:10.0.0.1": 1,
                                                                    "key:7": 1}
-    assert metrics.read_buffered_periods() == [
+    assert limiter().reader.buffered_periods() == [
         {"from": T0, "to": T0 + 95, "decisions": 4, "dropped": 0, "pid": os.getpid()}]
     assert flusher.flush_now() == 0 and recorder.pending_decisions() == (0, None)
 
@@ -316,7 +321,7 @@ def test_d6_the_buffer_is_bounded_while_redis_stays_down(redis_server, redis_cli
     older than the newest 3 keep only what a flush writes of them."""
     clock = FakeClock()
     recorder = Recorder(clock=clock)
-    flusher = Flusher(recorder, clock=clock)
+    flusher = Flusher(recorder, suite_redis, clock=clock)
     minutes = metrics.MAX_BUFFERED_MINUTES + 10
     with config(HOT_KEYS_CAPACITY=50, METRICS_HOT_KEYS_STORED=5):
         redis_server.kill()
@@ -339,7 +344,7 @@ def test_d6_the_buffer_is_bounded_while_redis_stays_down(redis_server, redis_cli
     assert redis_client.hget(f"rl:m:c:{first_kept}", "all||allowed") == b"40"
     assert not redis_client.exists(f"rl:m:c:{first_kept - 1}")
     assert redis_client.zcard(f"rl:m:hot:tokens:{first_kept}") == 5
-    [period] = metrics.read_buffered_periods()
+    [period] = limiter().reader.buffered_periods()
     assert (period["decisions"], period["dropped"]) == (40 * 60, 40 * 10)
 
 
@@ -371,12 +376,12 @@ def test_failing_flushes_never_count_against_the_breaker_that_guards_decisions(r
         assert worker.flusher.flush_now() > 0  # the decisions' breaker is still open
         assert worker.breaker.state == worker.breaker.OPEN and worker.breaker.times_opened == 1
     assert worker.flusher.failing_since is None
-    assert metrics.read_totals()["all", "", "allowed"] == 1
+    assert limiter().reader.totals()["all", "", "allowed"] == 1
 
 
 def test_background_thread_flushes_by_itself_and_stops(redis_client):
     recorder = Recorder()
-    flusher = Flusher(recorder)
+    flusher = Flusher(recorder, suite_redis)
     recorder.record(decision())
     with config(METRICS_FLUSH_INTERVAL_S=0.02):
         flusher.ensure_running()
@@ -409,6 +414,6 @@ def test_a_request_costs_one_redis_command_and_the_flush_none_of_its_own(client,
     with commands_sent(redis_server.client()) as sent:
         limiter().flusher.flush_now()
     assert "hincrby" in sent and "evalsha" not in sent
-    breakdown = metrics.read_breakdown("5m")
+    breakdown = limiter().reader.breakdown("5m")
     assert breakdown["plan"]["pro"]["allowed"] == 11
     assert breakdown["endpoint"]["hello"]["allowed"] == 11

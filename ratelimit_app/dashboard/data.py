@@ -122,14 +122,14 @@ def _health(now):
         started = time.perf_counter()
         limiter.store.ping()
         health["redis_latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
-        flushed_at = metrics.read_last_flush_at()
+        flushed_at = default_limiter().reader.last_flush_at()
         if flushed_at is not None:
             health["last_flush_age_s"] = round(max(0.0, now - flushed_at), 1)
         health["config_version"] = limiter.store.read_version(limiter.version_key)
         health["buffered_periods"] = [
             {**period, "from_text": _clock_text(period["from"]),
              "to_text": _clock_text(period["to"])}
-            for period in metrics.read_buffered_periods()[:BUFFERED_PERIODS_SHOWN]]
+            for period in default_limiter().reader.buffered_periods()[:BUFFERED_PERIODS_SHOWN]]
     except READ_ERRORS as exc:
         health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
     health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
@@ -159,10 +159,10 @@ def dashboard_data(window="1h", now=None, with_html=True):
     series, breakdown, hot, near = [], {}, {"tokens": [], "denials": []}, []
     if health["redis_ok"]:
         try:
-            series = metrics.read_series(60, now=now)
-            breakdown = metrics.read_breakdown(window, now=now)
-            hot = metrics.read_hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
-            near = metrics.read_near_limit(now=now)
+            series = default_limiter().reader.series(60, now=now)
+            breakdown = default_limiter().reader.breakdown(window, now=now)
+            hot = default_limiter().reader.hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
+            near = default_limiter().reader.near_limit(now=now)
         except READ_ERRORS as exc:
             health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
     overall = breakdown.get("all", {}).get("", {})

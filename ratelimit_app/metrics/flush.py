@@ -22,7 +22,6 @@ from ..stores.base import READ_ERRORS
 
 from ..conf import get_config
 from . import fields
-from .defaults import app_client, app_request_errors
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
 
 __all__ = ["Flusher"]
@@ -66,17 +65,17 @@ def _queue_hot(pipe, prefix, hot, stored, targets):
 class Flusher:
     """Writes a Recorder's pending counts to Redis; ``flush_now`` is the only writer.
 
-    ``client_provider()`` returns the redis-py client to write to (default: the default
-    Limiter's store's); every Redis call of the flush goes through it. ``request_errors()``
+    ``client_provider()`` returns the redis-py client to write to (a Limiter passes its store's
+    ``metrics_client``); every Redis call of the flush goes through it. ``request_errors()``
     returns how many Redis errors decisions met in this process (added to the all-time totals).
     ``clock`` returns unix seconds; ``config`` returns the RATELIMIT_APP settings dict.
     """
 
-    def __init__(self, recorder, client_provider=None, clock=time.time, config=get_config,
+    def __init__(self, recorder, client_provider, clock=time.time, config=get_config,
                  request_errors=None):
         self.recorder = recorder
-        self.client_provider = client_provider or app_client
-        self.request_errors = request_errors or app_request_errors
+        self.client_provider = client_provider
+        self.request_errors = request_errors or (lambda: 0)
         self.clock = clock
         self.config = config
         self.autostart = True      # whether record_decision may start the thread

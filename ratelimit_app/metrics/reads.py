@@ -10,7 +10,6 @@ from collections import defaultdict
 
 from ..conf import get_config
 from . import fields
-from .defaults import app_client
 
 __all__ = ["Reader", "WINDOWS"]
 
@@ -33,12 +32,12 @@ def _identity_row(member):
 
 
 class Reader:
-    """Reads the metrics in Redis. ``client_provider()`` returns the redis-py client (default:
-    the default Limiter's store's); every Redis call goes through it. ``config`` returns the
-    RATELIMIT_APP settings dict."""
+    """Reads the metrics in Redis. ``client_provider()`` returns the redis-py client (a Limiter
+    passes its store's ``metrics_client``); every Redis call goes through it. ``config`` returns
+    the RATELIMIT_APP settings dict."""
 
-    def __init__(self, client_provider=None, config=get_config):
-        self.client_provider = client_provider or app_client
+    def __init__(self, client_provider, config=get_config):
+        self.client_provider = client_provider
         self.config = config
 
     def _prefix(self):
