@@ -96,7 +96,13 @@ def run(env, quick):
                       "EVALSHA / decision", "calls on the hot master"], rows)
     markdown += "\n\n" + table(["ratio (same run)", "value"], [[k, f"{v:.2f}×"]
                                                              for k, v in ratios.items()])
-    targets = [(f"8. leases: the hot bucket sees ≤ {LEASE_CALL_SHARE_TARGET:.0%} of the calls it "
+    # issue 6's slot groups: a decision is one script call per slot its buckets span
+    groups = {w: cpu[f"cluster, {w}"][1] for w in ("spread", "hot")}
+    ratios.update({f"cluster.{w}.evalsha_per_decision": g for w, g in groups.items()})
+    targets = [("5. cluster groups unchanged: EVALSHA per decision spread 1, hot 2",
+                f"{groups['spread']:.2f}, {groups['hot']:.2f}",
+                verdict(groups == {"spread": 1.0, "hot": 2.0})),
+               (f"8. leases: the hot bucket sees ≤ {LEASE_CALL_SHARE_TARGET:.0%} of the calls it "
                 f"sees without leases", f"{lease_share:.2f}×",
                 verdict(lease_share <= LEASE_CALL_SHARE_TARGET))]
     return {"title": "8. Scale-out: one node vs a 3-master Redis Cluster",

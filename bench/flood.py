@@ -64,4 +64,4 @@ def run(env, quick):
             "markdown": markdown,
             "results": {"baseline": baseline, "flood": flood, "per_denied": per_denied,
                         "denied_rps": denied_rps, "all_per_denied": all_per_denied, "baseline_rps": base_rps},
-            "targets": targets}
+            "targets": targets, "ratios": {"flood.commands_per_denied": per_denied}}

@@ -73,7 +73,9 @@ def main(argv=None):
             print(f"## {result['title']}\n\n{result['markdown']}\n", flush=True)
     finally:
         env.stop()
-    targets = [row for s in report["sections"].values() for row in s.get("targets", [])]
+    # the issue's numbering (1. decision … 5. nothing else moves), whatever the sections' order
+    targets = sorted((row for s in report["sections"].values() for row in s.get("targets", [])),
+                     key=lambda row: int(row[0].split(".")[0]))
     if targets:
         print("## Targets\n\n" + table(["target", "measured", "verdict"], targets) + "\n")
     report["seconds"] = round(time.monotonic() - started, 1)

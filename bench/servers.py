@@ -1,4 +1,5 @@
-"""gunicorn servers (2 sync workers, 127.0.0.1, free port) per variant, and wrk runs against them."""
+"""gunicorn servers (2 sync workers, 127.0.0.1, free port) per variant, a uvicorn (ASGI) one, and
+wrk runs against them."""
 
 import os
 import re
@@ -12,6 +13,7 @@ import urllib.request
 from .harness import ROOT
 
 GUNICORN = str(ROOT / ".venv" / "bin" / "gunicorn")
+UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 
 
 def _free_port():
@@ -32,21 +34,23 @@ class Gunicorn:
     def url(self, path="/item/"):
         return f"http://127.0.0.1:{self.port}{path}"
 
+    def command(self):
+        return [GUNICORN, "project.wsgi:application", "--workers", str(self.workers),
+                "--worker-class", "sync", "--bind", f"127.0.0.1:{self.port}",
+                "--log-level", "warning", "--backlog", "2048",
+                # gunicorn's default control socket is one path in $HOME: two servers (or
+                # two bench runs) would fight over it, and the bench never uses it
+                "--no-control-socket"]
+
     def start(self, timeout_s=30):
         env = {**os.environ, "BENCH_VARIANT": self.variant,
-               "DJANGO_SETTINGS_MODULE": "bench.settings"}
+               "DJANGO_SETTINGS_MODULE": "bench.settings", **self.extra_env}
         self.workdir = tempfile.mkdtemp(prefix=f"bench-gunicorn-{self.variant}-")
         log_path = os.path.join(self.workdir, "gunicorn.log")
         # a log file, not a pipe nobody reads (a full pipe would block the server)
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [GUNICORN, "project.wsgi:application", "--workers", str(self.workers),
-                 "--worker-class", "sync", "--bind", f"127.0.0.1:{self.port}",
-                 "--log-level", "warning", "--backlog", "2048",
-                 # gunicorn's default control socket is one path in $HOME: two servers (or
-                 # two bench runs) would fight over it, and the bench never uses it
-                 "--no-control-socket"],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+                self.command(), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -58,8 +62,11 @@ class Gunicorn:
                     with open(log_path, errors="replace") as log:
                         tail = log.read()[-2000:]
                     self.stop()
-                    raise RuntimeError(f"gunicorn ({self.variant}) did not start:\n{tail}")
+                    raise RuntimeError(f"{type(self).__name__} ({self.variant}) did not "
+                                       f"start:\n{tail}")
                 time.sleep(0.1)  # waiting for a server to come up
+
+    extra_env = {}
 
     def stop(self):
         if self.process and self.process.poll() is None:
@@ -72,6 +79,19 @@ class Gunicorn:
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+
+class Uvicorn(Gunicorn):
+    """uvicorn serving project.asgi with the throttle of ``variant``: QuotaMiddleware runs in
+    async mode and, with MIDDLEWARE_INCLUDES_DRF, decides on the event loop (asyncio Redis
+    client); the DRF view runs in a thread, as Django runs sync views under ASGI."""
+
+    extra_env = {"BENCH_MIDDLEWARE_DECIDES": "1"}
+
+    def command(self):
+        return [UVICORN, "project.asgi:application", "--workers", str(self.workers),
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+                "--backlog", "2048", "--no-access-log"]
 
 
 def wrk(url, seconds, connections=32, threads=2):

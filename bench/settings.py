@@ -55,6 +55,11 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
+# The ASGI row (servers.Uvicorn): the middleware decides DRF views too, so the decision is made
+# on the event loop (QuotaThrottle reuses it: one charge per request).
+if os.environ.get("BENCH_MIDDLEWARE_DECIDES"):
+    RATELIMIT_APP = {**RATELIMIT_APP, "MIDDLEWARE_INCLUDES_DRF": True}  # noqa: F405
+
 SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "loggers": {"ratelimit_app": {"level": "ERROR"}}}

@@ -9,20 +9,39 @@ import math
 import struct
 from typing import NamedTuple
 
-__all__ = ["Bucket", "PolicyStatus", "pack_state", "unpack_state"]
+__all__ = ["Bucket", "PolicyStatus", "pack_value", "unpack_value", "read_state"]
 
-# A bucket's stored value, as take.lua writes it: level, timestamp_ms, period_ms.
-_STATE = struct.Struct("<qqq")
+# A key's stored value, as take.lua writes it: the key's expiry (ms), then one record per
+# bucket of that identity: rule id, level, timestamp_ms, period_ms.
+_EXPIRY = struct.Struct("<q")
+_RECORD = struct.Struct("<iqqq")
+# take.lua's per-bucket argument: rule id, period_ms, capacity, refill per ms, cost, mode
+_SPEC = struct.Struct("<qqqqqq")
 
 
-def pack_state(level_units, stamp_ms, period_ms):
-    """Return a bucket value as take.lua stores it (for tests and tools)."""
-    return _STATE.pack(int(level_units), int(stamp_ms), int(period_ms))
+def pack_value(states, expires_at_ms=0):
+    """Return a key's value as take.lua stores it (for tests and tools): ``states`` maps rule
+    ids to ``(level_units, stamp_ms, period_ms)``. An expiry of 0 makes the next debit set the
+    key's TTL."""
+    return _EXPIRY.pack(int(expires_at_ms)) + b"".join(
+        _RECORD.pack(rule_id, int(level), int(stamp), int(period))
+        for rule_id, (level, stamp, period) in states.items())
 
 
-def unpack_state(value):
-    """Return ``(level_units, stamp_ms, period_ms)`` of a stored bucket value."""
-    return _STATE.unpack(value)
+def unpack_value(value):
+    """Return ``(expires_at_ms, {rule id: (level_units, stamp_ms, period_ms)})`` of a key's
+    stored value."""
+    records = {}
+    for offset in range(_EXPIRY.size, len(value), _RECORD.size):
+        rule_id, level, stamp, period = _RECORD.unpack_from(value, offset)
+        records[rule_id] = (level, stamp, period)
+    return _EXPIRY.unpack_from(value)[0], records
+
+
+def read_state(value, rule_id):
+    """Return ``(level_units, stamp_ms, period_ms)`` of rule ``rule_id``'s bucket in a key's
+    stored value, or None when the key holds none (the bucket is full)."""
+    return unpack_value(value)[1].get(rule_id) if value else None
 
 
 class PolicyStatus(NamedTuple):
@@ -47,10 +66,10 @@ class PolicyStatus(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def _lua_args(period_ms, burst, rate, cost, mode):
-    # Encoded once per (rule numbers, cost, mode): the same few tuples serve every request.
-    return tuple(str(n).encode()
-                 for n in (period_ms, burst * period_ms, rate, cost * period_ms, mode))
+def _spec(rule_id, period_ms, burst, rate, cost, mode):
+    # Encoded once per (rule, numbers, cost, mode): the same few strings serve every request,
+    # and the script reads them with one struct.unpack instead of five tonumber calls.
+    return _SPEC.pack(rule_id, period_ms, burst * period_ms, rate, cost * period_ms, mode)
 
 
 # take.lua's bucket modes
@@ -60,12 +79,13 @@ ENFORCE, SHADOW, GATE = 1, 0, 2
 class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
-    __slots__ = ("rule", "key", "cost", "gate", "period_ms", "capacity_units", "cost_units",
-                 "lua_args")
+    __slots__ = ("rule", "key", "id", "cost", "gate", "period_ms", "capacity_units", "cost_units",
+                 "spec")
 
     def __init__(self, rule, key, cost, gate=False):
         self.rule = rule        # policy.CompiledRule
-        self.key = key
+        self.key = key          # the identity's key: its other buckets are records in it too
+        self.id = f"{key}:{rule.id}"  # this bucket alone (local caches key on it)
         self.cost = cost        # tokens
         # a gate is checked but never debited: a request needs ``cost`` tokens in it to pass
         # (the failed-authentication buckets of a client IP, which only failures debit)
@@ -73,9 +93,9 @@ class Bucket:
         self.period_ms = period_ms = rule.period_s * 1000
         self.capacity_units = rule.burst * period_ms
         self.cost_units = cost * period_ms
-        # The five script arguments: period_ms, capacity, refill per ms, cost, mode.
+        # take.lua's argument for this bucket (see _spec)
         mode = GATE if gate else SHADOW if rule.shadow else ENFORCE
-        self.lua_args = _lua_args(period_ms, rule.burst, rule.rate, cost, mode)
+        self.spec = _spec(rule.id, period_ms, rule.burst, rule.rate, cost, mode)
 
     def __repr__(self):
         return f"Bucket({self.rule.name!r}, {self.key!r}, cost={self.cost})"

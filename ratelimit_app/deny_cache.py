@@ -33,7 +33,7 @@ class DenyCache:
         self.max_entries = max_entries
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries = {}  # bucket key -> (level_units, sent_at, version, expires_at)
+        self._entries = {}  # bucket id -> (level_units, sent_at, version, expires_at)
         self.hits = 0
 
     def now(self):
@@ -69,7 +69,7 @@ class DenyCache:
             for bucket, status in zip(buckets, statuses):
                 level = status.level_units
                 full_after_s = (bucket.capacity_units - level) / bucket.rule.rate / 1000
-                self._entries[bucket.key] = (level, sent_at, version, sent_at + full_after_s)
+                self._entries[bucket.id] = (level, sent_at, version, sent_at + full_after_s)
 
     def lookup(self, buckets, version):
         """Return projected statuses if Redis would certainly deny this request, else None."""
@@ -80,7 +80,7 @@ class DenyCache:
         deny = False
         for bucket in buckets:
             capacity = bucket.capacity_units
-            entry = self._entries.get(bucket.key)
+            entry = self._entries.get(bucket.id)
             if entry is None or entry[2] != version:
                 upper = capacity  # nothing known: it may be full
             else:

@@ -126,9 +126,9 @@ def _build_buckets(snapshot, identity, endpoint, cost):
         if rule.failed_auth:
             # checked, never debited here: a client IP out of failed authentications is
             # refused whatever credentials it sends now (so a right guess teaches it nothing)
-            buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token), 1, gate=True))
+            buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
         else:
-            buckets.append(Bucket(rule, bucket_key(prefix, rule.id, token),
+            buckets.append(Bucket(rule, bucket_key(prefix, token),
                                   1 if rule.endpoint else cost))
     return tuple(buckets)
 
@@ -145,7 +145,7 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
             return None
         for bucket in buckets:
             if ip_buckets or bucket.rule.scope != Scope.IP:
-                found.setdefault(bucket.key, bucket)
+                found.setdefault(bucket.id, bucket)
     return list(found.values())
 
 
@@ -169,18 +169,16 @@ def failed_auth_buckets(snapshot, identity, endpoint):
     token = identity.token_for(Scope.IP)
     prefix = get_config()["KEY_PREFIX"]
     return tuple(
-        Bucket(rule, bucket_key(prefix, rule.id, token), 1)
+        Bucket(rule, bucket_key(prefix, token), 1)
         for rule in (_with_override_numbers(r, overrides) if overrides else r
                      for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
 
 
 def take_args(buckets, now_ms=None, debit=True):
     """Return take.lua's ARGV for ``buckets``: now ("" = the Redis clock), the debit flag, then
-    each bucket's five pre-encoded values. ``now_ms`` is for tests only."""
-    args = [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0"]
-    for bucket in buckets:
-        args.extend(bucket.lua_args)
-    return args
+    each bucket's pre-encoded spec. ``now_ms`` is for tests only."""
+    return [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0",
+            *[bucket.spec for bucket in buckets]]
 
 
 def statuses_from(buckets, reply):

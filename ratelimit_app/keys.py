@@ -1,12 +1,14 @@
-"""Redis key names: ``<prefix>:{<tag>}:<rule id>:<scope value>``.
+"""Redis key names: ``<prefix>:{<scope token>}``, one key per identity (scope value).
 
 Values that come from a request (IPs, API keys, user names, tenant names) never enter a key raw:
 they are hashed to a fixed-length token, so a client cannot inject ``{``, ``}`` or ``:`` (which
 would move its buckets to another Cluster slot or collide with other keys) or grow keys without
-bound. The ``{tag}`` hash tag is the scope value itself, so every bucket of one identity lives in
-one Cluster slot.
+bound. The key is the ``{tag}`` hash tag of the scope value itself and holds every bucket of that
+identity (one record per rule, see ``lua/take.lua``), so one identity is one key in one Cluster
+slot, and a short key: Redis spends per key about as much as on the buckets in it.
 """
 
+import base64
 import functools
 import hashlib
 
@@ -17,7 +19,8 @@ _DIGEST_BYTES = 16
 
 
 def scope_token(kind, value):
-    """Return a key-safe token for a scope value, e.g. ``ip.3f9a…`` for ``("ip", "1.2.3.4")``.
+    """Return a key-safe token for a scope value, e.g. ``ip.P5qR…`` (22 characters of URL-safe
+    base64) for ``("ip", "1.2.3.4")``.
 
     ``kind`` is one of the app's own constants; ``value`` may be anything a client sent.
     Memoised (bounded in entries and, since long values are not kept, in bytes): the same
@@ -41,12 +44,15 @@ def _digest_token(kind, value):
     if value is None or value == "":
         return kind
     raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
-    return f"{kind}.{hashlib.blake2b(raw, digest_size=_DIGEST_BYTES).hexdigest()}"
+    digest = hashlib.blake2b(raw, digest_size=_DIGEST_BYTES).digest()
+    # URL-safe base64 (letters, digits, "-", "_"): 22 characters where hex needs 32
+    return f"{kind}.{base64.urlsafe_b64encode(digest).rstrip(b'=').decode()}"
 
 
-def bucket_key(prefix, rule_id, token):
-    """Return the bucket key of one rule for one scope token."""
-    return f"{prefix}:{{{token}}}:{rule_id}:{token}"
+def bucket_key(prefix, token):
+    """Return the key holding every bucket of one scope token (each rule's bucket is a record
+    in it)."""
+    return f"{prefix}:{{{token}}}"
 
 
 def config_version_key(prefix):

@@ -43,7 +43,7 @@ class Leases:
         self._clock = clock
         self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._held = {}  # bucket key -> [tokens, expires_at, version]
+        self._held = {}  # bucket id -> [tokens, expires_at, version]
         self.local_spends = 0  # requests served without their lease bucket's call
 
     def plan(self, buckets, version):
@@ -57,7 +57,7 @@ class Leases:
                     send.append(bucket)
                     sent.append(i)
                     continue
-                held = self._held.get(bucket.key)
+                held = self._held.get(bucket.id)
                 if held and held[2] == version and held[1] > now and held[0] >= bucket.cost:
                     held[0] -= bucket.cost
                     local.append(i)
@@ -78,7 +78,7 @@ class Leases:
         with self._lock:
             if not allowed:
                 for i in plan.local:
-                    held = self._held.get(buckets[i].key)
+                    held = self._held.get(buckets[i].id)
                     if held is not None:
                         held[0] += buckets[i].cost
                 return
@@ -87,12 +87,12 @@ class Leases:
             expires_at = self._clock() + self.ttl_s
             for i in plan.leasing:
                 bucket = buckets[i]
-                if len(self._held) >= self.max_entries and bucket.key not in self._held:
+                if len(self._held) >= self.max_entries and bucket.id not in self._held:
                     self._drop_expired()
                     if len(self._held) >= self.max_entries:
                         continue  # no room: those tokens go unspent (under-grant only)
                 # a new lease replaces what is left of the old one (expired or too small)
-                self._held[bucket.key] = [lease_tokens(bucket), expires_at, version]
+                self._held[bucket.id] = [lease_tokens(bucket), expires_at, version]
 
     def held_tokens(self):
         """Return the tokens this process holds in unexpired leases (for tests and health)."""

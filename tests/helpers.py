@@ -19,7 +19,7 @@ def make_rule(rate=10, period_s=1, burst=10, *, name=None, scope="user", shadow=
 
 
 def make_bucket(rule, cost=1, token="user.test"):
-    return Bucket(rule, bucket_key("rl", rule.id, token), cost)
+    return Bucket(rule, bucket_key("rl", token), cost)
 
 
 class FakeClock:

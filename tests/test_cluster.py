@@ -21,7 +21,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import Client, override_settings
 
-from ratelimit_app.buckets import pack_state, unpack_state
+from ratelimit_app.buckets import pack_value, read_state, unpack_value
 from ratelimit_app.engine import take_args
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.limiter import Limiter
@@ -67,7 +67,7 @@ def token_per_master(cluster, kind="user"):
     owners, tokens = slot_owners(cluster), {}
     for n in range(10_000):
         token = f"{kind}.{n}"
-        port = owners[cluster.slot_of(bucket_key("rl", 0, token))]
+        port = owners[cluster.slot_of(bucket_key("rl", token))]
         tokens.setdefault(port, token)
         if len(tokens) == len(cluster.masters()):
             break
@@ -107,7 +107,7 @@ def test_a_decision_over_3_masters_is_one_evalsha_per_slot_group(cluster):
     assert allowed and version is None  # the version is polled, not carried by group calls
     assert [s.level_units for s in statuses] == [4 * UNITS] * 4
     for bucket in buckets:
-        assert unpack_state(stored(cluster, bucket.key))[0] == 4 * UNITS
+        assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 4 * UNITS
 
 
 def test_one_identity_in_one_slot_is_a_single_evalsha(cluster):
@@ -133,11 +133,12 @@ def test_one_group_short_refunds_every_other_group_exactly(cluster):
     buckets = [global_bucket, shadow_bucket, plan_bucket, client_bucket]
     assert take(buckets)[0]  # everything debited once: the client bucket now holds 1 < 2
 
-    before = {b.key: stored(cluster, b.key) for b in buckets}
+    before = {b.key: unpack_value(stored(cluster, b.key))[1] for b in buckets}
     allowed, statuses, _ = take(buckets)  # same clock: nothing refilled
 
     assert not allowed
-    assert {b.key: stored(cluster, b.key) for b in buckets} == before  # bytes: level and stamp
+    # every bucket's level and stamp as before (only a key's expiry may have grown)
+    assert {b.key: unpack_value(stored(cluster, b.key))[1] for b in buckets} == before
     # the reply shows the refunded levels, and only the client bucket as short
     assert [s.level_units for s in statuses] == [9 * MINUTE, 9 * MINUTE, 9 * MINUTE, MINUTE]
     assert [s.short for s in statuses] == [False, False, False, True]
@@ -157,14 +158,14 @@ def test_a_refund_never_goes_above_capacity(cluster):
     clock.advance(600_000)  # refilled to full since (the stored level is still 3 at its stamp)
 
     assert store.refund([bucket.key], args, refund_id="after-refill") == [5 * MINUTE]
-    assert unpack_state(stored(cluster, bucket.key))[0] == 5 * MINUTE
+    assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 5 * MINUTE
     _, statuses, _ = take([bucket], debit=False)
     assert statuses[0].level_units == 5 * MINUTE
 
     # a full bucket stays full
-    cluster.client().set(bucket.key, pack_state(5 * MINUTE, clock.now_ms, MINUTE))
+    cluster.client().set(bucket.key, pack_value({bucket.rule.id: (5 * MINUTE, clock.now_ms, MINUTE)}))
     assert store.refund([bucket.key], args, refund_id="when-full") == [5 * MINUTE]
-    assert unpack_state(stored(cluster, bucket.key))[0] == 5 * MINUTE
+    assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 5 * MINUTE
 
 
 def test_a_retried_refund_adds_nothing(cluster):
@@ -177,7 +178,7 @@ def test_a_retried_refund_adds_nothing(cluster):
 
     assert store.refund([bucket.key], args, refund_id="decision-1") == [8 * MINUTE]
     assert store.refund([bucket.key], args, refund_id="decision-1") == [8 * MINUTE]  # retried
-    assert unpack_state(stored(cluster, bucket.key))[0] == 8 * MINUTE
+    assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 8 * MINUTE
     assert store.refund([bucket.key], args, refund_id="decision-2") == [9 * MINUTE]
 
 
@@ -194,7 +195,7 @@ def test_a_group_whose_answer_is_lost_is_never_refunded(cluster, settings):
     buckets = [make_bucket(make_rule(rate=1, period_s=60, burst=10), token=token)
                for token in tokens]
     assert take(buckets)[0]
-    before = [stored(cluster, b.key) for b in buckets]
+    before = [unpack_value(stored(cluster, b.key))[1] for b in buckets]
     paused = cluster.masters()[2]
     with paused.client() as client:
         client.execute_command("CLIENT", "PAUSE", 1500, "WRITE")  # scripts wait; no answer
@@ -203,11 +204,12 @@ def test_a_group_whose_answer_is_lost_is_never_refunded(cluster, settings):
                              version_key="v")
     assert not isinstance(raised.value, StoreMisconfigured)
     assert "Timeout" in str(raised.value)
-    assert [stored(cluster, b.key) for b in buckets[:2]] == before[:2]  # refunded exactly
+    # refunded exactly (levels and stamps; a key's expiry may have grown)
+    assert [unpack_value(stored(cluster, b.key))[1] for b in buckets[:2]] == before[:2]
     # the paused group: debited or not (its command may still run when the pause ends), never
     # refunded; a write returns once the pause is over
     cluster.client(socket_timeout=5).set(buckets[2].key + ":probe", b"1")
-    level = unpack_state(stored(cluster, buckets[2].key))[0]
+    level = read_state(stored(cluster, buckets[2].key), buckets[2].rule.id)[0]
     assert level in (9 * MINUTE, 8 * MINUTE)
 
 
@@ -303,6 +305,15 @@ def stopwatch_for(token):
                        cost=STOPWATCH_CAPACITY_S + 1, token=token)
 
 
+def set_states(client, buckets, state):
+    """Write ``state(bucket)`` (level, stamp, period) of every bucket, one value per key."""
+    values = {}
+    for bucket in buckets:
+        values.setdefault(bucket.key, {})[bucket.rule.id] = state(bucket)
+    for key, states in values.items():
+        client.set(key, pack_value(states))
+
+
 def hammer_cluster(cluster, shared_bucket, client_buckets):
     """Run PROCESSES x THREADS callers (thread j of process i is client (i + j) % clients);
     return ``(decisions, allowed calls [client, shared_ms, client_ms])``."""
@@ -310,8 +321,8 @@ def hammer_cluster(cluster, shared_bucket, client_buckets):
     client_pairs = [[b, stopwatch_for(b.key.split("{")[1].split("}")[0])] for b in client_buckets]
     every = [shared_bucket, shared_stopwatch] + [b for pair in client_pairs for b in pair]
     client = cluster.client()
-    for bucket in every:  # closed until the gate opens
-        client.set(bucket.key, pack_state(0, FAR_FUTURE_MS, UNITS))
+    # closed until the gate opens (a bucket and its stopwatch share their identity's key)
+    set_states(client, every, lambda bucket: (0, FAR_FUTURE_MS, UNITS))
     workers = []
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
     for i in range(PROCESSES):
@@ -332,9 +343,8 @@ def hammer_cluster(cluster, shared_bucket, client_buckets):
         # machine: every node reads the same clock)
         seconds, micros = client.time()
         start = seconds * 1000 + micros // 1000 + LEAD_MS
-        for bucket in every:
-            level = 0 if bucket.rule.shadow else bucket.capacity_units
-            client.set(bucket.key, pack_state(level, start, UNITS))
+        set_states(client, every, lambda bucket: (
+            0 if bucket.rule.shadow else bucket.capacity_units, start, UNITS))
         reports = [json.loads(worker.stdout.readline()) for worker in workers]
         for worker in workers:
             assert worker.wait(30) == 0
@@ -366,7 +376,7 @@ def test_no_over_grant_at_any_level_with_4_worker_processes(cluster, binding):
                                           scope="global"), token=tokens[0])
     # four clients on the two other masters
     more = [t for t in (f"key.{n}" for n in range(10_000)) if t not in tokens
-            and cluster.slot_of(bucket_key("rl", 0, t)) != cluster.slot_of(shared_bucket.key)]
+            and cluster.slot_of(bucket_key("rl", t)) != cluster.slot_of(shared_bucket.key)]
     client_rule = make_rule(rate=client_numbers[1], burst=client_numbers[0])
     client_buckets = [make_bucket(client_rule, token=t) for t in [tokens[1], tokens[2], *more[:2]]]
 
@@ -412,16 +422,17 @@ def test_reset_scan_and_the_config_version_work_on_the_cluster(cluster):
         assert take([make_bucket(rule, token=token), make_bucket(other_rule, token=token)])[0]
     store = limiter().store
     found = set(store.scan("rl:{user.*"))
-    assert len(found) == 60  # keys on every master are found
-    assert {cluster.slot_of(key) for key in found} == {cluster.slot_of(bucket_key("rl", 0, t))
+    assert len(found) == 30  # keys on every master are found (one per identity: 2 buckets each)
+    assert {cluster.slot_of(key) for key in found} == {cluster.slot_of(bucket_key("rl", t))
                                                        for t in tokens}
 
     own = [make_bucket(r, token=tokens[0]).key for r in (rule, other_rule)]
     version_before = limiter().read_version()
+    assert own[0] == own[1]  # both buckets in the identity's one key
     deleted, version = limiter().reset(own)
-    assert deleted == 2 and version != version_before == "0"
+    assert deleted == 1 and version != version_before == "0"
     assert limiter().read_version() == version
-    assert len(set(store.scan("rl:{user.*"))) == 58
+    assert len(set(store.scan("rl:{user.*"))) == 29
     # keys of several slots: one DEL per slot
     assert store.delete([make_bucket(rule, token=t).key for t in tokens[1:4]]) == 3
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from ratelimit_app.buckets import pack_state
+from ratelimit_app.buckets import pack_value
 
 from .helpers import make_bucket, make_rule
 
@@ -106,15 +106,16 @@ print(json.dumps(seen), flush=True)
 OPEN_GATE = """
 local t = redis.call('TIME')
 local start = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-redis.call('SET', KEYS[1], struct.pack('<i8i8i8', tonumber(ARGV[2]), start, tonumber(ARGV[3])))
-redis.call('SET', KEYS[2], struct.pack('<i8i8i8', 0, start, tonumber(ARGV[3])))
+-- take.lua's layout: the key's expiry (0: set on the next debit), then rule id, level, stamp, period
+redis.call('SET', KEYS[1], struct.pack('<i8i4i8i8i8', 0, tonumber(ARGV[4]), tonumber(ARGV[2]), start, tonumber(ARGV[3])))
+redis.call('SET', KEYS[2], struct.pack('<i8i4i8i8i8', 0, tonumber(ARGV[5]), 0, start, tonumber(ARGV[3])))
 return start
 """
 
 
-def closed(key, redis_client):
-    """Seed ``key`` empty with no refill until the far future (nothing can pass yet)."""
-    redis_client.set(key, pack_state(0, FAR_FUTURE_MS, UNITS_PER_TOKEN))
+def closed(bucket, redis_client):
+    """Seed ``bucket`` empty with no refill until the far future (nothing can pass yet)."""
+    redis_client.set(bucket.key, pack_value({bucket.rule.id: (0, FAR_FUTURE_MS, UNITS_PER_TOKEN)}))
 
 
 def start_workers(config):
@@ -157,8 +158,8 @@ def test_one_bucket_hammered_by_8_processes_x_8_threads_allows_at_most_burst_plu
     stopwatch = make_bucket(make_rule(rate=1, period_s=1, burst=STOPWATCH_CAPACITY_S,
                                       shadow=True), cost=STOPWATCH_CAPACITY_S + 1,
                             token="stopwatch")
-    closed(bucket.key, redis_client)
-    closed(stopwatch.key, redis_client)
+    closed(bucket, redis_client)
+    closed(stopwatch, redis_client)
     config = {"threads": THREADS, "window_ms": WINDOW_MS,
               "buckets": [{"rule": asdict(b.rule), "key": b.key, "cost": b.cost}
                           for b in (bucket, stopwatch)]}
@@ -171,7 +172,8 @@ def test_one_bucket_hammered_by_8_processes_x_8_threads_allows_at_most_burst_plu
             worker.stdin.write("go\n")
             worker.stdin.flush()
         redis_client.eval(OPEN_GATE, 2, bucket.key, stopwatch.key, LEAD_MS,
-                          BURST * UNITS_PER_TOKEN, UNITS_PER_TOKEN)
+                          BURST * UNITS_PER_TOKEN, UNITS_PER_TOKEN, bucket.rule.id,
+                          stopwatch.rule.id)
         reports = [json.loads(worker.stdout.readline()) for worker in workers]
         for worker in workers:
             assert worker.wait(30) == 0

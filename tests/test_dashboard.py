@@ -17,6 +17,7 @@ from django.test import Client, override_settings
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.dashboard.charts import count_axis, requests_chart
 from ratelimit_app.dashboard.data import dashboard_data
+from ratelimit_app.buckets import pack_value
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.models import ApiKey, Rule
 
@@ -219,8 +220,9 @@ def test_reset_needs_post_csrf_confirmation_and_permission(demo, traffic, redis_
                                "csrfmiddlewaretoken": str(viewer_token)}).status_code == 403
 
     plan_rule = Rule.objects.get(name="free-plan")
-    shared_key = bucket_key("rl", plan_rule.id, scope_token("plan", "free"))
-    redis_client.set(shared_key, "1:1:60000")  # a shared bucket (no TTL, so it cannot expire)
+    shared_key = bucket_key("rl", scope_token("plan", "free"))
+    # a shared bucket (no TTL, so it cannot expire)
+    redis_client.set(shared_key, pack_value({plan_rule.id: (1, 1, 60000)}))
     version = limiter().read_version()
     done = client.post(RESET, {"ref": f"ip:{SCRAPER}", "confirm": "yes",
                                "csrfmiddlewaretoken": str(token)})

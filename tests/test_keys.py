@@ -7,15 +7,16 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from ratelimit_app.buckets import unpack_value
 from ratelimit_app.keys import bucket_key, config_version_key, metrics_key, scope_token
 from ratelimit_app.models import Plan, PlanAssignment, Rule, Scope
 
 from .helpers import limiter, load_demo_data
 
-TOKEN_RE = r"(?:global|(?:ip|user|key|tenant|plan)\.[0-9a-f]{32})"
-BUCKET_KEY_RE = re.compile(
-    rf"^rl:\{{(?P<tag>{TOKEN_RE})\}}:(?P<rule>[0-9]{{1,12}}):(?P<token>{TOKEN_RE})$")
-MAX_BUCKET_KEY_LENGTH = 100
+DIGEST_RE = r"[0-9A-Za-z_-]{22}"  # 16 bytes of BLAKE2b, URL-safe base64
+TOKEN_RE = rf"(?:global|(?:ip|user|key|tenant|plan)\.{DIGEST_RE})"
+BUCKET_KEY_RE = re.compile(rf"^rl:\{{(?P<token>{TOKEN_RE})\}}$")
+MAX_BUCKET_KEY_LENGTH = 40
 
 HOSTILE = [
     "{evil}", "}{", "a:b:c", "{a}:1:{b}", "rl:{global}:1:global",
@@ -28,7 +29,7 @@ HOSTILE = [
 
 def test_scope_token_is_a_fixed_length_hash_of_the_value():
     token = scope_token("ip", "203.0.113.5")
-    assert re.fullmatch(r"ip\.[0-9a-f]{32}", token)
+    assert re.fullmatch(rf"ip\.{DIGEST_RE}", token)
     assert token == scope_token("ip", "203.0.113.5")
     assert token != scope_token("ip", "203.0.113.6")
     assert token != scope_token("user", "203.0.113.5")  # the kind is part of the token
@@ -42,13 +43,13 @@ def test_scope_token_of_hostile_values_is_key_safe(value):
     if value == "":
         assert token == "tenant"
     else:
-        assert re.fullmatch(r"tenant\.[0-9a-f]{32}", token)
+        assert re.fullmatch(rf"tenant\.{DIGEST_RE}", token)
 
 
-def test_bucket_key_tags_the_scope_value():
+def test_bucket_key_is_the_tagged_scope_value():
     token = scope_token("user", "7")
-    key = bucket_key("rl", 12, token)
-    assert key == f"rl:{{{token}}}:12:{token}"
+    key = bucket_key("rl", token)
+    assert key == f"rl:{{{token}}}"
     assert BUCKET_KEY_RE.match(key)
 
 
@@ -78,8 +79,6 @@ def assert_keys_are_valid(keys):
         match = BUCKET_KEY_RE.match(key)
         assert match, f"bad key {key!r}"
         assert len(key) <= MAX_BUCKET_KEY_LENGTH
-        # the tag is the scope value, so all buckets of one identity share one slot
-        assert match["tag"] == match["token"]
         bucket_keys.append(match)
     return bucket_keys
 
@@ -123,11 +122,14 @@ def test_hostile_identities_give_bounded_valid_keys_and_no_500(hostile_setup, re
     assert kinds - {"global"} == {"plan", "tenant", "user", "ip"}
 
 
-def test_one_identitys_buckets_share_a_tag_across_rules(settings, db, redis_client):
+def test_one_identitys_buckets_share_one_key_across_rules(settings, db, redis_client):
     load_demo_data()
     client = Client()
     client.post("/api/reports/", HTTP_X_API_KEY="rk_alice_free")
     bucket_keys = assert_keys_are_valid(all_keys(redis_client))
     key_buckets = [m for m in bucket_keys if m["token"].startswith("key.")]
-    # free-user and free-reports: two rules, one tag
-    assert len(key_buckets) == 2 and len({m["tag"] for m in key_buckets}) == 1
+    # free-user and free-reports: two rules, one key (one tag), one record each
+    assert len(key_buckets) == 1
+    _, records = unpack_value(redis_client.get(key_buckets[0].string))
+    rules = {r.id: r.name for r in Rule.objects.filter(id__in=records)}
+    assert sorted(rules.values()) == ["free-reports", "free-user"]

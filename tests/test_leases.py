@@ -43,11 +43,10 @@ def request_from(n):
 
 def global_level(redis_client, limiter):
     """Whole tokens left in the global bucket in Redis."""
-    bucket = next(b for b in limiter.snapshot().rules if b.name == "global")
-    key = next(k for k in redis_client.scan_iter(f"rl:*:{bucket.id}:*"))
-    from ratelimit_app.buckets import unpack_state
+    rule = next(r for r in limiter.snapshot().rules if r.name == "global")
+    from ratelimit_app.buckets import read_state
 
-    level, _stamp, period_ms = unpack_state(redis_client.get(key))
+    level, _stamp, period_ms = read_state(redis_client.get("rl:{global}"), rule.id)
     return level // period_ms
 
 

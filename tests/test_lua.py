@@ -1,6 +1,6 @@
 """take.lua through engine.take: token math, all-or-nothing, shadow, TTLs, clock guard, units."""
 
-from ratelimit_app.buckets import unpack_state
+from ratelimit_app.buckets import read_state, unpack_value
 
 from .helpers import make_bucket, make_rule, take
 
@@ -9,7 +9,7 @@ T0 = 1_700_000_000_000  # an arbitrary "now" in ms; the script accepts it in tes
 
 def stored_state(redis_client, bucket):
     """Return (level, timestamp_ms, period_ms) as the script stored them."""
-    return unpack_state(redis_client.get(bucket.key))
+    return read_state(redis_client.get(bucket.key), bucket.rule.id)
 
 
 def remaining(statuses):
@@ -87,7 +87,28 @@ def test_every_key_gets_a_ttl_of_the_time_to_refill(redis_client):
     bucket = make_bucket(make_rule(rate=1, period_s=10, burst=5), cost=2)
     take([bucket], now_ms=T0)
     ttl_ms = redis_client.pttl(bucket.key)
-    assert 19_000 <= ttl_ms <= 20_000  # 2 tokens at 1 per 10 s
+    assert 19_000 <= ttl_ms <= 21_000  # 2 tokens at 1 per 10 s, and at most 1 s to spare
+
+
+def test_one_identity_shares_one_key_whose_ttl_covers_its_slowest_bucket(redis_client):
+    slow = make_bucket(make_rule(rate=1, period_s=100, burst=5))   # full again in 100 s
+    fast = make_bucket(make_rule(rate=10, period_s=1, burst=10))   # full again in 0.1 s
+    assert slow.key == fast.key
+    take([slow, fast], now_ms=T0)
+    expiry, records = unpack_value(redis_client.get(slow.key))
+    assert set(records) == {slow.rule.id, fast.rule.id}
+    assert T0 + 100_000 <= expiry <= T0 + 101_000
+    assert 99_000 <= redis_client.pttl(slow.key) <= 101_000
+    # a debit of the fast bucket alone keeps the other record and needs no longer life:
+    # the key is rewritten with its TTL untouched
+    redis_client.pexpire(slow.key, 200_000)
+    take([fast], now_ms=T0 + 50)
+    assert set(unpack_value(redis_client.get(slow.key))[1]) == {slow.rule.id, fast.rule.id}
+    assert redis_client.pttl(slow.key) > 150_000
+    # a debit that needs a longer life than the key's expiry re-arms it
+    redis_client.pexpire(slow.key, 200_000)
+    take([slow], now_ms=T0 + 100)
+    assert 199_000 <= redis_client.pttl(slow.key) <= 201_000
 
 
 def test_denied_call_writes_nothing(redis_client):
@@ -114,7 +135,7 @@ def test_state_is_stored_as_integers(redis_client):
     take([bucket], now_ms=T0)
     take([bucket], now_ms=T0 + 1234)
     value = redis_client.get(bucket.key)
-    assert len(value) == 24  # three 64-bit integers, nothing else
+    assert len(value) == 8 + 28  # the key's expiry, then the bucket's rule id and 3 integers
     level, stamp, period = stored_state(redis_client, bucket)
     assert period == 7000 and stamp == T0 + 1234
     # 5 tokens - 1, + 1234 ms * 3 units/ms, - 1 token (7000 units each)

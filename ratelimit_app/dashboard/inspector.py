@@ -128,8 +128,8 @@ def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
     if endpoint is not None:
         # the engine's own plan for one such request says which buckets and what they are charged
         cost = snapshot.cost_for(endpoint, method, identity.plan)
-        costs = {b.key: b.cost for b in engine.plan_buckets(snapshot, identity, endpoint, cost)}
-        buckets = [bucket for bucket in buckets if bucket.key in costs]
+        costs = {b.id: b.cost for b in engine.plan_buckets(snapshot, identity, endpoint, cost)}
+        buckets = [bucket for bucket in buckets if bucket.id in costs]
     if not buckets:
         return [], False
     statuses, _allowed = default_limiter().peek_buckets(buckets)
@@ -141,7 +141,7 @@ def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
             "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
             "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
             "full_in_s": status.full_s, "rate": f"{rule.rate} per {rule.period_s} s",
-            "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.key),
+            "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.id),
         })
     return rows, False
 
@@ -151,7 +151,7 @@ def reset_buckets(identity, snapshot):
     bump the config version so workers drop stale local denials. Returns
     ``(keys deleted, new config version)``; raises ``StoreUnavailable``."""
     buckets = _client_buckets(identity, snapshot) or []
-    own = [b.key for b in buckets if b.rule.scope in CLIENT_SCOPES]
+    own = list(dict.fromkeys(b.key for b in buckets if b.rule.scope in CLIENT_SCOPES))
     # one identity's keys share a hash tag: one DEL, even on Redis Cluster
     return default_limiter().reset(own)
 

@@ -1,40 +1,52 @@
 -- Give back, once, what take.lua debited from some buckets of a decision that was refused
 -- elsewhere (on a Redis Cluster, another slot's call of the same decision refused it).
 --
--- KEYS[1..n]  bucket keys (one slot), KEYS[n+1] the refund's marker key, in the same slot
---             (the buckets' {tag}); its name carries the refund id of the decision
+-- KEYS[1..n]  bucket keys (one slot; buckets of one identity repeat their key), KEYS[n+1] the
+--             refund's marker key, in the same slot (the buckets' {tag}); its name carries the
+--             refund id of the decision
 -- ARGV[1]     how long the marker lives, in ms (longer than any retry of this refund)
--- ARGV[2..]   five values per bucket, exactly as take.lua got them: period_ms, capacity,
---             refill_per_ms, cost, mode (only period_ms, capacity and cost are used here)
+-- ARGV[2..]   one per bucket, exactly as take.lua got it: six little-endian int64, rule id,
+--             period_ms, capacity, refill_per_ms, cost, mode (refill and mode unused here)
 --
 -- Idempotent: the first call sets the marker (SET NX) and adds the cost back; a retried call
 -- finds the marker and adds nothing. Never above capacity: a bucket refilled meanwhile stays
--- full. The stored layout is take.lua's (level, timestamp_ms, period_ms as three little-endian
--- int64); the timestamp and the TTL are kept: the level is the one at that timestamp, so the
--- next take refills from it exactly as if the debit had never happened. A missing key (or one
--- that is not ours) reads as full and is left alone.
+-- full. The stored layout is take.lua's (the key's expiry, then per bucket rule id, level,
+-- timestamp_ms, period_ms); the timestamps and the TTL are kept: a level is the one at its
+-- timestamp, so the next take refills from it exactly as if the debit had never happened (and a
+-- higher level needs no longer TTL). A missing record (or a value that is not ours) reads as
+-- full and is left alone.
 --
 -- Returns the buckets' levels after the call, in units of their period_ms.
 
+local HEADER, RECORD = 8, 28
 local n = #KEYS - 1
 local first_call = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[1])
-local levels = {}
+local values, changed, levels = {}, {}, {}
 
 for i = 1, n do
-  local a = 2 + (i - 1) * 5
-  local period, capacity, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
+  local key = KEYS[i]
+  local rule, period, capacity, _, cost = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
+  local value = values[key]
+  if value == nil then value = redis.call('GET', key) or ''; values[key] = value end
   local level = capacity
-  local value = redis.call('GET', KEYS[i])
-  if value and #value == 24 then
-    local stamp, p
-    level, stamp, p = struct.unpack('<i8i8i8', value)
-    if p ~= period then level = math.floor(level * period / p) end
-    if first_call and level < capacity then
-      level = math.min(capacity, level + cost)
-      redis.call('SET', KEYS[i], struct.pack('<i8i8i8', level, stamp, period), 'KEEPTTL')
+  if #value >= HEADER + RECORD and (#value - HEADER) % RECORD == 0 then
+    for at = HEADER + 1, #value, RECORD do
+      local id, stored, stamp, p = struct.unpack('<i4i8i8i8', value, at)
+      if id == rule then
+        level = stored
+        if p ~= period then level = math.floor(level * period / p) end
+        if first_call and level < capacity then
+          level = math.min(capacity, level + cost)
+          value = string.sub(value, 1, at - 1) .. struct.pack('<i4i8i8i8', rule, level, stamp, period)
+            .. string.sub(value, at + RECORD)
+          values[key], changed[key] = value, true
+        end
+        if level > capacity then level = capacity end
+        break
+      end
     end
-    if level > capacity then level = capacity end
   end
   levels[i] = level
 end
+for key in pairs(changed) do redis.call('SET', key, values[key], 'KEEPTTL') end
 return levels

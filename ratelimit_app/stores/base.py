@@ -102,7 +102,7 @@ class Store:
         """Run take.lua for one decision and return a TakeReply.
 
         ``bucket_keys`` and ``args`` are as take.lua documents them (``args`` begins with now
-        and the debit flag, then five values per bucket); ``version_key`` is the config version
+        and the debit flag, then one spec per bucket); ``version_key`` is the config version
         counter, read in the same call where the store can.
         """
         raise NotImplementedError

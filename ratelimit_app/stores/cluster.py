@@ -39,8 +39,8 @@ from .redis import parse_take_reply
 
 __all__ = ["ClusterStore", "parse_nodes"]
 
-# take.lua's and refund.lua's arguments: a head (take: now, debit flag), then 5 per bucket
-HEAD, PER_BUCKET = 2, 5
+# take.lua's and refund.lua's arguments: a head (take: now, debit flag), then 1 per bucket
+HEAD, PER_BUCKET = 2, 1
 # A refund marker outlives any retry of that refund by far, and then vanishes.
 REFUND_MARKER_TTL_MS = 10_000
 # Error replies that mean "not run here, ask the cluster where": redo through RedisCluster.
@@ -367,7 +367,7 @@ def _group_by_slot(keys):
 
 
 def _bucket_args(args, indices):
-    """Return the five script arguments of each bucket in ``indices`` (``args`` as for take)."""
+    """Return the script arguments of each bucket in ``indices`` (``args`` as for take)."""
     picked = []
     for i in indices:
         start = HEAD + i * PER_BUCKET
