@@ -8,6 +8,9 @@ Failed authentication (D3) is charged here too, once the response shows it: a wr
 an API key header naming no active key. Each costs the client IP one token of its failed-auth
 rules; a client IP with none left is refused (429) whatever it sends, so guessing is limited and
 a right guess looks like a wrong one.
+
+The ``a``-prefixed functions are the same for an event loop (QuotaMiddleware under ASGI): they
+await the Limiter's async methods and differ in nothing else.
 """
 
 import logging
@@ -17,8 +20,9 @@ from .engine import Decision
 from .headers import problem_response
 from .limiter import default_limiter
 
-__all__ = ["DECISION_ATTR", "decide", "endpoint_name", "mark_authentication_failed",
-           "charge_failed_authentication", "check_failed_authentication"]
+__all__ = ["DECISION_ATTR", "decide", "adecide", "endpoint_name", "mark_authentication_failed",
+           "charge_failed_authentication", "acharge_failed_authentication",
+           "check_failed_authentication", "acheck_failed_authentication"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -42,6 +46,23 @@ def decide(request, user):
     except Exception:  # the limiter must never be the reason for a 500
         logger.exception("ratelimit_app: unexpected error; request allowed")
         decision = Decision(allowed=True, degraded="error")
+    return _keep(request, decision)
+
+
+async def adecide(request, user):
+    """``decide`` for an event loop."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None:
+        return decision
+    try:
+        decision = await default_limiter().adecide(request, user, endpoint_name(request))
+    except Exception:  # the limiter must never be the reason for a 500
+        logger.exception("ratelimit_app: unexpected error; request allowed")
+        decision = Decision(allowed=True, degraded="error")
+    return _keep(request, decision)
+
+
+def _keep(request, decision):
     setattr(request, DECISION_ATTR, decision)
     default_limiter().record(decision)
     return decision
@@ -68,6 +89,19 @@ def charge_failed_authentication(request, response):
     return _refusal(request, decision) or response
 
 
+async def acharge_failed_authentication(request, response):
+    """``charge_failed_authentication`` for an event loop."""
+    if not _authentication_failed(request, response):
+        return response
+    try:
+        decision = await default_limiter().afailed_authentication(request,
+                                                                  endpoint_name(request))
+    except Exception:  # the limiter must never be the reason for a 500
+        logger.exception("ratelimit_app: unexpected error charging a failed authentication")
+        return response
+    return _refusal(request, decision) or response
+
+
 def check_failed_authentication(request):
     """Return a 429 if ``request``'s client IP has no failed authentications left, else None.
 
@@ -77,6 +111,17 @@ def check_failed_authentication(request):
     try:
         decision = default_limiter().failed_authentication(request, endpoint_name(request),
                                                            charge=False)
+    except Exception:
+        logger.exception("ratelimit_app: unexpected error checking failed authentications")
+        return None
+    return _refusal(request, decision)
+
+
+async def acheck_failed_authentication(request):
+    """``check_failed_authentication`` for an event loop."""
+    try:
+        decision = await default_limiter().afailed_authentication(
+            request, endpoint_name(request), charge=False)
     except Exception:
         logger.exception("ratelimit_app: unexpected error checking failed authentications")
         return None

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import NamedTuple
 
+from asgiref.sync import sync_to_async
+
 from . import engine, keys, metrics
 from .breaker import CircuitBreaker
 from .conf import get_config
@@ -113,6 +115,7 @@ class Limiter:
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors)
         self.flusher.autostart = metrics_autostart
+        self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -149,7 +152,8 @@ class Limiter:
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
         try:
-            if pending.snapshot.has_leases:
+            # (the snapshot's flag first: most snapshots lease nothing)
+            if pending.snapshot.has_leases and any(b.rule.lease for b in pending.buckets):
                 allowed, statuses = self._take_with_leases(
                     pending.buckets, pending.snapshot.version, now_ms)
             else:
@@ -228,20 +232,107 @@ class Limiter:
         Failures are charged after the response (the adapters cannot know earlier that the
         credentials were wrong); the check runs where no ordinary decision is made first.
         """
-        snapshot = self.policies.get()
-        if not snapshot.failed_auth_rules:
+        found = _failed_auth_buckets(self.policies.get(), request, endpoint)
+        if found is None:
             return None
-        identity = identify(request, None, snapshot)
-        buckets = engine.failed_auth_buckets(snapshot, identity, endpoint)
-        if not buckets:
-            return None
+        identity, buckets = found
         try:
             reply = self.take(buckets, now_ms=now_ms, debit=charge)
         except StoreUnavailable:
             return engine.degraded_decision(buckets, identity, endpoint, 1)
-        return engine.decision_from(buckets, engine.statuses_from(buckets, reply),
-                                    reply.allowed, identity, endpoint, 1,
-                                    failed_authentication=True)
+        return _failed_auth_decision(buckets, identity, endpoint, reply)
+
+    # --- the request path on an asyncio event loop (QuotaMiddleware under ASGI) --------------
+
+    # built on first use by async_store(); set by adecide while a thread refreshes the snapshot
+    _async_store = None
+    _refreshing_snapshot = False
+
+    async def adecide(self, request, user, endpoint, *, now_ms=None):
+        """``decide`` for an event loop: the same steps, with the store call awaited on the
+        async store (see stores/aio.py). Returns a Decision."""
+        pending = self._prepare(await self.asnapshot(), request, user, endpoint, now_ms)
+        if isinstance(pending, Decision):
+            return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
+        try:
+            if pending.snapshot.has_leases:
+                # leases may need a second call and keep local state between the two: the sync
+                # path in a worker thread (hot shared buckets only; most of their requests are
+                # then served from the lease without any call)
+                allowed, statuses = await sync_to_async(
+                    self._take_with_leases, thread_sensitive=False)(
+                    pending.buckets, pending.snapshot.version, now_ms)
+            else:
+                reply = await self.atake(pending.buckets, now_ms=now_ms)
+                allowed, statuses = reply.allowed, engine.statuses_from(pending.buckets, reply)
+        except StoreUnavailable:
+            return pending.degraded()
+        return self._conclude(pending, allowed, statuses)
+
+    async def afailed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
+        """``failed_authentication`` for an event loop. Returns the Decision or None."""
+        found = _failed_auth_buckets(await self.asnapshot(), request, endpoint)
+        if found is None:
+            return None
+        identity, buckets = found
+        try:
+            reply = await self.atake(buckets, now_ms=now_ms, debit=charge)
+        except StoreUnavailable:
+            return engine.degraded_decision(buckets, identity, endpoint, 1)
+        return _failed_auth_decision(buckets, identity, endpoint, reply)
+
+    async def asnapshot(self):
+        """``snapshot()`` for an event loop. Nearly always the snapshot in memory, with no
+        I/O; when the version is due for its poll or the rules for a reload (the database), that
+        work runs in a thread (Django's ORM rule: ``thread_sensitive``), once: requests arriving
+        meanwhile keep the rules in memory rather than queue behind it."""
+        policies = self.policies
+        snapshot = policies.current()
+        if snapshot is not None:
+            return snapshot
+        if self._refreshing_snapshot and policies.snapshot is not None:
+            return policies.snapshot
+        self._refreshing_snapshot = True
+        try:
+            return await sync_to_async(policies.get)()
+        finally:
+            self._refreshing_snapshot = False
+
+    async def atake(self, buckets, *, now_ms=None, debit=True):
+        """``take`` awaited on the async store, through the same breaker and counters.
+        Returns the TakeReply; raises StoreUnavailable."""
+        if now_ms is None:
+            now_ms = self.clock.redis_now_ms()
+        args = engine.take_args(buckets, now_ms, debit)
+        reply = await self._aguarded(self.async_store().take, [b.key for b in buckets], args,
+                                     version_key=self.version_key)
+        self.policies.observe_version(reply.version)
+        return reply
+
+    def async_store(self):
+        """Return the async store beside ``store`` (built on first use)."""
+        store = self._async_store
+        if store is None:
+            from .stores.aio import async_store_for
+
+            store = self._async_store = async_store_for(self.store)
+        return store
+
+    async def _aguarded(self, operation, *args, **kwargs):
+        """``_guarded`` for a coroutine operation: the same breaker, the same counters."""
+        breaker = self.breaker
+        if not breaker.allow_call():
+            self.stats.breaker_skips += 1
+            raise StoreUnavailable("circuit breaker open")
+        started = time.perf_counter()
+        try:
+            result = await operation(*args, **kwargs)
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            raise
+        breaker.record_success()
+        self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
+        return result
 
     # --- read-only looks and operator actions ------------------------------------------------
 
@@ -319,21 +410,42 @@ class Limiter:
         try:
             result = operation(*args, **kwargs)
         except StoreUnavailable as exc:
-            breaker.record_failure()
-            stats.redis_errors += 1
-            stats.last_error, stats.last_error_at = str(exc), time.time()
-            if is_misconfiguration(exc):
-                # Redis answers but refuses what the limiter sends: no wait will cure it
-                logger.error("ratelimit_app: the store is misconfigured, not down: %s (a %s "
-                             "store; run manage.py check); breaker %s", exc, self.store.kind,
-                             breaker.state)
-            else:
-                logger.warning("ratelimit_app: Redis unavailable (%s); breaker %s", exc,
-                               breaker.state)
+            self._store_failed(exc)
             raise
         breaker.record_success()
         stats.last_latency_ms = (time.perf_counter() - started) * 1000
         return result
+
+    def _store_failed(self, exc):
+        """Count a failed store call of the request path (sync or async) and log it."""
+        breaker, stats = self.breaker, self.stats
+        breaker.record_failure()
+        stats.redis_errors += 1
+        stats.last_error, stats.last_error_at = str(exc), time.time()
+        if is_misconfiguration(exc):
+            # Redis answers but refuses what the limiter sends: no wait will cure it
+            logger.error("ratelimit_app: the store is misconfigured, not down: %s (a %s "
+                         "store; run manage.py check); breaker %s", exc, self.store.kind,
+                         breaker.state)
+        else:
+            logger.warning("ratelimit_app: Redis unavailable (%s); breaker %s", exc,
+                           breaker.state)
+
+
+def _failed_auth_buckets(snapshot, request, endpoint):
+    """Return ``(identity, buckets)`` one failed authentication of ``request`` is charged to,
+    or None when no failed-auth rule applies."""
+    if not snapshot.failed_auth_rules:
+        return None
+    identity = identify(request, None, snapshot)
+    buckets = engine.failed_auth_buckets(snapshot, identity, endpoint)
+    return (identity, buckets) if buckets else None
+
+
+def _failed_auth_decision(buckets, identity, endpoint, reply):
+    """Return the Decision of a failed-auth take's ``reply``."""
+    return engine.decision_from(buckets, engine.statuses_from(buckets, reply), reply.allowed,
+                                identity, endpoint, 1, failed_authentication=True)
 
 
 def _lease_was_too_much(plan, buckets, reply):

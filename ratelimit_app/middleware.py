@@ -6,13 +6,23 @@ to ``QuotaThrottle`` unless ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF auth
 keys) inside the view; the throttle's refusals are DRF responses (the project's exception
 handler, its renderers) and carry the headers already. CORS preflights are not charged unless
 ``CHARGE_PREFLIGHT`` is set.
+
+Sync and async (Django's ``sync_capable``/``async_capable``). Under an ASGI server, with every
+middleware below it async-capable, it runs in async mode: ``__call__`` and ``process_view`` are
+coroutine functions, so Django awaits them on the event loop (it adapts ``process_view`` to the
+handler's mode, and leaves a coroutine function alone), and the decision's one Redis call is
+awaited on an asyncio client (``Limiter.adecide``) instead of holding a thread. The steps are
+the sync path's, in the same order.
 """
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
 from .conf import ensure_installed, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
-from .guard import (DECISION_ATTR, charge_failed_authentication,  # noqa: E402 (needs models)
+from .guard import (DECISION_ATTR, acharge_failed_authentication,  # noqa: E402 (needs models)
+                    acheck_failed_authentication, adecide, charge_failed_authentication,
                     check_failed_authentication, decide)
 from .headers import apply_headers, problem_response, uncharged_preflight  # noqa: E402
 
@@ -47,26 +57,73 @@ def _quota_throttle_never_ran(request):
                for throttle in match.func.cls.throttle_classes)
 
 
+def _late_decision_needed(request, response):
+    """True when DRF's content negotiation failed before the throttle ran (e.g. a client
+    accepting only application/problem+json): the middleware decides then, so a limited client
+    hears 429."""
+    return response.status_code == 406 and _quota_throttle_never_ran(request)
+
+
+def _with_headers(response, decision):
+    if not response.has_header("RateLimit-Policy"):  # QuotaThrottle set DRF's already
+        apply_headers(response, decision)
+    return response
+
+
+async def _auser(request):
+    """The request's user, loaded without touching the ORM on the event loop."""
+    if hasattr(request, "auser"):  # AuthenticationMiddleware's async accessor
+        return await request.auser()
+    user = getattr(request, "user", None)
+    if user is None:
+        return None
+    # a lazy user (another authentication middleware) is loaded in a thread, as Django does
+    return await sync_to_async(_loaded)(user)
+
+
+def _loaded(user):
+    getattr(user, "is_authenticated", None)  # evaluates a lazy object (its query)
+    return user
+
+
 class QuotaMiddleware:
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+            # Django adapts process_view to the handler's mode, not the middleware's: as a
+            # coroutine function it is awaited on the loop instead of run in a thread
+            self.process_view = self._aprocess_view
 
     def __call__(self, request):
+        if self.async_mode:
+            return self.__acall__(request)
         # a failed authentication is known only now; over the client IP's allowance it turns
         # the response into a 429 (and becomes the request's decision)
         response = charge_failed_authentication(request, self.get_response(request))
         decision = getattr(request, DECISION_ATTR, None)
         if decision is None:
-            if response.status_code != 406 or not _quota_throttle_never_ran(request):
+            if not _late_decision_needed(request, response):
                 return response
-            # DRF's content negotiation failed before the throttle ran (e.g. a client accepting
-            # only application/problem+json): decide here, so a limited client hears 429.
             decision = decide(request, getattr(request, "user", None))
             if not decision.allowed:
                 return problem_response(decision)
-        if not response.has_header("RateLimit-Policy"):  # QuotaThrottle set DRF's already
-            apply_headers(response, decision)
-        return response
+        return _with_headers(response, decision)
+
+    async def __acall__(self, request):
+        response = await acharge_failed_authentication(request, await self.get_response(request))
+        decision = getattr(request, DECISION_ATTR, None)
+        if decision is None:
+            if not _late_decision_needed(request, response):
+                return response
+            decision = await adecide(request, await _auser(request))
+            if not decision.allowed:
+                return problem_response(decision)
+        return _with_headers(response, decision)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)
@@ -77,6 +134,17 @@ class QuotaMiddleware:
         if limited_by != "middleware":
             return None
         decision = decide(request, getattr(request, "user", None))
+        if not decision.allowed:
+            return problem_response(decision)
+        return None
+
+    async def _aprocess_view(self, request, view_func, view_args, view_kwargs):
+        limited_by = _limited_by(request, view_func)
+        if limited_by is None and request.method == "POST":
+            return await acheck_failed_authentication(request)
+        if limited_by != "middleware":
+            return None
+        decision = await adecide(request, await _auser(request))
         if not decision.allowed:
             return problem_response(decision)
         return None

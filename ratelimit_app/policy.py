@@ -237,6 +237,17 @@ class PolicyCache:
             return snapshot  # the last load failed moments ago; replies keep marking it stale
         return self._reload()
 
+    def current(self):
+        """Return the snapshot ``get()`` would return without reading the store or the
+        database, or None when it has to (the async path then runs ``get`` in a thread)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return None
+        now = self._clock()
+        if not self.stale:
+            return snapshot if now - self.checked_at < self.check_interval_s else None
+        return snapshot if now < self.retry_at else None
+
     def _version_or(self, fallback):
         from .stores import StoreUnavailable
 

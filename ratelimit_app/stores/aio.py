@@ -1,0 +1,123 @@
+"""Async stores: a decision's one call awaited on an asyncio event loop (``Limiter.adecide``,
+used by QuotaMiddleware under an ASGI server).
+
+- ``AsyncRedisStore`` (beside ``RedisStore``): a ``redis.asyncio`` client connected as the
+  RedisStore's own client is (the django-redis cache's LOCATION and OPTIONS: host, port or
+  socket, db, credentials, TLS, timeouts, pool size), with the same take.lua registered on it
+  (``AsyncScript``: EVALSHA, and SCRIPT LOAD then EVALSHA again on NOSCRIPT) and the same reply
+  parsing. While it waits for Redis, the event loop serves other requests.
+- ``ThreadedAsyncStore``: every other store (Cluster, Sentinel) runs its own sync ``take`` in a
+  worker thread (``sync_to_async(thread_sensitive=False)``), so their slot grouping, refunds,
+  master following and READONLY retry stay in one place. The loop is not blocked; the price is a
+  thread hop per decision (measured in the README's ASGI section).
+
+Both are awaited through the Limiter's ``_aguarded``: one breaker and one set of error counters
+for the sync and the async paths of a process.
+
+redis.asyncio connections belong to the event loop that opened them, so a client is kept per
+loop (an ASGI worker has one; a test may run several).
+"""
+
+import asyncio
+import weakref
+
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from .base import StoreUnavailable, script_source
+from .redis import RedisStore, parse_take_reply
+
+__all__ = ["AsyncRedisStore", "ThreadedAsyncStore", "async_store_for", "CLIENT_NAME"]
+
+#: the async connections' name in CLIENT LIST (operators, and the test, tell them apart)
+CLIENT_NAME = "ratelimit_app:async"
+
+# What the RedisStore's connections are made with that an asyncio connection understands too.
+# The rest of redis-py's pool kwargs are its sync internals (parser, maintenance handlers).
+_CONNECTION_KWARGS = ("host", "port", "path", "db", "username", "password",
+                      "credential_provider", "socket_timeout", "socket_connect_timeout",
+                      "socket_keepalive", "socket_keepalive_options", "health_check_interval")
+
+
+def async_store_for(store):
+    """Return the async store for ``store``: an AsyncRedisStore for a single node, else a
+    ThreadedAsyncStore around it."""
+    if type(store) is RedisStore:
+        return AsyncRedisStore.like(store.client)
+    return ThreadedAsyncStore(store)
+
+
+class AsyncRedisStore:
+    """take.lua on one Redis node through ``redis.asyncio``."""
+
+    kind = "redis"
+
+    def __init__(self, connection_class, connection_kwargs, max_connections):
+        self._connection_class = connection_class
+        self._connection_kwargs = connection_kwargs
+        self._max_connections = max_connections
+        self._source = script_source("take")
+        self._scripts = weakref.WeakKeyDictionary()  # event loop -> AsyncScript on its client
+
+    @classmethod
+    def like(cls, client):
+        """Return a store connecting as the sync redis-py ``client`` does (django-redis built
+        that client's pool from the cache's LOCATION and OPTIONS)."""
+        pool = client.connection_pool
+        kwargs = {name: value for name, value in pool.connection_kwargs.items()
+                  if name in _CONNECTION_KWARGS or name.startswith("ssl_")}
+        connection_class = {
+            "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
+            "SSLConnection": redis.asyncio.SSLConnection,
+        }.get(pool.connection_class.__name__, redis.asyncio.Connection)
+        return cls(connection_class, kwargs, pool.max_connections)
+
+    def _script(self):
+        loop = asyncio.get_running_loop()
+        script = self._scripts.get(loop)
+        if script is None:
+            # A blocking pool: a burst of concurrent requests waits its turn for one of the same
+            # number of connections the sync pool allows, rather than failing. No retries, as
+            # in the sync client: a take retried after a timeout may debit twice, and the
+            # breaker, not a retry loop, deals with a Redis that is down.
+            pool = redis.asyncio.BlockingConnectionPool(
+                connection_class=self._connection_class,
+                max_connections=min(self._max_connections, 2 ** 16),
+                timeout=self._connection_kwargs.get("socket_timeout") or 5,
+                retry=Retry(NoBackoff(), 0), client_name=CLIENT_NAME,
+                **self._connection_kwargs)
+            client = redis.asyncio.Redis(connection_pool=pool)
+            script = self._scripts[loop] = client.register_script(self._source)
+        return script
+
+    async def take(self, bucket_keys, args, *, version_key):
+        """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
+        try:
+            reply = await self._script()(keys=[*bucket_keys, version_key], args=args)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return parse_take_reply(reply)
+
+    async def aclose(self):
+        """Close the running loop's connections (before that loop ends)."""
+        script = self._scripts.pop(asyncio.get_running_loop(), None)
+        if script is not None:
+            await script.registered_client.aclose(close_connection_pool=True)
+
+
+class ThreadedAsyncStore:
+    """A sync store's ``take`` run in a worker thread, for stores without an async twin."""
+
+    def __init__(self, store):
+        self.store = store
+        self.kind = store.kind
+        self._take = sync_to_async(store.take, thread_sensitive=False)
+
+    async def take(self, bucket_keys, args, *, version_key):
+        return await self._take(bucket_keys, args, version_key=version_key)
+
+    async def aclose(self):
+        """Nothing to close: the sync store owns its connections."""
