@@ -2,7 +2,7 @@
 
 from ratelimit_app.buckets import read_state, unpack_value
 
-from .helpers import make_bucket, make_rule, take
+from .helpers import limiter, make_bucket, make_rule, take
 
 T0 = 1_700_000_000_000  # an arbitrary "now" in ms; the script accepts it in tests
 
@@ -192,3 +192,69 @@ def test_a_gate_bucket_is_checked_but_never_debited(redis_client):
     assert not allowed and statuses[1].short
     assert statuses[0].remaining == 95  # all or nothing: the quota was not debited either
     assert take([quota, gate], now_ms=T0 + 60_000)[0]  # one failure refilled: open again
+
+
+def test_reply_statuses_of_every_outcome():
+    # the short reply (every bucket debited) and the full one parse to the same TakeReply shape
+    from ratelimit_app.buckets import Bucket
+
+    def raw(buckets, debit=True):
+        reply = limiter().take(buckets, now_ms=T0, debit=debit)
+        return reply.allowed, list(reply.levels), list(reply.results)
+
+    a = make_bucket(make_rule(rate=1, period_s=1, burst=3), token="r1")
+    b = make_bucket(make_rule(rate=1, period_s=1, burst=1), token="r2")
+    shadow = make_bucket(make_rule(rate=1, period_s=1, burst=1, shadow=True), token="r3")
+    gate_rule = make_rule(rate=1, period_s=1, burst=1, scope="ip")
+    gate = Bucket(gate_rule, make_bucket(gate_rule, token="r4").key, 1, gate=True)
+    assert raw([a, b]) == (True, [2000, 0], [1, 1])
+    assert raw([a, b], debit=False) == (False, [2000, 0], [0, -1])
+    assert raw([a], debit=False) == (True, [2000], [0])
+    assert raw([a, gate]) == (True, [1000, 1000], [1, 0])
+    assert raw([a, shadow]) == (True, [0, 0], [1, 1])
+    assert raw([a, shadow]) == (False, [0, 0], [-1, -1])  # a is empty now
+    assert raw([b, shadow]) == (False, [0, 0], [-1, -1])
+    assert raw([]) == (True, [], [])
+
+
+def test_a_key_holding_another_rules_bucket_keeps_it(redis_client):
+    from ratelimit_app.buckets import pack_value
+
+    first = make_bucket(make_rule(rate=1, period_s=60, burst=5))
+    second = make_bucket(make_rule(rate=1, period_s=1, burst=5))
+    assert first.key == second.key
+    redis_client.set(first.key, pack_value({first.rule.id: (2 * 60_000, T0, 60_000)},
+                                           T0 + 200_000), px=200_000)
+    assert take([second], now_ms=T0)[0]
+    expiry, records = unpack_value(redis_client.get(first.key))
+    assert records == {first.rule.id: (2 * 60_000, T0, 60_000), second.rule.id: (4000, T0, 1000)}
+    assert expiry == T0 + 200_000 and redis_client.pttl(first.key) > 150_000  # KEEPTTL
+    # two buckets of one key in one call, neither stored yet: both records are written
+    third = make_bucket(make_rule(rate=1, period_s=1, burst=2), token="fresh")
+    fourth = make_bucket(make_rule(rate=2, period_s=1, burst=2), token="fresh")
+    assert take([third, fourth], now_ms=T0)[0]
+    assert unpack_value(redis_client.get(third.key))[1] == {
+        third.rule.id: (1000, T0, 1000), fourth.rule.id: (1000, T0, 1000)}
+
+
+def test_a_long_idle_refill_past_2_pow_53_is_exact(redis_client):
+    # gap * refill exceeds 2^53 units: the level is capped at capacity, exactly
+    bucket = make_bucket(make_rule(rate=10**9, period_s=1, burst=10**6))
+    assert take([bucket], now_ms=T0)[0]
+    allowed, statuses, _ = take([bucket], now_ms=T0 + 10**10)
+    assert allowed and statuses[0].level_units == 10**6 * 1000 - 1000
+
+
+def test_a_key_is_rewritten_without_ttl_while_its_expiry_suffices(redis_client):
+    bucket = make_bucket(make_rule(rate=10, period_s=1, burst=10))  # 100 ms per token
+    take([bucket], now_ms=T0)                  # full again at T0 + 100 ms: expiry T0 + 1.1 s
+    expiry = unpack_value(redis_client.get(bucket.key))[0]
+    assert expiry == T0 + 1100
+    redis_client.pexpire(bucket.key, 500_000)  # shows whether a write re-arms the TTL
+    for k in range(1, 7):                      # full again at T0 + 500 + k * 100 ms
+        take([bucket], now_ms=T0 + 500)
+        assert unpack_value(redis_client.get(bucket.key))[0] == expiry
+        assert redis_client.pttl(bucket.key) > 400_000
+    take([bucket], now_ms=T0 + 500)            # full at T0 + 1.2 s: re-armed
+    assert unpack_value(redis_client.get(bucket.key))[0] == T0 + 1200 + 1000
+    assert redis_client.pttl(bucket.key) < 400_000

@@ -13,10 +13,13 @@
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
--- double): nothing is rounded, so nothing drifts however often the bucket is touched.
+-- double): nothing is rounded, so nothing drifts however often the bucket is touched. (A refill
+-- level + gap * refill may exceed 2^53 after a long idle time; it is then far above capacity,
+-- and the clamp to capacity makes it exact again.)
 --
 -- Stored value of a key: the key's expiry (int64 ms, on this script's clock), then one 28-byte
 -- record per bucket: rule id (int32), level, timestamp_ms, period_ms (int64), little-endian.
+-- A key holding one bucket (the common case) is 36 bytes and read with one unpack, no search.
 -- The timestamp never moves backwards, so a call carrying an older clock reading cannot refill a
 -- bucket twice. A bucket whose period changed since it was written is rescaled to the new unit.
 -- A value that is not ours reads as full buckets and is replaced on the next debit.
@@ -31,124 +34,187 @@
 -- that holds its cost is debited (shadow buckets included, gates never), or, when denied, none
 -- is.
 --
--- Cost (Redis CPU): one TIME, one MGET, one SET per key written, struct (un)packing instead of
--- text, and a key that holds this bucket alone (the common case) written with one pack.
+-- Cost (Redis CPU, measured with INFO commandstats; in this Lua every operation counts): one
+-- TIME, one MGET, one SET per key written; one struct.unpack per argument and per stored
+-- record, one struct.pack per key written; no table per bucket; a key holding one bucket is
+-- read and written whole (no search, no string.sub), one debited in this call needs no TTL
+-- division unless re-armed; the common reply carries levels only.
 --
--- Returns {allowed, config_version, level_1, status_1, ..., level_n, status_n} where level is the
--- bucket's units after the call and status is 1 = debited, 0 = held the cost but not debited,
--- -1 = short of the cost (a denial, or a would-be denial for a shadow bucket).
+-- Returns, when the call debited every bucket (allowed, ARGV[2] = "1", no bucket short of its
+-- cost, no gate): {2, config_version, level_1, ..., level_n} (each status is 1). Otherwise
+-- {allowed, config_version, level_1, status_1, ..., level_n, status_n} with allowed 1 or 0,
+-- where level is the bucket's units after the call and status is 1 = debited, 0 = held the
+-- cost but not debited, -1 = short of the cost (a denial, or a would-be denial for a shadow
+-- bucket). stores/redis.parse_take_reply reads both.
 
 local SLACK_MS = 1000
-local SPEC, RECORD_FORMAT, VALUE_FORMAT = '<i8i8i8i8i8i8', '<i4i8i8i8', '<i8i4i8i8i8'
-local HEADER, RECORD = 8, 28
-local EMPTY = struct.pack('<i8', 0)
-local unpack_, pack, sub = struct.unpack, struct.pack, string.sub
-
-local n = #ARGV - 2
-local now = tonumber(ARGV[1])
+local unpack_, pack, floor, ceil, find = struct.unpack, struct.pack, math.floor, math.ceil, string.find
+local keys, argv, call = KEYS, ARGV, redis.call
+local n = #argv - 2
+local now = tonumber(argv[1])
 if not now then
-  local t = redis.call('TIME')
-  now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local t = call('TIME')
+  now = t[1] * 1000 + floor(t[2] / 1000)
 end
-local debit = ARGV[2] == '1'
-local stored = redis.call('MGET', unpack(KEYS))
+local stored = call('MGET', unpack(keys))
 
-local function find(value, rule)
-  for at = HEADER + 1, #value, RECORD do
-    if unpack_('<i4', value, at) == rule then return at end
+-- buckets whose key another bucket of this call shares (several rules of one identity): they
+-- take the multi-record path (interned strings: the compares are pointer compares)
+local shared
+for i = 1, n - 1 do
+  local key = keys[i]
+  for j = i + 1, n do
+    if keys[j] == key then
+      shared = shared or {}
+      shared[i], shared[j] = true, true
+    end
   end
-  return nil
 end
 
-local function ours(value)
-  return value and #value >= HEADER + RECORD and (#value - HEADER) % RECORD == 0
-end
-
--- whether bucket i is the only one of its key in this call (interned strings: cheap compares)
-local function alone(i)
-  local key = KEYS[i]
-  for j = 1, n do
-    if j ~= i and KEYS[j] == key then return false end
-  end
-  return true
-end
-
-local levels, stamps = {}, {}
-local allowed = 1
+local result = {2, stored[n + 1] or '0'}  -- result[i + 2]: bucket i's level, debited if it may be
+local debit = argv[2] == '1'
+local allowed, every_debited = true, debit
+-- writes[2i - 1]: bucket i's new value (a key of its own) or record (in place), true
+-- (multi-record path) or false (not debitable: short, or a gate); writes[2i]: the PX to re-arm
+-- its key with (> 0), minus the record's offset for SETRANGE (< 0), or false (KEEPTTL)
+local writes = {}
+local records  -- multi-record path: i -> {rule, level, stamp, period, full_at}
 for i = 1, n do
-  local rule, period, capacity, refill, cost, mode = unpack_(SPEC, ARGV[i + 2])
-  local level, stamp = capacity, now
+  local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
+  local level, stamp, expiry, alone, offset = capacity, now, 0, true, nil
   local value = stored[i]
-  local at = ours(value) and find(value, rule)
-  if at then
-    local p
-    level, stamp, p = unpack_('<i8i8i8', value, at + 4)
-    if p ~= period then level = math.floor(level * period / p) end
-    if now > stamp then
-      local gap = now - stamp
-      if gap >= (capacity - level) / refill then level = capacity else level = level + gap * refill end
-      stamp = now
+  if value then
+    local size, found = #value, false
+    if size == 36 then
+      local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
+      if id == rule then
+        found, level, stamp, expiry = true, l, s, e
+        if p ~= period then level = floor(level * period / p) end
+      else
+        alone = false  -- the key holds another rule's bucket: keep it
+      end
+    elseif size > 36 and (size - 8) % 28 == 0 then
+      alone = false
+      -- the record starting with the rule id (a plain find, then skip a match that is not at
+      -- a record's start)
+      local needle = pack('<i4', rule)
+      local at = find(value, needle, 9, true)
+      while at and (at - 9) % 28 ~= 0 do at = find(value, needle, at + 1, true) end
+      if at then
+        local l, s, p = unpack_('<i8i8i8', value, at + 4)
+        found, level, stamp, expiry, offset = true, l, s, unpack_('<i8', value), at + 3
+        if p ~= period then level = floor(level * period / p) end
+      end
+    end
+    if found and now > stamp then
+      level, stamp = level + (now - stamp) * refill, now
     end
     if level > capacity then level = capacity end
   end
-  levels[i], stamps[i] = level, stamp
-  if level < cost and mode ~= 0 then allowed = 0 end
+  if level < cost then
+    every_debited = false
+    if mode ~= 0 then allowed = false end
+    result[i + 2], writes[2 * i - 1] = level, false
+  elseif mode == 2 then
+    every_debited = false
+    result[i + 2], writes[2 * i - 1] = level, false
+  else
+    level = level - cost
+    result[i + 2] = level
+    if alone and not (shared and shared[i]) then
+      -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
+      -- now): later than the expiry the key holds exactly when this holds
+      if capacity - level > (expiry - stamp) * refill then
+        expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
+        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
+        writes[2 * i] = expiry > now and expiry - now or 1
+      else
+        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
+        writes[2 * i] = false
+      end
+    elseif offset and not (shared and shared[i]) and
+        capacity - level <= (expiry - stamp) * refill then
+      -- its record in a key of several buckets, and the key lives long enough: overwrite the
+      -- record's level, stamp and period in place (SETRANGE keeps the TTL)
+      writes[2 * i - 1] = pack('<i8i8i8', level, stamp, period)
+      writes[2 * i] = -offset
+    else
+      records = records or {}
+      records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
+      writes[2 * i - 1] = true
+    end
+  end
 end
 
-local result = {allowed, stored[n + 1] or '0'}
-if allowed == 1 and debit then
-  local values, need, expiries, written = {}, {}, {}, {}
+if allowed and debit then
+  local values, need, order  -- multi-record keys: new value, latest full_at, write order
   for i = 1, n do
-    local rule, period, capacity, refill, cost, mode = unpack_(SPEC, ARGV[i + 2])
-    local level, status = levels[i], 0
-    if level < cost then
-      status = -1
-    elseif mode ~= 2 then
-      level, status = level - cost, 1
-      local key, value = KEYS[i], stored[i]
-      local stamp = stamps[i]
-      -- full again at stamp + (capacity - level) / refill; the stamp may be ahead of now
-      local full = stamp + math.ceil((capacity - level) / refill)
-      if not ours(value) then value = nil end
-      if alone(i) and (not value or (#value == HEADER + RECORD and find(value, rule))) then
-        -- the common case: the key holds this bucket alone, one pack writes it
-        local expiry = value and unpack_('<i8', value) or 0
-        if full > expiry then
-          expiry = full + SLACK_MS
-          redis.call('SET', key, pack(VALUE_FORMAT, expiry, rule, level, stamp, period), 'PX', math.max(1, expiry - now))
-        else
-          redis.call('SET', key, pack(VALUE_FORMAT, expiry, rule, level, stamp, period), 'KEEPTTL')
-        end
+    local value = writes[2 * i - 1]
+    if value == true then
+      local record, key = records[i], keys[i]
+      local rule = record[1]
+      values, need, order = values or {}, need or {}, order or {}
+      local current = values[key]
+      if not current then
+        current = stored[i]
+        local size = current and #current or 0
+        if size < 36 or (size - 8) % 28 ~= 0 then current = '\0\0\0\0\0\0\0\0' end
+        order[#order + 1], need[key] = key, 0
+      end
+      local packed = pack('<i4i8i8i8', rule, record[2], record[3], record[4])
+      local at
+      for a = 9, #current, 28 do
+        if unpack_('<i4', current, a) == rule then at = a; break end
+      end
+      if at then
+        current = string.sub(current, 1, at - 1) .. packed .. string.sub(current, at + 28)
       else
-        value = values[key]
-        if not value then
-          value = ours(stored[i]) and stored[i] or EMPTY
-          written[#written + 1], need[key] = key, 0
-        end
-        local record = pack(RECORD_FORMAT, rule, level, stamp, period)
-        local at = find(value, rule)
-        if at then value = sub(value, 1, at - 1) .. record .. sub(value, at + RECORD)
-        else value = value .. record end
-        values[key] = value
-        if full > need[key] then need[key] = full end
+        current = current .. packed
+      end
+      values[key] = current
+      if record[5] > need[key] then need[key] = record[5] end
+    elseif value then
+      local px = writes[2 * i]  -- > 0: re-arm with PX; < 0: -offset of a record; false
+      if not px then
+        call('SET', keys[i], value, 'KEEPTTL')
+      elseif px > 0 then
+        call('SET', keys[i], value, 'PX', px)
+      else
+        call('SETRANGE', keys[i], -px, value)
       end
     end
-    result[2 * i + 1], result[2 * i + 2] = level, status
   end
-  for j = 1, #written do  -- keys holding several buckets
-    local key = written[j]
-    local value = values[key]
-    if need[key] > unpack_('<i8', value) then
-      local expiry = need[key] + SLACK_MS
-      redis.call('SET', key, pack('<i8', expiry) .. sub(value, HEADER + 1), 'PX', math.max(1, expiry - now))
-    else
-      redis.call('SET', key, value, 'KEEPTTL')
+  if order then
+    for j = 1, #order do
+      local key = order[j]
+      local value = values[key]
+      if need[key] > unpack_('<i8', value) then
+        local expiry = need[key] + SLACK_MS
+        call('SET', key, pack('<i8', expiry) .. string.sub(value, 9), 'PX',
+             math.max(1, expiry - now))
+      else
+        call('SET', key, value, 'KEEPTTL')
+      end
     end
   end
-else
-  for i = 1, n do
-    local _, _, _, _, cost = unpack_(SPEC, ARGV[i + 2])
-    result[2 * i + 1], result[2 * i + 2] = levels[i], levels[i] < cost and -1 or 0
-  end
+  if every_debited then return result end
 end
-return result
+
+-- the full reply: levels before any debit that did not happen, and each bucket's status
+local reply = {allowed and 1 or 0, result[2]}
+for i = 1, n do
+  local level, status = result[i + 2], 0
+  if writes[2 * i - 1] then  -- held its cost: debited, or its level was shown as if debited
+    if allowed and debit then
+      status = 1
+    else
+      local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
+      level = level + cost
+    end
+  else
+    local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
+    if level < cost then status = -1 end
+  end
+  reply[2 * i + 1], reply[2 * i + 2] = level, status
+end
+return reply

@@ -16,12 +16,16 @@ __all__ = ["RedisStore", "SentinelStore", "parse_take_reply"]
 
 
 def parse_take_reply(reply, with_version=True):
-    """Return the TakeReply of a raw take.lua reply ``{allowed, version, level, result, ...}``."""
+    """Return the TakeReply of a raw take.lua reply: ``{2, version, level, ...}`` when every
+    bucket was debited (each result 1), else ``{allowed, version, level, result, ...}``."""
     version = reply[1]
     if with_version:
         version = version.decode() if isinstance(version, bytes) else str(version)
     else:
         version = None
+    if reply[0] == 2:
+        levels = reply[2:]
+        return TakeReply(True, version, levels, [1] * len(levels))
     return TakeReply(reply[0] == 1, version, reply[2::2], reply[3::2])
 
 
