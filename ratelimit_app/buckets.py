@@ -80,7 +80,7 @@ class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
     __slots__ = ("rule", "key", "id", "cost", "gate", "period_ms", "capacity_units", "cost_units",
-                 "spec")
+                 "spec", "shown")
 
     def __init__(self, rule, key, cost, gate=False):
         self.rule = rule        # policy.CompiledRule
@@ -96,23 +96,33 @@ class Bucket:
         # take.lua's argument for this bucket (see _spec)
         mode = GATE if gate else SHADOW if rule.shadow else ENFORCE
         self.spec = _spec(rule.id, period_ms, rule.burst, rule.rate, cost, mode)
+        # what every PolicyStatus of this bucket repeats (see status)
+        self.shown = (rule.name, rule.rate, rule.period_s, rule.burst, cost, rule.shadow,
+                      key, rule.scope)
 
     def __repr__(self):
         return f"Bucket({self.rule.name!r}, {self.key!r}, cost={self.cost})"
 
     def status(self, level_units, short):
         """Return the PolicyStatus of this bucket holding ``level_units``."""
-        rule = self.rule
-        period_ms, refill, capacity = self.period_ms, rule.rate, self.capacity_units
+        # One per bucket per request: the rule's fields come from ``shown`` (built once per
+        # bucket, and buckets are memoised per snapshot) and the tuple is made without
+        # NamedTuple's Python-level __new__ (together about 0.4 µs of 0.9 µs per bucket).
+        name, refill, period_s, burst, cost, shadow, key, scope = self.shown
+        period_ms, capacity = self.period_ms, self.capacity_units
         if short:
             wait_ms = (self.cost_units - level_units) / refill
         else:
             # until the next whole token: within it the client can spend no more than the whole
             # tokens it holds (a full bucket gains its next token one token-time after a spend)
             wait_ms = (period_ms - level_units % period_ms) / refill
-        return PolicyStatus(
-            rule.name, refill, rule.period_s, rule.burst, int(level_units // period_ms),
+        return _new_status(PolicyStatus, (
+            name, refill, period_s, burst, int(level_units // period_ms),
             math.ceil(wait_ms / 1000), math.ceil((capacity - level_units) / refill / 1000)
             if level_units < capacity else 0,
-            self.cost, rule.shadow, short, self.key, int(level_units), rule.scope,
-        )
+            cost, shadow, short, key, int(level_units), scope,
+        ))
+
+
+# PolicyStatus's fields in order, without the generated __new__'s keyword handling
+_new_status = tuple.__new__

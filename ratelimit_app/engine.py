@@ -5,6 +5,7 @@ and talks to the store.
 
 import logging
 import math
+import operator
 from typing import NamedTuple
 
 from .buckets import Bucket
@@ -183,8 +184,9 @@ def take_args(buckets, now_ms=None, debit=True):
 
 def statuses_from(buckets, reply):
     """Return each bucket's PolicyStatus from a store's TakeReply."""
-    return tuple(bucket.status(level, result == -1)
-                 for bucket, level, result in zip(buckets, reply.levels, reply.results))
+    # a list comprehension, not a generator: no generator frame resumed per bucket
+    return tuple([bucket.status(level, result == -1)
+                  for bucket, level, result in zip(buckets, reply.levels, reply.results)])
 
 
 def earliest_retry_s(statuses):
@@ -233,6 +235,12 @@ def decision_from(buckets, statuses, allowed, identity, endpoint, cost, *,
     its Retry-After jitter with the client IP alone: seeded with the caller's key or user, the
     wait would tell a blocked guesser whether the credentials it sent were right.
     """
+    if allowed and not any(map(_is_short, statuses)):
+        # the common case, with nothing to name and no wait: the steps below would reach the
+        # same Decision through three generators and _replace checks (about 1.5 µs of 2.5)
+        if any(map(_is_gate, buckets)):
+            statuses = tuple([s for b, s in zip(buckets, statuses, strict=True) if not b.gate])
+        return _allowed(allowed, statuses, identity, endpoint, cost)
     refusing_gates = refusing_gate_statuses(buckets, statuses)
     if refusing_gates:
         shown = refusing_gates
@@ -244,6 +252,23 @@ def decision_from(buckets, statuses, allowed, identity, endpoint, cost, *,
     jitter_token = identity.token_for(Scope.IP) if by_ip else identity.primary_token
     decision = _decision_from(shown, allowed, identity, endpoint, cost, jitter_token)
     return _refused_for_good(decision, buckets)
+
+
+_is_short = operator.attrgetter("short")  # in C: any(map(...)) runs no Python frame per item
+_is_gate = operator.attrgetter("gate")
+
+
+def _allowed(allowed, statuses, identity, endpoint, cost):
+    """Return the Decision of an allowed request no policy was short for: what _decision_from
+    and _refused_for_good give then, built positionally (Decision's defaults for the rest)."""
+    return _new_decision(Decision, (allowed, 0, statuses, (), (), identity, endpoint, cost,
+                                    *_LATER_DEFAULTS))
+
+
+_new_decision = tuple.__new__
+# the defaults of the fields after ``cost`` (degraded, exempt, ...), in order
+_LATER_DEFAULTS = tuple(Decision._field_defaults[f]
+                        for f in Decision._fields[Decision._fields.index("cost") + 1:])
 
 
 def refusing_gate_statuses(buckets, statuses):

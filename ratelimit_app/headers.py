@@ -53,7 +53,8 @@ def _sf_string(value):
 
 def policy_header(policies):
     """Return the RateLimit-Policy value for ``policies``."""
-    return _policy_header(tuple((p.name, p.burst, p.quota, p.window_s) for p in policies))
+    # a list comprehension, not a generator: no generator frame resumed per policy
+    return _policy_header(tuple([(p.name, p.burst, p.quota, p.window_s) for p in policies]))
 
 
 @functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request

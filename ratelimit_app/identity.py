@@ -86,7 +86,8 @@ def reset(**kwargs):
     """Forget parsed settings (a ``setting_changed`` receiver: RATELIMIT_APP changed)."""
     if kwargs.get("setting") not in (None, "RATELIMIT_APP"):
         return
-    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited, _parse_address):
+    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited, _parse_address,
+                   _direct_client):
         cached.cache_clear()
 
 
@@ -130,7 +131,14 @@ def _is_trusted(address):
 def client_ip(meta):
     """Return the client address: REMOTE_ADDR, or, when that is a trusted proxy, the nearest
     X-Forwarded-For hop that is not one of our proxies. IPv6 addresses become their network."""
-    address = _parse_ip(meta.get("REMOTE_ADDR") or "")
+    remote = (meta.get("REMOTE_ADDR") or "").strip()
+    if len(remote) <= MAX_ADDRESS_LENGTH:
+        # the common case in one cached call on the text (no ipaddress object hashed twice:
+        # about 0.7 µs per request); short texts only, as in _parse_ip
+        direct = _direct_client(remote)
+        if direct is not None:
+            return direct
+    address = _parse_ip(remote)
     if address is None:
         return "unknown"
     if _is_trusted(address):
@@ -144,6 +152,16 @@ def client_ip(meta):
             if not _is_trusted(hop_address):
                 break
     return _as_limited(address)
+
+
+@functools.lru_cache(maxsize=65536)
+def _direct_client(text):
+    """Return client_ip's answer for a REMOTE_ADDR ``text`` that is not a trusted proxy, or None
+    when it is one (X-Forwarded-For must be read)."""
+    address = _parse_address(text)
+    if address is None:
+        return "unknown"
+    return None if _is_trusted(address) else _as_limited(address)
 
 
 def limited_ip(text):
