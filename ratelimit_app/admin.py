@@ -25,9 +25,11 @@ from .forms import (
 )
 from .models import (
     ApiKey,
+    CalendarPeriod,
     Counts,
     EndpointCost,
     IdentityOverride,
+    Kind,
     Plan,
     PlanAssignment,
     Rule,
@@ -56,14 +58,19 @@ def _as_saved(rule):
     return Rule.objects.filter(pk=rule.pk).first() if rule.pk else None
 
 
+_WHO = {
+    Scope.GLOBAL: "All clients together", Scope.PLAN: "All clients of the plan together",
+    Scope.TENANT: "Each tenant", Scope.USER: "Each user or API key", Scope.IP: "Each client IP",
+}
+
+
 def explain_rule(rule):
     """Spell a rule out in a sentence, e.g. 'Each client IP: 20 tokens per 60 s (…)'."""
+    if rule.kind == Kind.CALENDAR and rule.rate and rule.calendar_period:
+        return explain_calendar_quota(rule)
     if not (rule.rate and rule.period_s and rule.burst):
         return "—"
-    who = {
-        Scope.GLOBAL: "All clients together", Scope.PLAN: "All clients of the plan together",
-        Scope.TENANT: "Each tenant", Scope.USER: "Each user or API key", Scope.IP: "Each client IP",
-    }.get(rule.scope, "Each client")
+    who = _WHO.get(rule.scope, "Each client")
     pace = f"per {rule.period_s} s (one more every {rule.period_s / rule.rate:.3g} s)"
     if rule.counts == Counts.FAILED_AUTH:
         where = f" at {rule.endpoint}" if rule.endpoint else ""
@@ -75,6 +82,16 @@ def explain_rule(rule):
                 f"at most {rule.burst} in a row.")
     return (f"{who}: {rule.rate} tokens {pace}, at most {rule.burst} saved up; each request "
             f"spends its endpoint's cost (1 token unless an endpoint cost says otherwise).")
+
+
+def explain_calendar_quota(rule):
+    """Spell a calendar quota out, e.g. 'Each user or API key: 1000 units per month, …'."""
+    zone = get_config()["CALENDAR_TIME_ZONE"]
+    resets = "midnight" if rule.calendar_period == CalendarPeriod.DAY else "midnight on the 1st"
+    what = f"requests to {rule.endpoint}" if rule.endpoint else "units (each request its cost)"
+    return (f"{_WHO.get(rule.scope, 'Each client')}: {rule.rate} {what} per "
+            f"{rule.calendar_period}, all usable at once; the count starts again at {resets} "
+            f"({zone}).")
 
 
 def max_cost_warning(burst, what):
@@ -113,8 +130,8 @@ class RuleInline(admin.TabularInline):
     form = RuleForm
     formset = RuleInlineFormSet
     extra = 0
-    fields = ["name", "scope", "endpoint", "rate", "period_s", "burst", "summary", "mode",
-              "enabled"]
+    fields = ["name", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s", "burst",
+              "summary", "mode", "enabled"]
     readonly_fields = ["summary"]
     show_change_link = True
 
@@ -179,7 +196,7 @@ class PlanAdmin(admin.ModelAdmin):
 class RuleAdmin(admin.ModelAdmin):
     form = RuleForm
     list_display = ["name", "plan", "scope", "endpoint_cell", "summary", "mode", "enabled"]
-    list_filter = ["plan", "scope", "counts", "mode", "enabled", "on_redis_failure",
+    list_filter = ["plan", "scope", "kind", "counts", "mode", "enabled", "on_redis_failure",
                    EndpointFilter]
     list_select_related = ["plan"]
     search_fields = ["name", "endpoint", "plan__name", "plan__slug"]
@@ -187,10 +204,15 @@ class RuleAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "plan", "scope", "endpoint", "counts"]}),
         ("Limit", {
-            "fields": ["rate", "period_s", "burst", "in_words", "lease"],
-            "description": "A bucket holding up to <em>burst</em> tokens, refilled with "
-                           "<em>rate</em> tokens every <em>period</em> seconds. A request "
-                           "passes only if every bucket that applies holds its cost.",
+            "fields": ["kind", "calendar_period", "rate", "period_s", "burst", "in_words",
+                       "lease"],
+            "description": "A <em>token bucket</em> holds up to <em>burst</em> tokens, refilled "
+                           "with <em>rate</em> tokens every <em>period</em> seconds. A "
+                           "<em>calendar quota</em> allows <em>rate</em> units per day or per "
+                           "month (“1000 per month, resets on the 1st”), counted from 0 again "
+                           "at midnight in the CALENDAR_TIME_ZONE setting; changing the rate "
+                           "keeps what the current period has used. A request passes only if "
+                           "every rule that applies holds its cost.",
         }),
         ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
     ]

@@ -9,7 +9,10 @@ import math
 import struct
 from typing import NamedTuple
 
-__all__ = ["Bucket", "PolicyStatus", "pack_value", "unpack_value", "read_state"]
+from . import periods
+
+__all__ = ["Bucket", "CalendarQuota", "PolicyStatus", "pack_value", "unpack_value",
+           "read_state", "CALENDAR_RECORD", "NEXT_PERIOD"]
 
 # A key's stored value, as take.lua writes it: the key's expiry (ms), then one record per
 # bucket of that identity: rule id, level, timestamp_ms, period_ms.
@@ -17,6 +20,12 @@ _EXPIRY = struct.Struct("<q")
 _RECORD = struct.Struct("<iqqq")
 # take.lua's per-bucket argument: rule id, period_ms, capacity, refill per ms, cost, mode
 _SPEC = struct.Struct("<qqqqqq")
+# a calendar quota's: rule id, period start, N, next start, cost, mode, the start after next
+_CALENDAR_SPEC = struct.Struct("<qqqqqqq")
+# take.lua's period_ms of a calendar quota's record (used units, period start, this)
+CALENDAR_RECORD = -1
+# added by take.lua to a calendar quota's level counted in the period after the one sent
+NEXT_PERIOD = 2**52
 
 
 def pack_value(states, expires_at_ms=0):
@@ -74,6 +83,7 @@ def _spec(rule_id, period_ms, burst, rate, cost, mode):
 
 # take.lua's bucket modes
 ENFORCE, SHADOW, GATE = 1, 0, 2
+CALENDAR_ENFORCE, CALENDAR_SHADOW = 3, 4
 
 
 class Bucket:
@@ -126,3 +136,50 @@ class Bucket:
 
 # PolicyStatus's fields in order, without the generated __new__'s keyword handling
 _new_status = tuple.__new__
+
+
+@functools.lru_cache(maxsize=4096)
+def _calendar_spec(rule_id, limit, cost, mode, bounds):
+    return _CALENDAR_SPEC.pack(rule_id, bounds.start_ms, limit, bounds.next_ms, cost, mode,
+                               bounds.after_ms)
+
+
+class CalendarQuota(Bucket):
+    """A calendar quota: N units (``rule.rate``) per day or month, counted in take.lua's
+    calendar records. Its units are plain units (one per token), and its spec depends on the
+    period: ``spec`` is None and ``spec_at`` gives it for a moment (see engine.take_args)."""
+
+    __slots__ = ()
+
+    def __init__(self, rule, key, cost):
+        super().__init__(rule, key, cost)
+        self.period_ms = 1  # one unit per token: the level is the units left
+        self.capacity_units = rule.rate
+        self.cost_units = cost
+        self.spec = None
+        self.shown = (rule.name, rule.rate, 0, rule.rate, cost, rule.shadow, key, rule.scope)
+
+    def spec_at(self, at_ms):
+        """Return take.lua's argument for a call at ``at_ms`` (this host's clock)."""
+        rule = self.rule
+        bounds = periods.bounds_at(rule.calendar, at_ms - periods.CLOCK_MARGIN_MS)
+        return _calendar_spec(rule.id, rule.rate, self.cost_units,
+                              CALENDAR_SHADOW if rule.shadow else CALENDAR_ENFORCE, bounds)
+
+    def status(self, level_units, short):
+        """Return the PolicyStatus of this quota holding ``level_units`` (as take.lua reports
+        it): q = N, w = the period's length, r = units left, t = seconds to its end."""
+        name, limit, _, _, cost, shadow, key, scope = self.shown
+        now = periods.now_ms()
+        bounds = periods.bounds_at(self.rule.calendar, now - periods.CLOCK_MARGIN_MS)
+        if level_units >= NEXT_PERIOD:  # Redis counted it in the next period
+            level_units -= NEXT_PERIOD
+            start, ends = bounds.next_ms, bounds.after_ms
+        else:
+            start, ends = bounds.start_ms, bounds.next_ms
+        reset_s = max(0, math.ceil((ends - now) / 1000))
+        return _new_status(PolicyStatus, (
+            name, limit, (ends - start) // 1000, limit, int(level_units), reset_s,
+            reset_s if level_units < limit else 0, cost, shadow, short, key, int(level_units),
+            scope,
+        ))

@@ -7,6 +7,7 @@ from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
+from .periods import valid_time_zone
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
 THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
@@ -60,6 +61,13 @@ def check_settings(app_configs=None, **kwargs):
                 f"RATELIMIT_APP['TRUSTED_PROXIES'] holds {proxy!r}, which is not an address or "
                 f"network.", hint="Use addresses or CIDR networks such as '10.0.0.0/8'.",
                 id="ratelimit_app.E004"))
+    zone = config["CALENDAR_TIME_ZONE"]
+    if not isinstance(zone, str) or not valid_time_zone(zone):
+        errors.append(Error(
+            f"RATELIMIT_APP['CALENDAR_TIME_ZONE'] is {zone!r}, not a time zone Python knows.",
+            hint="Give an IANA name such as 'UTC' or 'Europe/Berlin' (install the tzdata "
+                 "package where the system has no zone database).",
+            id="ratelimit_app.E007"))
     for name in ("TENANT_RESOLVER", "PLAN_RESOLVER"):
         path = config[name]
         if path:

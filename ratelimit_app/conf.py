@@ -61,6 +61,8 @@ DEFAULTS = {
     "BREAKER_COOLDOWN_S": 2.0,
     # A worker that has not seen the config version for this long asks Redis for it.
     "CONFIG_CHECK_INTERVAL_S": 1.0,
+    # IANA time zone whose midnights start the days and months of calendar quotas.
+    "CALENDAR_TIME_ZONE": "UTC",
     # Seconds a worker keeps tokens leased from a rule with a lease size (see leases.py): what it
     # has not spent by then is dropped, so a lease never holds tokens back for long.
     "LEASE_TTL_S": 1.0,

@@ -8,7 +8,8 @@ import math
 import operator
 from typing import NamedTuple
 
-from .buckets import Bucket
+from . import periods
+from .buckets import Bucket, CalendarQuota
 from .conf import get_config, meta_key
 from .headers import retry_after_with_jitter
 from .keys import bucket_key
@@ -129,8 +130,8 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             # refused whatever credentials it sends now (so a right guess teaches it nothing)
             buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
         else:
-            buckets.append(Bucket(rule, bucket_key(prefix, token),
-                                  1 if rule.endpoint else cost))
+            kind = CalendarQuota if rule.calendar else Bucket
+            buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
     return tuple(buckets)
 
 
@@ -153,6 +154,8 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
 def _with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
+    if rule.calendar:
+        return rule  # an override's rate, period and burst describe a token bucket
     for o in overrides:
         if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
             rule = rule.with_numbers(o.rate, o.period_s, o.burst)
@@ -178,8 +181,11 @@ def failed_auth_buckets(snapshot, identity, endpoint):
 def take_args(buckets, now_ms=None, debit=True):
     """Return take.lua's ARGV for ``buckets``: now ("" = the Redis clock), the debit flag, then
     each bucket's pre-encoded spec. ``now_ms`` is for tests only."""
-    return [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0",
-            *[bucket.spec for bucket in buckets]]
+    specs = [bucket.spec for bucket in buckets]
+    if None in specs:  # calendar quotas: their boundaries depend on the time (buckets.py)
+        at_ms = periods.now_ms() if now_ms is None else now_ms
+        specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in buckets]
+    return [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0", *specs]
 
 
 def statuses_from(buckets, reply):

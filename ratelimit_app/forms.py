@@ -18,6 +18,7 @@ from .models import (
     MINIMUM_MESSAGES,
     ApiKey,
     EndpointCost,
+    Kind,
     Rule,
     burst_below_cost_message,
     cost_above_burst_message,
@@ -112,6 +113,15 @@ class RuleForm(_QuotaRowForm):
     class Meta:
         model = Rule
         fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "kind" in self.fields:
+            # a form (or script) written before calendar quotas means a token bucket
+            self.fields["kind"].required = False
+
+    def clean_kind(self):
+        return self.cleaned_data.get("kind") or Kind.TOKEN_BUCKET
 
 
 class EndpointCostForm(_QuotaRowForm):

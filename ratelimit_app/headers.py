@@ -14,6 +14,9 @@ bucket:
 - ``r`` (≤ ``q``): the whole tokens left; ``t``: the seconds within which ``r`` is all the client
   can spend (until the next whole token). For a policy that refused the request, ``t`` is the time
   until this request's cost is available, and ``Retry-After`` is never earlier than it.
+- A calendar quota (N units per day or month, see ``periods.py``) maps as ``q`` = N, ``w`` = the
+  period's length in seconds, ``r`` = N − used, ``t`` = seconds to the next boundary; a refusal's
+  ``Retry-After`` is that ``t`` plus the usual jitter.
 - Units are tokens: a request costs its endpoint's cost (rules with an endpoint count calls).
   The draft registers no unit for weighted requests, so ``qu`` is not sent (see the README).
 - Every enforced policy is listed in ``RateLimit-Policy`` (it is configuration). A shared bucket's

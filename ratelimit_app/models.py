@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "Dashboard", "Counts"]
+           "Dashboard", "Counts", "Kind", "CalendarPeriod"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -142,6 +142,21 @@ class Counts(models.TextChoices):
     FAILED_AUTH = "failed_auth", "Failed authentications (per client IP)"
 
 
+class Kind(models.TextChoices):
+    TOKEN_BUCKET = "token_bucket", "Token bucket (rate per period, up to a burst)"
+    CALENDAR = "calendar", "Calendar quota (N per day or month, reset at the boundary)"
+
+
+class CalendarPeriod(models.TextChoices):
+    DAY = "day", "Day (resets at midnight)"
+    MONTH = "month", "Month (resets at midnight on the 1st)"
+
+
+# The period_s a calendar quota stores (its real length varies: DST days, month lengths), so
+# that the admin's lists and the number-based checks read it like any rule.
+NOMINAL_PERIOD_S = {CalendarPeriod.DAY: 24 * 3600, CalendarPeriod.MONTH: 31 * 24 * 3600}
+
+
 class FailureMode(models.TextChoices):
     DEFAULT = "default", "Project default (FAIL_OPEN setting)"
     OPEN = "open", "Allow requests"
@@ -165,15 +180,29 @@ class Rule(models.Model):
         help_text="Empty: every endpoint, each request charged its endpoint cost. "
                   "Set: only this endpoint, one token per request.",
     )
+    kind = models.CharField(
+        max_length=12, choices=Kind.choices, default=Kind.TOKEN_BUCKET,
+        help_text="Calendar quota: “rate” units per day or month, all usable at once, counted "
+                  "from 0 again at midnight (or midnight on the 1st) in the CALENDAR_TIME_ZONE "
+                  "setting; period and burst are then not used.",
+    )
+    calendar_period = models.CharField(
+        max_length=5, choices=CalendarPeriod.choices, blank=True,
+        help_text="Calendar quotas only: when the count starts again.",
+    )
     rate = models.PositiveIntegerField(
-        validators=[MinValueValidator(1)], help_text="Tokens added per period."
+        validators=[MinValueValidator(1)],
+        help_text="Tokens added per period (a calendar quota: units per day or month).",
     )
     period_s = models.PositiveIntegerField(
-        "period (seconds)", validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)]
+        "period (seconds)", blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)],
+        help_text="Token buckets only.",
     )
     burst = models.PositiveIntegerField(
-        validators=[MinValueValidator(1)],
-        help_text="Bucket capacity: the most tokens a client can spend at once.",
+        blank=True, validators=[MinValueValidator(1)],
+        help_text="Bucket capacity: the most tokens a client can spend at once (token buckets "
+                  "only).",
     )
     counts = models.CharField(
         max_length=12, choices=Counts.choices, default=Counts.REQUESTS,
@@ -203,12 +232,18 @@ class Rule(models.Model):
         return self.name
 
     def describe(self):
-        """Spell the rule out for an operator: '100 per 60 s, burst 20'."""
+        """Spell the rule out for an operator: '100 per 60 s, burst 20', '1000 per month'."""
+        if self.kind == Kind.CALENDAR:
+            return f"{self.rate} per {self.calendar_period or '?'}"
         what = " failed authentications" if self.counts == Counts.FAILED_AUTH else ""
         return f"{self.rate}{what} per {self.period_s} s, burst {self.burst}"
 
     def clean(self):
         errors = {}
+        if self.kind == Kind.CALENDAR:
+            self._clean_calendar(errors)
+        else:
+            self.calendar_period = ""  # only calendar quotas have one
         if self.name and not RULE_NAME_RE.match(self.name):
             errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
                               "or digit: clients read this name in the RateLimit headers.")
@@ -216,7 +251,7 @@ class Rule(models.Model):
             value = getattr(self, field)
             if value is not None and value < 1:
                 errors[field] = MINIMUM_MESSAGES[field]
-        if self.burst is not None and self.period_s and \
+        if self.kind != Kind.CALENDAR and self.burst is not None and self.period_s and \
                 self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             errors["burst"] = "Burst × period is too large; lower the burst or the period."
         if self.lease:
@@ -239,9 +274,50 @@ class Rule(models.Model):
         elif self.burst and not errors:
             largest = self._largest_cost()
             if largest and self.burst < largest[0]:
-                errors["burst"] = burst_below_cost_message(self.burst, *largest)
+                if self.kind == Kind.CALENDAR:
+                    errors["rate"] = (f"A quota of {self.rate} is below the cost of "
+                                      f"{largest[1]} ({largest[0]} units): such requests could "
+                                      f"never pass. Raise it to at least {largest[0]}.")
+                else:
+                    errors["burst"] = burst_below_cost_message(self.burst, *largest)
         if errors:
             raise ValidationError(errors)
+
+    def clean_fields(self, exclude=None):
+        # period and burst may be blank (a calendar quota has none), but a token bucket needs
+        # them: checked here, where the fields a form already refused are known (``exclude``)
+        errors = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if self.kind != Kind.CALENDAR:
+            for field, message in (("period_s", "A token bucket needs its period in seconds."),
+                                   ("burst", "A token bucket needs its burst (its capacity).")):
+                if getattr(self, field) is None and field not in (exclude or ()) and \
+                        field not in errors:
+                    errors[field] = [message]
+        if errors:
+            raise ValidationError(errors)
+
+    def _clean_calendar(self, errors):
+        """Check a calendar quota and give it the burst (N: all of it usable at once) and the
+        nominal period the number-based checks and lists read."""
+        if not self.calendar_period:
+            errors["calendar_period"] = ("Choose when the quota starts again: every day or "
+                                         "every month.")
+        if self.counts == Counts.FAILED_AUTH:
+            errors["kind"] = ("Failed authentications are limited by a token bucket (a guesser "
+                              "must not get a whole month's tries at once): choose “Token "
+                              "bucket”.")
+        if self.lease:
+            errors["lease"] = ("Leases are for token buckets; a calendar quota is counted in "
+                               "Redis on every request. Set it to 0.")
+        if self.rate and self.rate > MAX_BUCKET_UNITS:
+            errors["rate"] = f"A calendar quota can count at most {MAX_BUCKET_UNITS} units."
+        if self.rate:
+            self.burst = self.rate
+        self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, 24 * 3600)
 
     def _largest_cost(self):
         """Return (cost, description) of the most expensive request this rule is charged for."""
@@ -352,6 +428,10 @@ class IdentityOverride(models.Model):
             raise ValidationError({"burst": "Burst × period is too large."})
         if self.rule_id and self.rule.scope not in (Scope.USER, Scope.IP):
             raise ValidationError({"rule": "Only user/API key or IP rules can be overridden per caller."})
+        if self.rule_id and self.rule.kind == Kind.CALENDAR and not self.exempt:
+            raise ValidationError({"rule": "A calendar quota has no rate, period and burst to "
+                                           "override; choose a token-bucket rule (or tick "
+                                           "“exempt”)."})
 
 
 class Dashboard(models.Model):

@@ -39,6 +39,9 @@ class CompiledRule:
     failed_auth: bool = False
     # tokens a worker leases at a time from this (shared) bucket; 0: no lease (see leases.py)
     lease: int = 0
+    # a calendar quota's period ("day" or "month", see periods.py): ``rate`` units per period;
+    # "": a token bucket
+    calendar: str = ""
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -48,7 +51,7 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease)
+                            self.lease, self.calendar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +133,8 @@ _COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 def compile_snapshot(version):
     """Read every configuration row and return a Snapshot (the only DB access of the app)."""
     from .identity import limited_ip
-    from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Mode, Plan,
-                         PlanAssignment, Rule)
+    from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
+                         Plan, PlanAssignment, Rule)
 
     plans = list(Plan.objects.all())
     rules = tuple(
@@ -142,6 +145,7 @@ def compile_snapshot(version):
             fail_open={FailureMode.OPEN: True, FailureMode.CLOSED: False}.get(r.on_redis_failure),
             failed_auth=r.counts == Counts.FAILED_AUTH,
             lease=r.lease,
+            calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )

@@ -43,10 +43,14 @@ class BucketReport:
     short: bool = False           # holds less than the cost
     reset_s: int = 0              # seconds until it holds the cost again (when short)
     full_s: int = 0               # seconds until it is full
+    calendar: str = ""            # a calendar quota's period ("day", "month"), else ""
 
     @property
     def describe(self):
-        """The rule in words, as the admin lists it: '100 per 60 s, burst 20'."""
+        """The rule in words, as the admin lists it: '100 per 60 s, burst 20', '1000 per
+        month'."""
+        if self.calendar:
+            return f"{self.rate} per {self.calendar}"
         return f"{self.rate} per {self.period_s} s, burst {self.burst}"
 
 
@@ -140,6 +144,7 @@ def _report(bucket, original_rules, status=None):
         name=rule.name, scope=Scope(rule.scope).label, endpoint=rule.endpoint, rate=rule.rate,
         period_s=rule.period_s, burst=rule.burst, shadow=rule.shadow,
         overridden=original_rules.get(rule.id) != rule, cost=bucket.cost, fails_open=fails_open,
+        calendar=rule.calendar,
     )
     if status is None:
         return report

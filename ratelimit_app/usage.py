@@ -172,6 +172,9 @@ def _policies(buckets, reading):
             "shared": shared, "limit": status.burst,
             "window": window_s(status.burst, status.quota, status.window_s),
         }
+        if bucket.rule.calendar:
+            # a calendar quota: ``reset``/``reset_at`` is the period's boundary
+            policy["calendar_period"] = bucket.rule.calendar
         if disclose_shared or not shared:
             reset_at_s = (reading.read_at_ms + status.reset_s * 1000) / 1000
             policy.update(remaining=status.remaining, reset=status.reset_s,

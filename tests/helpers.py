@@ -1,6 +1,6 @@
 """Small helpers shared by the tests (plain functions, no factories)."""
 
-from ratelimit_app.buckets import Bucket
+from ratelimit_app.buckets import Bucket, CalendarQuota
 from ratelimit_app.engine import statuses_from
 from ratelimit_app.limiter import default_limiter, install_limiter
 from ratelimit_app.keys import bucket_key
@@ -10,16 +10,17 @@ _next_id = iter(range(1, 10**9))
 
 
 def make_rule(rate=10, period_s=1, burst=10, *, name=None, scope="user", shadow=False,
-              endpoint="", plan=None, fail_open=None):
-    """Return a CompiledRule with a fresh id."""
+              endpoint="", plan=None, fail_open=None, calendar=""):
+    """Return a CompiledRule with a fresh id (``calendar="day"``/``"month"``: a calendar quota
+    of ``rate`` units)."""
     rule_id = next(_next_id)
     return CompiledRule(id=rule_id, name=name or f"rule-{rule_id}", scope=scope, plan=plan,
                         endpoint=endpoint, rate=rate, period_s=period_s, burst=burst,
-                        shadow=shadow, fail_open=fail_open)
+                        shadow=shadow, fail_open=fail_open, calendar=calendar)
 
 
 def make_bucket(rule, cost=1, token="user.test"):
-    return Bucket(rule, bucket_key("rl", token), cost)
+    return (CalendarQuota if rule.calendar else Bucket)(rule, bucket_key("rl", token), cost)
 
 
 class FakeClock:

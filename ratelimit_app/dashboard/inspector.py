@@ -140,10 +140,17 @@ def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
             "rule": rule.name, "scope": rule.scope, "endpoint": rule.endpoint or "every endpoint",
             "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
             "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
-            "full_in_s": status.full_s, "rate": f"{rule.rate} per {rule.period_s} s",
+            "full_in_s": status.full_s, "rate": _pace(rule, status),
             "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.id),
         })
     return rows, False
+
+
+def _pace(rule, status):
+    """How the rule refills: '10 per 60 s', or a calendar quota's reset time."""
+    if not rule.calendar:
+        return f"{rule.rate} per {rule.period_s} s"
+    return f"{rule.rate} per {rule.calendar} (resets in {status.reset_s} s)"
 
 
 def reset_buckets(identity, snapshot):

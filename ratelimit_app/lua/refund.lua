@@ -16,25 +16,45 @@
 -- higher level needs no longer TTL). A missing record (or a value that is not ours) reads as
 -- full and is left alone.
 --
+-- Calendar quotas (mode 3 or 4, seven int64: rule id, start, N, next start, cost, mode, the
+-- start after next): a record of the current or the next period (take.lua's CALENDAR record:
+-- rule id, used, period start, -1) has the cost taken off its used units, never below 0; its
+-- level is N - used, plus NEXT_PERIOD for the next period's, as take.lua reports it. A record
+-- of an older period reads as 0 used and is left alone.
+--
 -- Returns the buckets' levels after the call, in units of their period_ms.
 
 local HEADER, RECORD = 8, 28
+local CALENDAR, NEXT_PERIOD = -1, 4503599627370496
 local n = #KEYS - 1
 local first_call = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[1])
 local values, changed, levels = {}, {}, {}
 
 for i = 1, n do
   local key = KEYS[i]
-  local rule, period, capacity, _, cost = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
+  local rule, period, capacity, next_start, cost, mode = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
   local value = values[key]
   if value == nil then value = redis.call('GET', key) or ''; values[key] = value end
   local level = capacity
   if #value >= HEADER + RECORD and (#value - HEADER) % RECORD == 0 then
     for at = HEADER + 1, #value, RECORD do
       local id, stored, stamp, p = struct.unpack('<i4i8i8i8', value, at)
-      if id == rule then
+      if id == rule and mode > 2 then
+        if p == CALENDAR and (stamp == period or stamp == next_start) then
+          local used = stored
+          if first_call and used > 0 then
+            used = math.max(0, used - cost)
+            value = string.sub(value, 1, at - 1) .. struct.pack('<i4i8i8i8', rule, used, stamp, p)
+              .. string.sub(value, at + RECORD)
+            values[key], changed[key] = value, true
+          end
+          level = math.max(0, capacity - used)
+          if stamp == next_start then level = level + NEXT_PERIOD end
+        end
+        break
+      elseif id == rule then
         level = stored
-        if p ~= period then level = math.floor(level * period / p) end
+        if p ~= period then level = p > 0 and math.floor(level * period / p) or capacity end
         if first_call and level < capacity then
           level = math.min(capacity, level + cost)
           value = string.sub(value, 1, at - 1) .. struct.pack('<i4i8i8i8', rule, level, stamp, period)

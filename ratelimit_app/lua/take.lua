@@ -9,7 +9,10 @@
 -- ARGV[3..]   one per bucket: six little-endian int64 (buckets.Bucket.spec, built once per rule
 --             snapshot): rule id, period_ms, capacity, refill_per_ms, cost, mode
 --             (mode 1 = enforce, 0 = shadow, 2 = gate: enforced, but only checked, never
---             debited; a request is refused while a gate bucket holds less than its cost)
+--             debited; a request is refused while a gate bucket holds less than its cost).
+--             A calendar quota (mode 3 = enforce, 4 = shadow; buckets.CalendarQuota) sends
+--             seven: rule id, period start_ms, limit N, next start_ms, cost, mode, the start
+--             after next (ms); its units are plain units (one per token)
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
@@ -23,6 +26,15 @@
 -- The timestamp never moves backwards, so a call carrying an older clock reading cannot refill a
 -- bucket twice. A bucket whose period changed since it was written is rescaled to the new unit.
 -- A value that is not ours reads as full buckets and is replaced on the next debit.
+--
+-- Calendar quotas: their record is rule id, used, the period's start_ms, CALENDAR (-1) in place
+-- of period_ms: the units used, never the units left, so an edit of N keeps the usage. The
+-- boundaries come from the caller, the choice from this script's clock: now >= next start
+-- means the next period (counted from 0), so app servers whose clocks differ agree; a record
+-- of another period (or a token-bucket record) counts as 0 used. The level reported is
+-- N - used (never below 0), plus NEXT_PERIOD when it is the next period's (the caller then
+-- knows which boundary comes next). Its key lives until the period's end + SLACK_MS. A
+-- token bucket reading a calendar record (the rule's kind was changed) starts full.
 --
 -- TTL: a key lives until its slowest bucket is full again (an expired key reads as full buckets,
 -- which is exactly what they would hold). Setting a TTL costs Redis more than the write itself,
@@ -48,6 +60,7 @@
 -- bucket). stores/redis.parse_take_reply reads both.
 
 local SLACK_MS = 1000
+local CALENDAR, NEXT_PERIOD = -1, 4503599627370496  -- 2^52: above any level (2^50)
 local unpack_, pack, floor, ceil, find = struct.unpack, struct.pack, math.floor, math.ceil, string.find
 local keys, argv, call = KEYS, ARGV, redis.call
 local n = #argv - 2
@@ -79,69 +92,126 @@ local allowed, every_debited = true, debit
 -- its key with (> 0), minus the record's offset for SETRANGE (< 0), or false (KEEPTTL)
 local writes = {}
 local records  -- multi-record path: i -> {rule, level, stamp, period, full_at}
+local next_period  -- calendar quotas counted in the next period: i -> true
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
   local level, stamp, expiry, alone, offset = capacity, now, 0, true, nil
-  local value = stored[i]
-  if value then
-    local size, found = #value, false
-    if size == 36 then
-      local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
-      if id == rule then
-        found, level, stamp, expiry = true, l, s, e
-        if p ~= period then level = floor(level * period / p) end
-      else
-        alone = false  -- the key holds another rule's bucket: keep it
-      end
-    elseif size > 36 and (size - 8) % 28 == 0 then
-      alone = false
-      -- the record starting with the rule id (a plain find, then skip a match that is not at
-      -- a record's start)
-      local needle = pack('<i4', rule)
-      local at = find(value, needle, 9, true)
-      while at and (at - 9) % 28 ~= 0 do at = find(value, needle, at + 1, true) end
-      if at then
-        local l, s, p = unpack_('<i8i8i8', value, at + 4)
-        found, level, stamp, expiry, offset = true, l, s, unpack_('<i8', value), at + 3
-        if p ~= period then level = floor(level * period / p) end
+  if mode > 2 then
+    -- a calendar quota: period = the period's start, capacity = N, refill = the next start
+    local start, ends, used = period, refill, 0
+    if now >= refill then
+      start, ends = refill, unpack_('<i8', argv[i + 2], 49)
+      next_period = next_period or {}
+      next_period[i] = true
+    end
+    local value = stored[i]
+    if value then
+      local size = #value
+      if size == 36 then
+        local e, id, u, s, p = unpack_('<i8i4i8i8i8', value)
+        expiry = e
+        if id == rule then
+          if p == CALENDAR and s == start then used = u end
+        else
+          alone = false
+        end
+      elseif size > 36 and (size - 8) % 28 == 0 then
+        alone, expiry = false, unpack_('<i8', value)
+        for a = 9, size, 28 do
+          local id, u, s, p = unpack_('<i4i8i8i8', value, a)
+          if id == rule then
+            offset = a + 3
+            if p == CALENDAR and s == start then used = u end
+            break
+          end
+        end
       end
     end
-    if found and now > stamp then
-      level, stamp = level + (now - stamp) * refill, now
-    end
-    if level > capacity then level = capacity end
-  end
-  if level < cost then
-    every_debited = false
-    if mode ~= 0 then allowed = false end
-    result[i + 2], writes[2 * i - 1] = level, false
-  elseif mode == 2 then
-    every_debited = false
-    result[i + 2], writes[2 * i - 1] = level, false
-  else
-    level = level - cost
-    result[i + 2] = level
-    if alone and not (shared and shared[i]) then
-      -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
-      -- now): later than the expiry the key holds exactly when this holds
-      if capacity - level > (expiry - stamp) * refill then
-        expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
-        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
-        writes[2 * i] = expiry > now and expiry - now or 1
-      else
-        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
-        writes[2 * i] = false
-      end
-    elseif offset and not (shared and shared[i]) and
-        capacity - level <= (expiry - stamp) * refill then
-      -- its record in a key of several buckets, and the key lives long enough: overwrite the
-      -- record's level, stamp and period in place (SETRANGE keeps the TTL)
-      writes[2 * i - 1] = pack('<i8i8i8', level, stamp, period)
-      writes[2 * i] = -offset
+    level = capacity - used
+    if level < 0 then level = 0 end  -- N was lowered below what this period used
+    if level < cost then
+      every_debited = false
+      if mode == 3 then allowed = false end
+      result[i + 2], writes[2 * i - 1] = level, false
     else
-      records = records or {}
-      records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
-      writes[2 * i - 1] = true
+      level, used = level - cost, used + cost
+      result[i + 2] = level
+      if alone and not (shared and shared[i]) then
+        local px = false
+        if ends > expiry then expiry = ends + SLACK_MS; px = expiry - now end
+        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, used, start, CALENDAR)
+        writes[2 * i] = px
+      elseif offset and not (shared and shared[i]) and ends <= expiry then
+        writes[2 * i - 1] = pack('<i8i8i8', used, start, CALENDAR)
+        writes[2 * i] = -offset
+      else
+        records = records or {}
+        records[i] = {rule, used, start, CALENDAR, ends}
+        writes[2 * i - 1] = true
+      end
+    end
+  else
+    local value = stored[i]
+    if value then
+      local size, found = #value, false
+      if size == 36 then
+        local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
+        if id == rule then
+          found, level, stamp, expiry = true, l, s, e
+          if p ~= period then level = p > 0 and floor(level * period / p) or capacity end
+        else
+          alone = false  -- the key holds another rule's bucket: keep it
+        end
+      elseif size > 36 and (size - 8) % 28 == 0 then
+        alone = false
+        -- the record starting with the rule id (a plain find, then skip a match that is not at
+        -- a record's start)
+        local needle = pack('<i4', rule)
+        local at = find(value, needle, 9, true)
+        while at and (at - 9) % 28 ~= 0 do at = find(value, needle, at + 1, true) end
+        if at then
+          local l, s, p = unpack_('<i8i8i8', value, at + 4)
+          found, level, stamp, expiry, offset = true, l, s, unpack_('<i8', value), at + 3
+          if p ~= period then level = p > 0 and floor(level * period / p) or capacity end
+        end
+      end
+      if found and now > stamp then
+        level, stamp = level + (now - stamp) * refill, now
+      end
+      if level > capacity then level = capacity end
+    end
+    if level < cost then
+      every_debited = false
+      if mode ~= 0 then allowed = false end
+      result[i + 2], writes[2 * i - 1] = level, false
+    elseif mode == 2 then
+      every_debited = false
+      result[i + 2], writes[2 * i - 1] = level, false
+    else
+      level = level - cost
+      result[i + 2] = level
+      if alone and not (shared and shared[i]) then
+        -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
+        -- now): later than the expiry the key holds exactly when this holds
+        if capacity - level > (expiry - stamp) * refill then
+          expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
+          writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
+          writes[2 * i] = expiry > now and expiry - now or 1
+        else
+          writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
+          writes[2 * i] = false
+        end
+      elseif offset and not (shared and shared[i]) and
+          capacity - level <= (expiry - stamp) * refill then
+        -- its record in a key of several buckets, and the key lives long enough: overwrite the
+        -- record's level, stamp and period in place (SETRANGE keeps the TTL)
+        writes[2 * i - 1] = pack('<i8i8i8', level, stamp, period)
+        writes[2 * i] = -offset
+      else
+        records = records or {}
+        records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
+        writes[2 * i - 1] = true
+      end
     end
   end
 end
@@ -197,7 +267,12 @@ if allowed and debit then
       end
     end
   end
-  if every_debited then return result end
+  if every_debited then
+    if next_period then
+      for i in pairs(next_period) do result[i + 2] = result[i + 2] + NEXT_PERIOD end
+    end
+    return result
+  end
 end
 
 -- the full reply: levels before any debit that did not happen, and each bucket's status
@@ -216,5 +291,8 @@ for i = 1, n do
     if level < cost then status = -1 end
   end
   reply[2 * i + 1], reply[2 * i + 2] = level, status
+end
+if next_period then
+  for i in pairs(next_period) do reply[2 * i + 1] = reply[2 * i + 1] + NEXT_PERIOD end
 end
 return reply
