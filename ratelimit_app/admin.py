@@ -68,6 +68,13 @@ def explain_rule(rule):
     """Spell a rule out in a sentence, e.g. 'Each client IP: 20 tokens per 60 s (…)'."""
     if rule.kind == Kind.CALENDAR and rule.rate and rule.calendar_period:
         return explain_calendar_quota(rule)
+    if rule.kind == Kind.CONCURRENCY:
+        if not (rule.rate and rule.period_s):
+            return "—"
+        what = f"requests to {rule.endpoint}" if rule.endpoint else "requests"
+        return (f"{_WHO.get(rule.scope, 'Each client')}: at most {rule.rate} {what} in flight "
+                f"at once (whatever their cost); a slot is freed when its response is finished, "
+                f"or {rule.period_s} s after it was taken if its worker died.")
     if not (rule.rate and rule.period_s and rule.burst):
         return "—"
     who = _WHO.get(rule.scope, "Each client")
@@ -211,7 +218,14 @@ class RuleAdmin(admin.ModelAdmin):
                            "<em>calendar quota</em> allows <em>rate</em> units per day or per "
                            "month (“1000 per month, resets on the 1st”), counted from 0 again "
                            "at midnight in the CALENDAR_TIME_ZONE setting; changing the rate "
-                           "keeps what the current period has used. A request passes only if "
+                           "keeps what the current period has used. A <em>concurrency "
+                           "limit</em> allows at most <em>rate</em> requests in flight at once "
+                           "(“5 concurrent report exports per tenant”): each request holds a "
+                           "slot until its response is finished; <em>period</em> is the timeout "
+                           "in seconds after which the slot of a request that never finished "
+                           "(a crashed worker) is freed — a little more than the slowest "
+                           "response takes. Concurrency limits need QuotaMiddleware (which "
+                           "releases the slots). A request passes only if "
                            "every rule that applies holds its cost.",
         }),
         ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),

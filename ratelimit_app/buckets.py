@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from . import periods
 
-__all__ = ["Bucket", "CalendarQuota", "PolicyStatus", "pack_value", "unpack_value",
+__all__ = ["Bucket", "CalendarQuota", "ConcurrencySlot", "PolicyStatus", "pack_value", "unpack_value",
            "read_state", "CALENDAR_RECORD", "NEXT_PERIOD"]
 
 # A key's stored value, as take.lua writes it: the key's expiry (ms), then one record per
@@ -84,6 +84,7 @@ def _spec(rule_id, period_ms, burst, rate, cost, mode):
 # take.lua's bucket modes
 ENFORCE, SHADOW, GATE = 1, 0, 2
 CALENDAR_ENFORCE, CALENDAR_SHADOW = 3, 4
+CONCURRENCY_ENFORCE, CONCURRENCY_SHADOW = 5, 6
 
 
 class Bucket:
@@ -159,7 +160,7 @@ class CalendarQuota(Bucket):
         self.spec = None
         self.shown = (rule.name, rule.rate, 0, rule.rate, cost, rule.shadow, key, rule.scope)
 
-    def spec_at(self, at_ms):
+    def spec_at(self, at_ms, slot_id=0):
         """Return take.lua's argument for a call at ``at_ms`` (this host's clock)."""
         rule = self.rule
         bounds = periods.bounds_at(rule.calendar, at_ms - periods.CLOCK_MARGIN_MS)
@@ -183,3 +184,48 @@ class CalendarQuota(Bucket):
             reset_s if level_units < limit else 0, cost, shadow, short, key, int(level_units),
             scope,
         ))
+
+
+class ConcurrencySlot(Bucket):
+    """A concurrency limit: at most N (``rule.rate``) requests of one scope value in flight.
+
+    Its key is a sorted set beside the identity's key, in the same ``{tag}`` (so in the same
+    Cluster slot and the same take.lua call): one member per request in flight (its slot id, 8
+    bytes), scored with the slot's deadline (ms, the script's clock: now + the rule's timeout,
+    ``rule.period_s``). take.lua drops the members past their deadline, then adds this request's
+    if fewer than N remain, all in the decision's one atomic call; the adapter releases it (ZREM,
+    idempotent) when the response is finished. Units are slots: the level is the slots free.
+    Its spec carries the request's slot id, so ``spec`` is None and ``spec_at`` builds it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, rule, key, cost):
+        super().__init__(rule, f"{key}:inflight:{rule.id}", 1)  # a request takes one slot
+        self.period_ms = 1
+        self.capacity_units = rule.rate
+        self.cost_units = 1
+        self.spec = None
+        # window_s = 0: no window (headers.py then names the unit, qu="concurrent-requests")
+        self.shown = (rule.name, rule.rate, 0, rule.rate, 1, rule.shadow, self.key, rule.scope)
+
+    def spec_at(self, at_ms, slot_id=0):
+        """Return take.lua's argument: rule id, timeout_ms, N, slot id, 1, mode."""
+        rule = self.rule
+        return _SPEC.pack(rule.id, rule.period_s * 1000, rule.rate, slot_id, 1,
+                          CONCURRENCY_SHADOW if rule.shadow else CONCURRENCY_ENFORCE)
+
+    def status(self, level_units, short):
+        """Return the PolicyStatus of this limit with ``level_units`` slots free: q = N,
+        r = slots free, t = 1 s when none was free (a slot may be released any moment)."""
+        name, limit, _, _, cost, shadow, key, scope = self.shown
+        level = int(level_units)
+        return _new_status(PolicyStatus, (
+            name, limit, 0, limit, level, 1 if short else 0, 0, cost, shadow, short, key,
+            level, scope,
+        ))
+
+
+def slot_member(slot_id):
+    """Return the sorted-set member of slot ``slot_id`` as take.lua writes it (its 8 bytes)."""
+    return struct.pack("<q", slot_id)

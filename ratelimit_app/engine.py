@@ -9,7 +9,7 @@ import operator
 from typing import NamedTuple
 
 from . import periods
-from .buckets import Bucket, CalendarQuota
+from .buckets import Bucket, CalendarQuota, ConcurrencySlot
 from .conf import get_config, meta_key
 from .headers import retry_after_with_jitter
 from .keys import bucket_key
@@ -42,6 +42,9 @@ class Decision(NamedTuple):
     # names of enforced policies whose capacity (burst) is below this request's cost: such a
     # request can never pass, so it is refused without a Retry-After (see headers.py)
     over_capacity: tuple = ()
+    # the concurrency slot this request holds until its response is finished: (the limits'
+    # sorted-set keys, the slot's member), released by Limiter.release_slot; None: no slot
+    slot: tuple | None = None
 
     @property
     def limited(self):
@@ -130,7 +133,8 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             # refused whatever credentials it sends now (so a right guess teaches it nothing)
             buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
         else:
-            kind = CalendarQuota if rule.calendar else Bucket
+            kind = CalendarQuota if rule.calendar else \
+                ConcurrencySlot if rule.concurrency else Bucket
             buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
     return tuple(buckets)
 
@@ -154,7 +158,7 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
 def _with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
-    if rule.calendar:
+    if rule.calendar or rule.concurrency:
         return rule  # an override's rate, period and burst describe a token bucket
     for o in overrides:
         if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
@@ -178,13 +182,14 @@ def failed_auth_buckets(snapshot, identity, endpoint):
                      for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
 
 
-def take_args(buckets, now_ms=None, debit=True):
+def take_args(buckets, now_ms=None, debit=True, slot_id=0):
     """Return take.lua's ARGV for ``buckets``: now ("" = the Redis clock), the debit flag, then
-    each bucket's pre-encoded spec. ``now_ms`` is for tests only."""
+    each bucket's pre-encoded spec. ``now_ms`` is for tests only; ``slot_id`` names the slot a
+    concurrency limit's bucket takes (see buckets.ConcurrencySlot)."""
     specs = [bucket.spec for bucket in buckets]
     if None in specs:  # calendar quotas: their boundaries depend on the time (buckets.py)
         at_ms = periods.now_ms() if now_ms is None else now_ms
-        specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in buckets]
+        specs = [bucket.spec or bucket.spec_at(at_ms, slot_id) for bucket in buckets]
     return [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0", *specs]
 
 

@@ -20,7 +20,7 @@ from .engine import Decision
 from .headers import problem_response
 from .limiter import default_limiter
 
-__all__ = ["DECISION_ATTR", "decide", "adecide", "endpoint_name", "mark_authentication_failed",
+__all__ = ["DECISION_ATTR", "decide", "adecide", "hold_slot", "release_slot", "endpoint_name", "mark_authentication_failed",
            "charge_failed_authentication", "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication"]
 
@@ -60,6 +60,40 @@ async def adecide(request, user):
         logger.exception("ratelimit_app: unexpected error; request allowed")
         decision = Decision(allowed=True, degraded="error")
     return _keep(request, decision)
+
+
+def hold_slot(request, response):
+    """Return ``response``, set to release the concurrency slot the request's decision holds
+    (if any) when the response is finished: Django (and the WSGI/ASGI server) call its
+    ``close()`` once the content is sent, a streaming response's content exhausted or closed,
+    or the client gone. The release runs once, however often close() is called."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is None or decision.slot is None:
+        return response
+    response._resource_closers.append(_Release(decision))
+    return response
+
+
+def release_slot(request):
+    """Release the slot of ``request``'s decision now (the view raised: no response)."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None and decision.slot is not None:
+        _Release(decision)()
+
+
+class _Release:
+    """Release a decision's slot, once."""
+
+    def __init__(self, decision):
+        self.decision = decision
+
+    def __call__(self):
+        decision, self.decision = self.decision, None
+        if decision is not None:
+            try:
+                default_limiter().release_slot(decision)
+            except Exception:  # the limiter must never be the reason for a failed response
+                logger.exception("ratelimit_app: unexpected error releasing a slot")
 
 
 def _keep(request, decision):

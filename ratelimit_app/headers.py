@@ -17,6 +17,9 @@ bucket:
 - A calendar quota (N units per day or month, see ``periods.py``) maps as ``q`` = N, ``w`` = the
   period's length in seconds, ``r`` = N − used, ``t`` = seconds to the next boundary; a refusal's
   ``Retry-After`` is that ``t`` plus the usual jitter.
+- A concurrency limit (at most N requests in flight) maps as ``q`` = N with the draft's
+  ``qu="concurrent-requests"`` unit and no ``w``; ``r`` = the slots free after this request,
+  ``t`` = 0, or 1 when it refused (a slot may free any moment; ``Retry-After`` ≥ 1 s).
 - Units are tokens: a request costs its endpoint's cost (rules with an endpoint count calls).
   The draft registers no unit for weighted requests, so ``qu`` is not sent (see the README).
 - Every enforced policy is listed in ``RateLimit-Policy`` (it is configuration). A shared bucket's
@@ -62,7 +65,9 @@ def policy_header(policies):
 
 @functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request
 def _policy_header(items):
+    # period 0: a concurrency limit, q requests in flight, no window
     return ", ".join([f"{_sf_string(name)};q={burst};w={window_s(burst, rate, period_s)}"
+                      if period_s else f'{_sf_string(name)};q={burst};qu="concurrent-requests"'
                       for name, burst, rate, period_s in items])
 
 

@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 
 from . import engine, keys, metrics
 from .breaker import CircuitBreaker
+from .buckets import ConcurrencySlot, slot_member
 from .conf import get_config
 from .deny_cache import DenyCache
 from .engine import Decision
@@ -151,6 +152,8 @@ class Limiter:
         pending = self._prepare(self.policies.get(), request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
+        if pending.snapshot.has_concurrency and any(map(_takes_slot, pending.buckets)):
+            return self._decide_with_slot(pending, now_ms)
         try:
             # (the snapshot's flag first: most snapshots lease nothing)
             if pending.snapshot.has_leases and any(b.rule.lease for b in pending.buckets):
@@ -193,6 +196,43 @@ class Limiter:
                                      pending.snapshot.version, pending.sent_at)
         return engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
                                     pending.endpoint, pending.cost)
+
+    def _decide_with_slot(self, pending, now_ms):
+        """``decide`` for a request one of whose buckets is a concurrency limit: the same one
+        take.lua call, carrying a new slot id; an allowed decision holds the slot
+        (``Decision.slot``) until ``release_slot``. Leases are not used for such a request (its
+        buckets are all debited in Redis), and the deny cache does not learn from it (a slot
+        frees when a response finishes, not at a refill time)."""
+        buckets = pending.buckets
+        slot_id = secrets.randbits(63)
+        try:
+            reply = self.take(buckets, now_ms=now_ms, slot_id=slot_id)
+        except StoreUnavailable:
+            return pending.degraded()
+        statuses = engine.statuses_from(buckets, reply)
+        decision = engine.decision_from(buckets, statuses, reply.allowed, pending.identity,
+                                        pending.endpoint, pending.cost)
+        if reply.allowed:
+            held = tuple(b.key for b, result in zip(buckets, reply.results)
+                         if result == 1 and _takes_slot(b))
+            if held:
+                decision = decision._replace(slot=(held, slot_member(slot_id)))
+        return decision
+
+    def release_slot(self, decision):
+        """Release the concurrency slot ``decision`` holds (one release.lua call; idempotent:
+        a second release, or one after the slot's deadline, removes nothing). Returns True if
+        the store answered; a failure is logged, and the slot then frees at its deadline."""
+        if decision.slot is None:
+            return True
+        slot_keys, member = decision.slot
+        try:
+            self._guarded(self.store.release, slot_keys, member)
+        except StoreUnavailable as exc:
+            logger.warning("ratelimit_app: a concurrency slot was not released (%s); it frees "
+                           "at its deadline", exc)
+            return False
+        return True
 
     def _take_with_leases(self, buckets, version, now_ms):
         """``take`` for a decision some of whose buckets lease tokens (see leases.py). Returns
@@ -254,6 +294,11 @@ class Limiter:
         pending = self._prepare(await self.asnapshot(), request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
+        if pending.snapshot.has_concurrency and any(map(_takes_slot, pending.buckets)):
+            # a concurrency limit (rare, and its release is sync anyway): the sync path in a
+            # worker thread
+            return await sync_to_async(self._decide_with_slot, thread_sensitive=False)(
+                pending, now_ms)
         try:
             if pending.snapshot.has_leases:
                 # leases may need a second call and keep local state between the two: the sync
@@ -389,12 +434,13 @@ class Limiter:
 
     # --- the store, through the breaker ------------------------------------------------------
 
-    def take(self, buckets, *, now_ms=None, debit=True):
+    def take(self, buckets, *, now_ms=None, debit=True, slot_id=0):
         """Run take.lua for ``buckets`` through the breaker and return the store's TakeReply
-        (the config version it carried is noted). Raises StoreUnavailable."""
+        (the config version it carried is noted). ``slot_id`` names the slot of a concurrency
+        limit among them. Raises StoreUnavailable."""
         if now_ms is None:
             now_ms = self.clock.redis_now_ms()
-        args = engine.take_args(buckets, now_ms, debit)
+        args = engine.take_args(buckets, now_ms, debit, slot_id)
         reply = self._guarded(self.store.take, [b.key for b in buckets], args,
                               version_key=self.version_key)
         self.policies.observe_version(reply.version)
@@ -430,6 +476,10 @@ class Limiter:
         else:
             logger.warning("ratelimit_app: Redis unavailable (%s); breaker %s", exc,
                            breaker.state)
+
+
+def _takes_slot(bucket):
+    return isinstance(bucket, ConcurrencySlot)
 
 
 def _failed_auth_buckets(snapshot, request, endpoint):

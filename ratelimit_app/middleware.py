@@ -23,7 +23,7 @@ ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 from .guard import (DECISION_ATTR, acharge_failed_authentication,  # noqa: E402 (needs models)
                     acheck_failed_authentication, adecide, charge_failed_authentication,
-                    check_failed_authentication, decide)
+                    check_failed_authentication, decide, hold_slot, release_slot)
 from .headers import apply_headers, problem_response, uncharged_preflight  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
@@ -114,6 +114,14 @@ class QuotaMiddleware:
     def __call__(self, request):
         if self.async_mode:
             return self.__acall__(request)
+        try:
+            response = self._respond(request)
+        except BaseException:
+            release_slot(request)  # a concurrency slot is released on exceptions too
+            raise
+        return hold_slot(request, response)  # ... and when the response is finished
+
+    def _respond(self, request):
         # a failed authentication is known only now; over the client IP's allowance it turns
         # the response into a 429 (and becomes the request's decision)
         response = charge_failed_authentication(request, self.get_response(request))
@@ -127,6 +135,14 @@ class QuotaMiddleware:
         return _with_headers(response, decision)
 
     async def __acall__(self, request):
+        try:
+            response = await self._arespond(request)
+        except BaseException:
+            await sync_to_async(release_slot, thread_sensitive=False)(request)
+            raise
+        return hold_slot(request, response)
+
+    async def _arespond(self, request):
         response = await acharge_failed_authentication(request, await self.get_response(request))
         decision = getattr(request, DECISION_ATTR, None)
         if decision is None:

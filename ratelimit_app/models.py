@@ -145,6 +145,13 @@ class Counts(models.TextChoices):
 class Kind(models.TextChoices):
     TOKEN_BUCKET = "token_bucket", "Token bucket (rate per period, up to a burst)"
     CALENDAR = "calendar", "Calendar quota (N per day or month, reset at the boundary)"
+    CONCURRENCY = "concurrency", "Concurrency limit (at most N requests in flight)"
+
+
+# The most requests in flight a concurrency limit may allow per scope value, and its longest
+# timeout (the deadline of a slot a crashed worker never released).
+MAX_CONCURRENCY = 100_000
+MAX_CONCURRENCY_TIMEOUT_S = 24 * 3600
 
 
 class CalendarPeriod(models.TextChoices):
@@ -184,7 +191,11 @@ class Rule(models.Model):
         max_length=12, choices=Kind.choices, default=Kind.TOKEN_BUCKET,
         help_text="Calendar quota: “rate” units per day or month, all usable at once, counted "
                   "from 0 again at midnight (or midnight on the 1st) in the CALENDAR_TIME_ZONE "
-                  "setting; period and burst are then not used.",
+                  "setting; period and burst are then not used. Concurrency limit: at most "
+                  "“rate” requests of each scope value in flight at once (each holds a slot until "
+                  "its response is finished, whatever its cost); “period” is the timeout in "
+                  "seconds after which the slot of a request that never finished (a crashed "
+                  "worker) is freed; burst is not used.",
     )
     calendar_period = models.CharField(
         max_length=5, choices=CalendarPeriod.choices, blank=True,
@@ -235,6 +246,8 @@ class Rule(models.Model):
         """Spell the rule out for an operator: '100 per 60 s, burst 20', '1000 per month'."""
         if self.kind == Kind.CALENDAR:
             return f"{self.rate} per {self.calendar_period or '?'}"
+        if self.kind == Kind.CONCURRENCY:
+            return f"{self.rate} in flight, timeout {self.period_s} s"
         what = " failed authentications" if self.counts == Counts.FAILED_AUTH else ""
         return f"{self.rate}{what} per {self.period_s} s, burst {self.burst}"
 
@@ -244,6 +257,8 @@ class Rule(models.Model):
             self._clean_calendar(errors)
         else:
             self.calendar_period = ""  # only calendar quotas have one
+        if self.kind == Kind.CONCURRENCY:
+            self._clean_concurrency(errors)
         if self.name and not RULE_NAME_RE.match(self.name):
             errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
                               "or digit: clients read this name in the RateLimit headers.")
@@ -251,7 +266,7 @@ class Rule(models.Model):
             value = getattr(self, field)
             if value is not None and value < 1:
                 errors[field] = MINIMUM_MESSAGES[field]
-        if self.kind != Kind.CALENDAR and self.burst is not None and self.period_s and \
+        if self.kind == Kind.TOKEN_BUCKET and self.burst is not None and self.period_s and \
                 self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             errors["burst"] = "Burst × period is too large; lower the burst or the period."
         if self.lease:
@@ -271,7 +286,7 @@ class Rule(models.Model):
             if self.plan_id:
                 errors["plan"] = ("A failed authentication has no plan yet (the caller is "
                                   "unknown): leave the plan empty.")
-        elif self.burst and not errors:
+        elif self.burst and not errors and self.kind != Kind.CONCURRENCY:
             largest = self._largest_cost()
             if largest and self.burst < largest[0]:
                 if self.kind == Kind.CALENDAR:
@@ -291,7 +306,13 @@ class Rule(models.Model):
             super().clean_fields(exclude)
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
-        if self.kind != Kind.CALENDAR:
+        if self.kind == Kind.CONCURRENCY:
+            if self.period_s is None and "period_s" not in (exclude or ()) and \
+                    "period_s" not in errors:
+                errors["period_s"] = ["A concurrency limit needs its timeout in seconds: how long "
+                                      "the slot of a request that never finishes (a crashed "
+                                      "worker) stays taken."]
+        elif self.kind != Kind.CALENDAR:
             for field, message in (("period_s", "A token bucket needs its period in seconds."),
                                    ("burst", "A token bucket needs its burst (its capacity).")):
                 if getattr(self, field) is None and field not in (exclude or ()) and \
@@ -318,6 +339,25 @@ class Rule(models.Model):
         if self.rate:
             self.burst = self.rate
         self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, 24 * 3600)
+
+    def _clean_concurrency(self, errors):
+        """Check a concurrency limit: ``rate`` requests in flight, ``period_s`` the timeout of a
+        slot; its burst is N (only shown)."""
+        if self.counts == Counts.FAILED_AUTH:
+            errors["kind"] = ("Failed authentications are counted by a token bucket, not in "
+                              "flight: choose “Token bucket”.")
+        if self.lease:
+            errors["lease"] = ("Leases are for token buckets; a concurrency slot is taken and "
+                               "released in Redis for every request. Set it to 0.")
+        if self.rate and self.rate > MAX_CONCURRENCY:
+            errors["rate"] = (f"A concurrency limit allows at most {MAX_CONCURRENCY} requests "
+                              "in flight.")
+        if self.period_s and self.period_s > MAX_CONCURRENCY_TIMEOUT_S:
+            errors["period_s"] = ("The timeout frees the slots of crashed workers: use at most "
+                                  f"{MAX_CONCURRENCY_TIMEOUT_S} s (a day), and a little more "
+                                  "than your slowest response takes.")
+        if self.rate:
+            self.burst = self.rate
 
     def _largest_cost(self):
         """Return (cost, description) of the most expensive request this rule is charged for."""

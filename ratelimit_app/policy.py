@@ -42,6 +42,9 @@ class CompiledRule:
     # a calendar quota's period ("day" or "month", see periods.py): ``rate`` units per period;
     # "": a token bucket
     calendar: str = ""
+    # a concurrency limit: at most ``rate`` requests in flight, each slot freed after
+    # ``period_s`` at the latest (see buckets.ConcurrencySlot)
+    concurrency: bool = False
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -51,7 +54,7 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar)
+                            self.lease, self.calendar, self.concurrency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class Snapshot:
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     has_leases: bool = False       # a rule leases tokens to workers (see leases.py)
+    has_concurrency: bool = False  # a rule limits requests in flight (see buckets.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -146,6 +150,7 @@ def compile_snapshot(version):
             failed_auth=r.counts == Counts.FAILED_AUTH,
             lease=r.lease,
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
+            concurrency=r.kind == Kind.CONCURRENCY,
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
@@ -177,6 +182,7 @@ def compile_snapshot(version):
         rules=rules,
         failed_auth_rules=tuple(r for r in rules if r.failed_auth),
         has_leases=any(r.lease for r in rules),
+        has_concurrency=any(r.concurrency for r in rules),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
         default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),

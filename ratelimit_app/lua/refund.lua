@@ -22,6 +22,10 @@
 -- level is N - used, plus NEXT_PERIOD for the next period's, as take.lua reports it. A record
 -- of an older period reads as 0 used and is left alone.
 --
+-- Concurrency limits (mode 5 or 6: rule id, timeout, N, slot id, 1, mode; their key a sorted
+-- set): the slot the decision took is removed (idempotent in itself); the level is the slots
+-- free.
+--
 -- Returns the buckets' levels after the call, in units of their period_ms.
 
 local HEADER, RECORD = 8, 28
@@ -33,9 +37,16 @@ local values, changed, levels = {}, {}, {}
 for i = 1, n do
   local key = KEYS[i]
   local rule, period, capacity, next_start, cost, mode = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
-  local value = values[key]
-  if value == nil then value = redis.call('GET', key) or ''; values[key] = value end
   local level = capacity
+  local value = ''
+  if mode > 4 then
+    -- a concurrency limit's slot (its own sorted set): released, once or again (ZREM)
+    redis.call('ZREM', key, string.sub(ARGV[i + 1], 25, 32))
+    level = math.max(0, capacity - redis.call('ZCARD', key))
+  else
+    value = values[key]
+    if value == nil then value = redis.call('GET', key) or ''; values[key] = value end
+  end
   if #value >= HEADER + RECORD and (#value - HEADER) % RECORD == 0 then
     for at = HEADER + 1, #value, RECORD do
       local id, stored, stamp, p = struct.unpack('<i4i8i8i8', value, at)

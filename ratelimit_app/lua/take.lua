@@ -12,7 +12,10 @@
 --             debited; a request is refused while a gate bucket holds less than its cost).
 --             A calendar quota (mode 3 = enforce, 4 = shadow; buckets.CalendarQuota) sends
 --             seven: rule id, period start_ms, limit N, next start_ms, cost, mode, the start
---             after next (ms); its units are plain units (one per token)
+--             after next (ms); its units are plain units (one per token). A concurrency
+--             limit (mode 5 = enforce, 6 = shadow; buckets.ConcurrencySlot) sends six: rule id,
+--             timeout_ms, N, the request's slot id, 1, mode; its key is its own sorted set (in
+--             the identity's {tag}), and its units are slots (the level is the slots free)
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
@@ -35,6 +38,14 @@
 -- N - used (never below 0), plus NEXT_PERIOD when it is the next period's (the caller then
 -- knows which boundary comes next). Its key lives until the period's end + SLACK_MS. A
 -- token bucket reading a calendar record (the rule's kind was changed) starts full.
+--
+-- Concurrency limits: a sorted set of the requests in flight, member = slot id (8 bytes), score
+-- = its deadline (now + timeout). Members past their deadline are removed first (a crashed
+-- worker's slot lives no longer than the timeout), then the request holds its cost when fewer
+-- than N remain; the slot is added only when the whole decision is allowed and debited (the
+-- same all-or-nothing as the buckets). It is released by a ZREM of its member (idempotent), or
+-- by refund.lua on a Cluster. Only calls with such a limit pay its ZREMRANGEBYSCORE, ZCARD,
+-- ZADD and PEXPIRE.
 --
 -- TTL: a key lives until its slowest bucket is full again (an expired key reads as full buckets,
 -- which is exactly what they would hold). Setting a TTL costs Redis more than the write itself,
@@ -93,10 +104,28 @@ local allowed, every_debited = true, debit
 local writes = {}
 local records  -- multi-record path: i -> {rule, level, stamp, period, full_at}
 local next_period  -- calendar quotas counted in the next period: i -> true
+local slots  -- concurrency limits taking a slot: i -> the slot's deadline (ms)
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
   local level, stamp, expiry, alone, offset = capacity, now, 0, true, nil
-  if mode > 2 then
+  if mode > 4 then
+    -- a concurrency limit (its own sorted-set key, which MGET read as nil): period = the
+    -- timeout, capacity = N, refill = the slot id; slots past their deadline are dropped first
+    local key = keys[i]
+    call('ZREMRANGEBYSCORE', key, '-inf', now)
+    level = capacity - call('ZCARD', key)
+    if level < 1 then
+      if level < 0 then level = 0 end  -- N was lowered below the slots taken
+      every_debited = false
+      if mode == 5 then allowed = false end
+      result[i + 2], writes[2 * i - 1] = level, false
+    else
+      result[i + 2] = level - 1
+      slots = slots or {}
+      slots[i] = now + period
+      writes[2 * i - 1] = 1
+    end
+  elseif mode > 2 then
     -- a calendar quota: period = the period's start, capacity = N, refill = the next start
     local start, ends, used = period, refill, 0
     if now >= refill then
@@ -243,6 +272,12 @@ if allowed and debit then
       end
       values[key] = current
       if record[5] > need[key] then need[key] = record[5] end
+    elseif slots and slots[i] then
+      -- the slot: member = the slot id's 8 bytes, score = its deadline; the set lives until
+      -- its latest deadline (+ SLACK_MS)
+      local deadline = slots[i]
+      call('ZADD', keys[i], deadline, string.sub(argv[i + 2], 25, 32))
+      call('PEXPIRE', keys[i], deadline - now + SLACK_MS)
     elseif value then
       local px = writes[2 * i]  -- > 0: re-arm with PX; < 0: -offset of a record; false
       if not px then

@@ -107,6 +107,11 @@ class Store:
         """
         raise NotImplementedError
 
+    def release(self, slot_keys, member):
+        """Release a request's concurrency slot ``member`` (bytes) in ``slot_keys``, idempotently.
+        Raises StoreUnavailable."""
+        raise NotImplementedError
+
     def read_version(self, version_key):
         """Return the config version ("0" when unset)."""
         raise NotImplementedError

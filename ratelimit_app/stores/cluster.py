@@ -290,6 +290,11 @@ class ClusterStore(Store):
 
     # --- the rest of the interface -----------------------------------------------------------
 
+    def release(self, slot_keys, member):
+        """Release the concurrency slot ``member`` in ``slot_keys`` (a ZREM per key: each on
+        its slot's master; idempotent). Returns the slots released; raises StoreUnavailable."""
+        return sum(self._call(lambda client, key=key: client.zrem(key, member)) for key in slot_keys)
+
     def read_version(self, version_key):
         value = self._call(lambda client: client.get(version_key))
         return value.decode() if value else "0"

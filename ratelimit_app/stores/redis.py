@@ -112,6 +112,15 @@ class RedisStore(Store):
         finally:
             pool.release(connection)
 
+    def release(self, slot_keys, member):
+        """Release the concurrency slot ``member`` in ``slot_keys`` (release.lua: one call,
+        idempotent). Returns the slots released; raises StoreUnavailable."""
+        if self._release is None:
+            self._release = self.client.register_script(script_source("release"))
+        return self._call(self._release, list(slot_keys), [member])
+
+    _release = None
+
     def read_version(self, version_key):
         value = self._call(self.client.get, version_key)
         return value.decode() if value else "0"
