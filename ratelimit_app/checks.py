@@ -100,9 +100,10 @@ def check_adapters(app_configs=None, **kwargs):
         errors.append(Warning(
             "QuotaThrottle is in REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] but QuotaMiddleware "
             "is not in MIDDLEWARE.",
-            hint=f"The throttle sees DRF views only: plain Django views are not limited. Add "
-                 f"'{MIDDLEWARE_PATH}' to MIDDLEWARE after AuthenticationMiddleware, or "
-                 f"silence ratelimit_app.W001 in a DRF-only project.",
+            hint=f"The throttle sees DRF views only: plain Django views are not limited, failed "
+                 f"authentications are not charged and concurrency slots are freed only at "
+                 f"their timeout (the middleware does both once the response is done). Add "
+                 f"'{MIDDLEWARE_PATH}' to MIDDLEWARE after AuthenticationMiddleware.",
             id="ratelimit_app.W001"))
     if MIDDLEWARE_PATH not in middleware and not throttle_default:
         errors.append(Warning(

@@ -109,6 +109,7 @@ def test_w001_throttle_without_middleware():
         "QuotaThrottle is in REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] but QuotaMiddleware is "
         "not in MIDDLEWARE.")
     assert "plain Django views are not limited" in found["ratelimit_app.W001"].hint
+    assert "concurrency slots are freed only at their timeout" in found["ratelimit_app.W001"].hint
     assert MIDDLEWARE_PATH in found["ratelimit_app.W001"].hint
 
 
