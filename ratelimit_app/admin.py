@@ -202,7 +202,8 @@ class PlanAdmin(admin.ModelAdmin):
 @admin.register(Rule)
 class RuleAdmin(admin.ModelAdmin):
     form = RuleForm
-    list_display = ["name", "plan", "scope", "endpoint_cell", "summary", "mode", "enabled"]
+    list_display = ["name", "plan", "scope", "endpoint_cell", "kind", "summary", "mode",
+                    "enabled"]
     list_filter = ["plan", "scope", "kind", "counts", "mode", "enabled", "on_redis_failure",
                    EndpointFilter]
     list_select_related = ["plan"]

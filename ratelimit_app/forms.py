@@ -107,6 +107,16 @@ class _QuotaRowForm(forms.ModelForm):
         _word_number_limits(self)
 
 
+# What rate and period mean for each kind of rule (shown under the fields).
+RULE_FIELD_HELP = {
+    "rate": "Token bucket: tokens added per period. Calendar quota: units per day or month. "
+            "Concurrency limit: the most requests in flight at once.",
+    "period_s": "Token bucket: the period in seconds. Concurrency limit: the timeout in seconds "
+                "after which the slot of a request that never finished is freed. Calendar "
+                "quota: not used (leave empty).",
+}
+
+
 class RuleForm(_QuotaRowForm):
     endpoint_blank_label = "Every endpoint"
 
@@ -119,6 +129,11 @@ class RuleForm(_QuotaRowForm):
         if "kind" in self.fields:
             # a form (or script) written before calendar quotas means a token bucket
             self.fields["kind"].required = False
+        # the model's help texts predate concurrency limits ("period: token buckets only"), and
+        # a concurrency limit's N and timeout are typed in these very fields: say so here
+        for name, text in RULE_FIELD_HELP.items():
+            if name in self.fields:
+                self.fields[name].help_text = text
 
     def clean_kind(self):
         return self.cleaned_data.get("kind") or Kind.TOKEN_BUCKET

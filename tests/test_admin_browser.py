@@ -1,4 +1,5 @@
-"""The admin pages in Debian's Chromium: the simulator round trip and the plan page's pickers.
+"""The admin pages in Debian's Chromium: the simulator round trip, the plan page's pickers,
+and rules of each kind (token bucket, calendar quota, concurrency limit) typed in and enforced.
 
 Screenshots go to ``screenshots/`` (git-ignored) for a person to look at.
 """
@@ -123,10 +124,11 @@ def rate_limit_of(url, policy):
     headers (the rate is q / w, however the headers map the bucket onto q and w)."""
     import urllib.request
 
-    response = urllib.request.urlopen(url, timeout=10)
+    with urllib.request.urlopen(url, timeout=10) as response:  # closed: no ResourceWarning
+        headers = response.headers
     found = {}
     for field in ("RateLimit-Policy", "RateLimit"):
-        items = dict(item.split(";", 1) for item in response.headers[field].split(", "))
+        items = dict(item.split(";", 1) for item in headers[field].split(", "))
         found.update(p.split("=") for p in items[f'"{policy}"'].split(";"))
     return Fraction(int(found["q"]), int(found["w"])), int(found["r"])
 
@@ -147,4 +149,165 @@ def test_a_rule_edited_in_the_admin_is_enforced_without_a_restart(signed_in_page
     # the next request already sees the new rate, and the 38 tokens held are capped at 20
     assert rate_limit_of(hello, "free-ip") == (Fraction(30, 60), 19)
     page.screenshot(path=str(SCREENSHOTS / "admin_rule_saved.png"))
+    assert page.problems == []
+
+
+def add_rule(page, *, name, plan, scope, kind, rate, endpoint="", calendar_period="",
+             period_s=""):
+    """Fill the admin's "Add rule" page as an operator would and press Save."""
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/")
+    page.click(".object-tools a.addlink")  # the changelist's "Add rule" button
+    page.wait_for_selector("#id_name")
+    page.fill("#id_name", name)
+    page.select_option("#id_plan", label=plan)
+    page.select_option("#id_scope", scope)
+    if endpoint:
+        page.select_option("#id_endpoint", endpoint)
+    page.select_option("#id_kind", kind)
+    if calendar_period:
+        page.select_option("#id_calendar_period", calendar_period)
+    page.fill("#id_rate", str(rate))
+    page.fill("#id_period_s", str(period_s))
+    page.click("input[name=_save]")
+
+
+def changelist_row(page, name):
+    """The changelist row of the rule ``name`` (the page the admin lands on after a save)."""
+    return page.locator(f'#result_list tbody tr:has(th.field-name a:text-is("{name}"))')
+
+
+def month_lengths_s():
+    """The length in seconds of the current calendar month (in CALENDAR_TIME_ZONE)."""
+    from ratelimit_app import periods
+
+    bounds = periods.bounds_at("month", periods.now_ms())
+    return (bounds.next_ms - bounds.start_ms) // 1000
+
+
+def get_headers(url):
+    """GET ``url`` through the live server (as any client would); return its headers."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        response.read()
+        return response.headers
+
+
+def policy_items(headers, field):
+    """``{policy name: {param: value}}`` of a RateLimit-Policy / RateLimit header."""
+    items = {}
+    for item in headers[field].split(", "):
+        name, params = item.split(";", 1)
+        items[name.strip('"')] = dict(p.split("=", 1) for p in params.split(";"))
+    return items
+
+
+def test_a_calendar_quota_created_in_the_admin_is_listed_explained_and_enforced(signed_in_page):
+    """“1000 per month” for each client IP of the free plan: typed in the admin, saved, listed
+    with its kind, spelled out on its page, and counted on the next real request."""
+    page = signed_in_page
+    hello = f"{page.base}/hello/"
+    before = policy_items(get_headers(hello), "RateLimit-Policy")
+    assert "free-ip-month" not in before
+
+    add_rule(page, name="free-ip-month", plan="Free", scope="ip", kind="calendar", rate=1000,
+             calendar_period="month")
+    page.wait_for_selector(".messagelist .success")
+    assert "free-ip-month" in page.locator(".messagelist .success").inner_text()
+    row = changelist_row(page, "free-ip-month")
+    assert row.count() == 1
+    assert row.locator("td.field-kind").inner_text() == \
+        "Calendar quota (N per day or month, reset at the boundary)"
+    assert row.locator("td.field-summary").inner_text() == "1000 per month"
+    assert row.locator("td.field-scope").inner_text() == "Client IP (each address)"
+
+    row.locator("th.field-name a").click()
+    page.wait_for_selector("#id_name")
+    assert page.locator("#id_kind").input_value() == "calendar"
+    assert page.locator("#id_calendar_period").input_value() == "month"
+    assert page.locator(".field-in_words .readonly").inner_text() == (
+        "Each client IP: 1000 units (each request its cost) per month, all usable at once; the "
+        "count starts again at midnight on the 1st (UTC).")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "admin_rule_calendar.png", full_page=True)
+
+    # the limiter counts it from the next request on: q = 1000 per month (w = the month's
+    # length), and each request through the live server uses one unit of this address's quota
+    lengths = {month_lengths_s()}
+    first = get_headers(hello)
+    second = get_headers(hello)
+    lengths.add(month_lengths_s())
+    policy = policy_items(second, "RateLimit-Policy")["free-ip-month"]
+    assert policy["q"] == "1000"
+    assert int(policy["w"]) in lengths
+    assert "free-ip" in policy_items(second, "RateLimit-Policy")  # the other rules still apply
+    assert policy_items(first, "RateLimit")["free-ip-month"]["r"] == "999"
+    assert policy_items(second, "RateLimit")["free-ip-month"]["r"] == "998"
+    assert page.problems == []
+
+
+def test_a_concurrency_limit_created_in_the_admin_is_listed_and_explained(signed_in_page):
+    """“5 in flight, timeout 60 s”: the period field is the timeout, the rate the slots."""
+    page = signed_in_page
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/")
+    # the fields a concurrency limit is typed in say what they mean for it
+    assert "most requests in flight" in page.locator(".field-rate .help").inner_text()
+    assert "timeout in seconds" in page.locator(".field-period_s .help").inner_text()
+
+    add_rule(page, name="hello-in-flight", plan="Free", scope="ip", endpoint="hello",
+             kind="concurrency", rate=5, period_s=60)
+    page.wait_for_selector(".messagelist .success")
+    row = changelist_row(page, "hello-in-flight")
+    assert row.count() == 1
+    assert row.locator("td.field-kind").inner_text() == \
+        "Concurrency limit (at most N requests in flight)"
+    assert row.locator("td.field-summary").inner_text() == "5 in flight, timeout 60 s"
+    assert row.locator("td.field-endpoint_cell").inner_text() == "hello"
+
+    row.locator("th.field-name a").click()
+    page.wait_for_selector("#id_name")
+    assert page.locator("#id_kind").input_value() == "concurrency"
+    assert page.locator("#id_period_s").input_value() == "60"
+    assert page.locator(".field-in_words .readonly").inner_text() == (
+        "Each client IP: at most 5 requests to hello in flight at once (whatever their cost); a "
+        "slot is freed when its response is finished, or 60 s after it was taken if its worker "
+        "died.")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "admin_rule_concurrency.png", full_page=True)
+
+    # requests one after another each take and give back a slot: 4 left every time
+    for _ in range(2):
+        response = get_headers(f"{page.base}/hello/")
+        assert policy_items(response, "RateLimit-Policy")["hello-in-flight"] == \
+            {"q": "5", "qu": '"concurrent-requests"'}
+        assert policy_items(response, "RateLimit")["hello-in-flight"]["r"] == "4"
+    assert page.problems == []
+
+
+def test_a_rule_with_a_mistake_shows_the_operators_message_and_is_not_saved(signed_in_page):
+    from ratelimit_app.models import Rule
+
+    page = signed_in_page
+    add_rule(page, name="no-period", plan="Free", scope="ip", kind="calendar", rate=1000)
+    page.wait_for_selector(".errornote")
+    assert page.locator(".field-calendar_period .errorlist").inner_text() == \
+        "Choose when the quota starts again: every day or every month."
+    assert page.locator(".field-in_words .readonly").inner_text() == \
+        "Shown once the rule is saved."
+    # what the operator typed is kept for the correction
+    assert page.locator("#id_kind").input_value() == "calendar"
+    assert page.locator("#id_rate").input_value() == "1000"
+
+    page.select_option("#id_kind", "concurrency")  # now a concurrency limit without a timeout
+    page.click("input[name=_save]")
+    page.wait_for_selector(".errornote")
+    assert page.locator(".field-period_s .errorlist").inner_text().startswith(
+        "A concurrency limit needs its timeout in seconds")
+    assert not Rule.objects.filter(name="no-period").exists()
+
+    page.fill("#id_period_s", "60")  # corrected: saved
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    assert changelist_row(page, "no-period").locator("td.field-summary").inner_text() == \
+        "1000 in flight, timeout 60 s"
     assert page.problems == []
