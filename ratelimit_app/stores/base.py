@@ -132,6 +132,10 @@ class Store:
         """Return the redis-py client the metrics flush and readers pipeline through."""
         raise NotImplementedError
 
+    def close(self):
+        """Close the connections this store opened itself (none by default: a django-redis
+        client's pool belongs to django-redis, shared by the process)."""
+
     def ping(self):
         """Raise StoreUnavailable unless the store answers."""
         raise NotImplementedError

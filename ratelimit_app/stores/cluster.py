@@ -320,6 +320,11 @@ class ClusterStore(Store):
         """The RedisCluster: its non-transactional pipeline sends each node its commands."""
         return self.client
 
+    def close(self):
+        """Close the RedisCluster's connections to every node (a replaced Limiter's store)."""
+        if self._client is not None:
+            self._client.close()
+
     def ping(self):
         self._call(lambda client: client.ping(target_nodes=RedisCluster.PRIMARIES))
 
