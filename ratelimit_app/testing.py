@@ -202,7 +202,17 @@ def _replica_problems(master):
     return None
 
 
-class RedisCluster:
+class _Topology:
+    """``with Topology() as t:`` starts it and stops it by PID, also on errors."""
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
+
+
+class RedisCluster(_Topology):
     """A real Redis Cluster: ``masters`` masters with ``replicas_per_master`` replicas each.
 
     Every node is a ``RedisServer`` with ``--cluster-enabled yes`` in its own temp dir; the cluster
@@ -252,11 +262,6 @@ class RedisCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc_info):
-        self.stop()
 
     # -- addresses and clients ------------------------------------------------------------
 
@@ -454,7 +459,7 @@ class SentinelServer(RedisServer):
         return super().start(timeout_s)
 
 
-class SentinelSetup:
+class SentinelSetup(_Topology):
     """A real Sentinel deployment: a master, one replica and three sentinels (quorum 2)."""
 
     def __init__(self, service_name="mymaster", sentinels=3, quorum=2, down_after_ms=1000,
@@ -496,11 +501,6 @@ class SentinelSetup:
         for server in self.sentinel_servers + self.data_nodes:
             server.stop()
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc_info):
-        self.stop()
 
     @property
     def sentinels(self):
