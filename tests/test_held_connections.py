@@ -1,0 +1,150 @@
+"""The connections decisions run on (stores/connections.HeldConnections), against the suite's
+real redis-server: reused without the pool's checkout, never shared by two calls at once, never
+carrying a late reply into the next call, reopened when Redis closed them, given back when their
+store is replaced, and never used by a forked child."""
+
+import os
+import threading
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.test import RequestFactory
+from django_redis import get_redis_connection
+from redis.connection import Connection
+from redis.exceptions import ConnectionError
+
+from ratelimit_app.limiter import install_limiter
+from ratelimit_app.models import Plan, Rule, Scope
+from ratelimit_app.stores.connections import HeldConnections
+
+from .helpers import decide, limiter
+
+pytestmark = pytest.mark.django_db
+
+CLIENT_ID = Connection().pack_command("CLIENT", "ID")
+
+
+@pytest.fixture
+def anonymous_plan(settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_CHECK_INTERVAL_S": 3600}
+    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+    Rule.objects.create(name="small", plan=plan, scope=Scope.IP, endpoint="small", rate=1,
+                        period_s=60, burst=5)
+    Rule.objects.create(name="large", plan=plan, scope=Scope.IP, endpoint="large", rate=1,
+                        period_s=60, burst=9)
+    return plan
+
+
+def decide_as(address, endpoint):
+    return decide(RequestFactory().get("/", REMOTE_ADDR=address), AnonymousUser(), endpoint)
+
+
+def connections_opened(redis_client):
+    return redis_client.info("stats")["total_connections_received"]
+
+
+def test_sequential_decisions_and_short_lived_threads_share_one_connection(anonymous_plan,
+                                                                          redis_client):
+    assert decide_as("10.0.0.1", "small").allowed  # warm: the one connection is open
+    opened = connections_opened(redis_client)
+    for _ in range(5):
+        assert decide_as("10.0.0.1", "small").policies  # answered by Redis
+    # a thread per request (runserver): each finds the idle connection, none is left behind
+    for i in range(20):
+        thread = threading.Thread(target=decide_as, args=(f"10.0.1.{i}", "small"))
+        thread.start()
+        thread.join()
+    assert connections_opened(redis_client) == opened
+
+
+def test_concurrent_decisions_never_share_a_connection(anonymous_plan, redis_client):
+    threads_n, rounds = 6, 20
+    assert decide_as("10.0.2.99", "small").allowed  # the rules are loaded (the test's database
+    # transaction is this thread's)
+    barrier = threading.Barrier(threads_n)
+    remaining, errors = {}, []
+
+    def run(index):
+        try:
+            barrier.wait(timeout=10)
+            endpoint = "small" if index % 2 else "large"
+            remaining[index] = [decide_as(f"10.0.2.{index}", endpoint).policies[0].remaining
+                                for _ in range(rounds)]
+        except Exception as exc:  # reported below, with the thread's index
+            errors.append((index, exc))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    # each thread read the replies of its own calls: its own bucket, counting down from its
+    # own burst (a reply read on a shared socket would belong to another thread's bucket)
+    for index, seen in remaining.items():
+        burst = 5 if index % 2 else 9
+        assert seen[:burst] == list(range(burst - 1, -1, -1))
+    assert len(limiter().store._connections._idle) <= threads_n
+
+
+def test_a_reply_that_came_too_late_is_never_read_as_the_next_one(anonymous_plan, redis_client):
+    assert decide_as("10.0.3.1", "small").policies[0].remaining == 4
+    redis_client.client_pause(1000, all=False)  # our script waits; the socket times out
+    try:
+        assert decide_as("10.0.3.1", "small").degraded == "fail-open"
+    finally:
+        redis_client.client_unpause()
+    # another bucket (burst 9): a late reply of the call above would show the small one's level
+    assert decide_as("10.0.3.2", "large").policies[0].remaining == 8
+    assert decide_as("10.0.3.2", "large").policies[0].remaining == 7
+
+
+def test_a_connection_redis_closed_while_idle_is_reopened(redis_client):
+    pool = get_redis_connection("default").connection_pool
+    held = HeldConnections(pool, recheck_after_s=0)  # every reuse counts as idle
+    first = held.request(CLIENT_ID)
+    redis_client.client_kill_filter(_id=first)
+    second = held.request(CLIENT_ID)  # no error: the closed socket was noticed and replaced
+    assert second != first
+    assert held.request(CLIENT_ID) == second
+
+
+def test_a_connection_that_failed_is_dropped_and_the_next_call_reconnects(redis_client):
+    pool = get_redis_connection("default").connection_pool
+    held = HeldConnections(pool, recheck_after_s=3600)  # never checked: the call finds out
+    first = held.request(CLIENT_ID)
+    redis_client.client_kill_filter(_id=first)
+    with pytest.raises(ConnectionError):
+        held.request(CLIENT_ID)
+    assert held._idle == []  # not put back
+    assert held.request(CLIENT_ID) not in (first, None)
+
+
+def test_a_replaced_store_gives_its_connection_back(anonymous_plan, redis_client):
+    assert decide_as("10.0.4.1", "small").allowed
+    opened = connections_opened(redis_client)
+    for i in range(10):
+        limiter().close()
+        install_limiter(metrics_autostart=False)
+        assert decide_as(f"10.0.4.{i}", "small").policies
+    # each new store took the connection its predecessor gave back to django-redis's pool
+    assert connections_opened(redis_client) == opened
+
+
+def test_a_forked_child_opens_its_own_connection(redis_client):
+    pool = get_redis_connection("default").connection_pool
+    held = HeldConnections(pool)
+    parent_id = held.request(CLIENT_ID)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the connection it used, then leave without cleanup
+        try:
+            os.write(write_end, str(held.request(CLIENT_ID)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child_id = int(pipe.read() or 0)
+    os.waitpid(pid, 0)
+    assert child_id not in (0, parent_id)
+    assert held.request(CLIENT_ID) == parent_id  # the parent's socket is untouched
