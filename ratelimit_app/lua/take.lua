@@ -50,18 +50,23 @@
 -- TTL: a key lives until its slowest bucket is full again (an expired key reads as full buckets,
 -- which is exactly what they would hold). Setting a TTL costs Redis more than the write itself,
 -- so a key is re-armed (PX) only when a debit needs it to live longer than the expiry it holds,
--- and then with SLACK_MS to spare; otherwise it is written with KEEPTTL. A key never expires
--- before its buckets are full, and at most SLACK_MS after.
+-- and then with SLACK_MS to spare; otherwise it keeps its TTL (SETRANGE, or SET with KEEPTTL).
+-- A key never expires before its buckets are full, and at most SLACK_MS after.
 --
 -- Decision: allowed only if every enforced (or gate) bucket holds its cost; then every bucket
 -- that holds its cost is debited (shadow buckets included, gates never), or, when denied, none
 -- is.
 --
 -- Cost (Redis CPU, measured with INFO commandstats; in this Lua every operation counts): one
--- TIME, one MGET, one SET per key written; one struct.unpack per argument and per stored
--- record, one struct.pack per key written; no table per bucket; a key holding one bucket is
--- read and written whole (no search, no string.sub), one debited in this call needs no TTL
--- division unless re-armed; the common reply carries levels only.
+-- TIME, one MGET, one write per bucket debited: a bucket whose record is found in a key that
+-- lives long enough (the common case) has only the fields that changed overwritten in place
+-- (SETRANGE at an offset given as a string: cheaper for Redis than a SET, which also returns
+-- a table, or than a number argument, which Redis formats with printf); otherwise its key is
+-- written whole (SET). One struct.unpack per argument and per stored record, one struct.pack
+-- per write, with fewer fields when fewer changed (the level alone while the stamp has not
+-- moved: several calls in one ms); a key holding one bucket is read with one unpack (no
+-- search); one table in all (the reply), none per bucket; no TTL division unless re-armed;
+-- the common reply carries levels only.
 --
 -- Returns, when the call debited every bucket (allowed, ARGV[2] = "1", no bucket short of its
 -- cost, no gate): {2, config_version, level_1, ..., level_n} (each status is 1). Otherwise
@@ -72,42 +77,40 @@
 
 local SLACK_MS = 1000
 local CALENDAR, NEXT_PERIOD = -1, 4503599627370496  -- 2^52: above any level (2^50)
-local unpack_, pack, floor, ceil, find = struct.unpack, struct.pack, math.floor, math.ceil, string.find
+local unpack_, pack, floor, ceil, find, sub =
+  struct.unpack, struct.pack, math.floor, math.ceil, string.find, string.sub
 local keys, argv, call = KEYS, ARGV, redis.call
 local n = #argv - 2
-local now = tonumber(argv[1])
+local now = argv[1]
+now = now ~= '' and tonumber(now)
 if not now then
   local t = call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
+  local us = t[2] + 0
+  now = t[1] * 1000 + (us - us % 1000) / 1000
 end
 local stored = call('MGET', unpack(keys))
 
--- buckets whose key another bucket of this call shares (several rules of one identity): they
--- take the multi-record path (interned strings: the compares are pointer compares)
-local shared
-for i = 1, n - 1 do
-  local key = keys[i]
-  for j = i + 1, n do
-    if keys[j] == key then
-      shared = shared or {}
-      shared[i], shared[j] = true, true
-    end
-  end
-end
-
-local result = {2, stored[n + 1] or '0'}  -- result[i + 2]: bucket i's level, debited if it may be
+-- result[i + 2]: bucket i's level; after the levels, result[n + 3 .. m]: the in-place writes,
+-- three entries each (key, offset of the fields, the fields: SETRANGE), cut off before the
+-- reply (one table, with room for 4 buckets: growing a table costs more than its nils)
+local result = {2, stored[n + 1] or '0', nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                nil, nil, nil, nil, nil}
+local m = n + 2
 local debit = argv[2] == '1'
 local allowed, every_debited = true, debit
--- writes[2i - 1]: bucket i's new value (a key of its own) or record (in place), true
--- (multi-record path) or false (not debitable: short, or a gate); writes[2i]: the PX to re-arm
--- its key with (> 0), minus the record's offset for SETRANGE (< 0), or false (KEEPTTL)
-local writes = {}
-local records  -- multi-record path: i -> {rule, level, stamp, period, full_at}
+-- A bucket that holds its cost is debited if the decision allows, by one of: an in-place write
+-- (queued in result), its key of its own written whole (whole), its record in a key written
+-- whole (records), a concurrency slot (slots)
+local short  -- buckets that did not hold their cost, or gates: i -> true
+local whole  -- i -> {value, the PX to re-arm the key with or false (KEEPTTL)}
+local records  -- i -> {rule, level, stamp, period, full_at}
 local next_period  -- calendar quotas counted in the next period: i -> true
 local slots  -- concurrency limits taking a slot: i -> the slot's deadline (ms)
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
-  local level, stamp, expiry, alone, offset = capacity, now, 0, true, nil
+  -- once its record is found: at = the offset of the fields after its id (for SETRANGE),
+  -- same = its period_ms (CALENDAR for a calendar record)
+  local level, stamp, expiry, alone, at, same, moved = capacity, now, 0, true
   if mode > 4 then
     -- a concurrency limit (its own sorted-set key, which MGET read as nil): period = the
     -- timeout, capacity = N, refill = the slot id; slots past their deadline are dropped first
@@ -118,194 +121,226 @@ for i = 1, n do
       if level < 0 then level = 0 end  -- N was lowered below the slots taken
       every_debited = false
       if mode == 5 then allowed = false end
-      result[i + 2], writes[2 * i - 1] = level, false
+      result[i + 2] = level
+      short = short or {}
+      short[i] = true
     else
       result[i + 2] = level - 1
       slots = slots or {}
       slots[i] = now + period
-      writes[2 * i - 1] = 1
-    end
-  elseif mode > 2 then
-    -- a calendar quota: period = the period's start, capacity = N, refill = the next start
-    local start, ends, used = period, refill, 0
-    if now >= refill then
-      start, ends = refill, unpack_('<i8', argv[i + 2], 49)
-      next_period = next_period or {}
-      next_period[i] = true
-    end
-    local value = stored[i]
-    if value then
-      local size = #value
-      if size == 36 then
-        local e, id, u, s, p = unpack_('<i8i4i8i8i8', value)
-        expiry = e
-        if id == rule then
-          if p == CALENDAR and s == start then used = u end
-        else
-          alone = false
-        end
-      elseif size > 36 and (size - 8) % 28 == 0 then
-        alone, expiry = false, unpack_('<i8', value)
-        for a = 9, size, 28 do
-          local id, u, s, p = unpack_('<i4i8i8i8', value, a)
-          if id == rule then
-            offset = a + 3
-            if p == CALENDAR and s == start then used = u end
-            break
-          end
-        end
-      end
-    end
-    level = capacity - used
-    if level < 0 then level = 0 end  -- N was lowered below what this period used
-    if level < cost then
-      every_debited = false
-      if mode == 3 then allowed = false end
-      result[i + 2], writes[2 * i - 1] = level, false
-    else
-      level, used = level - cost, used + cost
-      result[i + 2] = level
-      if alone and not (shared and shared[i]) then
-        local px = false
-        if ends > expiry then expiry = ends + SLACK_MS; px = expiry - now end
-        writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, used, start, CALENDAR)
-        writes[2 * i] = px
-      elseif offset and not (shared and shared[i]) and ends <= expiry then
-        writes[2 * i - 1] = pack('<i8i8i8', used, start, CALENDAR)
-        writes[2 * i] = -offset
-      else
-        records = records or {}
-        records[i] = {rule, used, start, CALENDAR, ends}
-        writes[2 * i - 1] = true
-      end
     end
   else
     local value = stored[i]
     if value then
-      local size, found = #value, false
+      -- the bucket's record: a key of one record is read with one unpack; in a key of
+      -- several, a plain find of the id's 4 bytes (the low ones of the spec's first int64),
+      -- skipping a match that is not at a record's start
+      local size = #value
       if size == 36 then
         local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
+        expiry = e
         if id == rule then
-          found, level, stamp, expiry = true, l, s, e
-          if p ~= period then level = p > 0 and floor(level * period / p) or capacity end
+          at, level, stamp, same = '12', l, s, p
         else
           alone = false  -- the key holds another rule's bucket: keep it
         end
       elseif size > 36 and (size - 8) % 28 == 0 then
         alone = false
-        -- the record starting with the rule id (a plain find, then skip a match that is not at
-        -- a record's start)
-        local needle = pack('<i4', rule)
-        local at = find(value, needle, 9, true)
-        while at and (at - 9) % 28 ~= 0 do at = find(value, needle, at + 1, true) end
-        if at then
-          local l, s, p = unpack_('<i8i8i8', value, at + 4)
-          found, level, stamp, expiry, offset = true, l, s, unpack_('<i8', value), at + 3
-          if p ~= period then level = p > 0 and floor(level * period / p) or capacity end
+        local needle = sub(argv[i + 2], 1, 4)
+        local a = find(value, needle, 9, true)
+        while a and (a - 9) % 28 ~= 0 do a = find(value, needle, a + 1, true) end
+        if a then
+          level, stamp, same = unpack_('<i8i8i8', value, a + 4)
+          expiry = unpack_('<i8', value)
+          -- the offset as a string constant for the first records (see Cost)
+          if a == 9 then at = '12' elseif a == 37 then at = '40' elseif a == 65 then at = '68'
+          elseif a == 93 then at = '96' elseif a == 121 then at = '124'
+          elseif a == 149 then at = '152' elseif a == 177 then at = '180' else at = a + 3 end
         end
       end
-      if found and now > stamp then
-        level, stamp = level + (now - stamp) * refill, now
-      end
-      if level > capacity then level = capacity end
     end
-    if level < cost then
-      every_debited = false
-      if mode ~= 0 then allowed = false end
-      result[i + 2], writes[2 * i - 1] = level, false
-    elseif mode == 2 then
-      every_debited = false
-      result[i + 2], writes[2 * i - 1] = level, false
+    if mode > 2 then
+      -- a calendar quota: period = the period's start, capacity = N, refill = the next start;
+      -- its record: used, start (in level, stamp), CALENDAR (in same)
+      local start, ends, used = period, refill, 0
+      if now >= refill then
+        start, ends = refill, unpack_('<i8', argv[i + 2], 49)
+        next_period = next_period or {}
+        next_period[i] = true
+      end
+      if at and same == CALENDAR and stamp == start then used = level end
+      same = same == CALENDAR and stamp == start
+      level = capacity - used
+      if level < 0 then level = 0 end  -- N was lowered below what this period used
+      if level < cost then
+        every_debited = false
+        if mode == 3 then allowed = false end
+        result[i + 2] = level
+        short = short or {}
+        short[i] = true
+      else
+        level, used = level - cost, used + cost
+        result[i + 2] = level
+        if at and ends <= expiry then
+          -- its record found, and the key lives long enough: overwrite it in place
+          result[m + 1], result[m + 2] = keys[i], at
+          result[m + 3] = same and pack('<i8', used) or pack('<i8i8i8', used, start, CALENDAR)
+          m = m + 3
+        else
+          if alone then  -- unless another bucket of this call shares the key
+            local key = keys[i]
+            for j = 1, n do
+              if keys[j] == key and j ~= i then alone = false; break end
+            end
+          end
+          if alone then
+            local px = false
+            if ends > expiry then expiry = ends + SLACK_MS; px = expiry - now end
+            whole = whole or {}
+            whole[i] = {pack('<i8i4i8i8i8', expiry, rule, used, start, CALENDAR), px}
+          else
+            records = records or {}
+            records[i] = {rule, used, start, CALENDAR, ends}
+          end
+        end
+      end
     else
-      level = level - cost
-      result[i + 2] = level
-      if alone and not (shared and shared[i]) then
+      if at then
+        if same ~= period then  -- the period changed: rescale to the new unit
+          level = same > 0 and floor(level * period / same) or capacity
+        end
+        if now > stamp then level, stamp, moved = level + (now - stamp) * refill, now, true end
+        if level > capacity then level = capacity end
+      end
+      if level < cost then
+        every_debited = false
+        if mode ~= 0 then allowed = false end
+        result[i + 2] = level
+        short = short or {}
+        short[i] = true
+      elseif mode == 2 then
+        every_debited = false
+        result[i + 2] = level
+        short = short or {}
+        short[i] = true
+      else
+        level = level - cost
+        result[i + 2] = level
         -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
         -- now): later than the expiry the key holds exactly when this holds
-        if capacity - level > (expiry - stamp) * refill then
-          expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
-          writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
-          writes[2 * i] = expiry > now and expiry - now or 1
+        local rearm = capacity - level > (expiry - stamp) * refill
+        if at and not rearm then
+          -- its record found, and the key lives long enough: overwrite in place the record's
+          -- level, and its stamp if it moved (several calls per ms do not move it), and its
+          -- period if it changed
+          result[m + 1], result[m + 2] = keys[i], at
+          result[m + 3] = same ~= period and pack('<i8i8i8', level, stamp, period) or
+                           moved and pack('<i8i8', level, stamp) or pack('<i8', level)
+          m = m + 3
         else
-          writes[2 * i - 1] = pack('<i8i4i8i8i8', expiry, rule, level, stamp, period)
-          writes[2 * i] = false
+          if alone then  -- unless another bucket of this call shares the key
+            local key = keys[i]
+            for j = 1, n do
+              if keys[j] == key and j ~= i then alone = false; break end
+            end
+          end
+          if alone then
+            -- a key of its own (absent, not ours, or its record to re-arm)
+            local px = false
+            if rearm then
+              expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
+              px = expiry > now and expiry - now or 1
+            end
+            whole = whole or {}
+            whole[i] = {pack('<i8i4i8i8i8', expiry, rule, level, stamp, period), px}
+          else
+            records = records or {}
+            records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
+          end
         end
-      elseif offset and not (shared and shared[i]) and
-          capacity - level <= (expiry - stamp) * refill then
-        -- its record in a key of several buckets, and the key lives long enough: overwrite the
-        -- record's level, stamp and period in place (SETRANGE keeps the TTL)
-        writes[2 * i - 1] = pack('<i8i8i8', level, stamp, period)
-        writes[2 * i] = -offset
-      else
-        records = records or {}
-        records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
-        writes[2 * i - 1] = true
+      end
+    end
+    if at and records and records[i] then
+      -- its record in the key written whole: drop an in-place write of the same record that
+      -- an earlier bucket queued (one rule twice in a call: the later bucket's record wins)
+      local key, j = keys[i], n + 5
+      while j <= m do
+        if result[j - 2] == key and result[j - 1] == at then
+          result[j - 2], result[j - 1], result[j] = result[m - 2], result[m - 1], result[m]
+          result[m - 2], result[m - 1], result[m] = nil, nil, nil
+          m = m - 3
+        else
+          j = j + 3
+        end
       end
     end
   end
 end
 
 if allowed and debit then
-  local values, need, order  -- multi-record keys: new value, latest full_at, write order
-  for i = 1, n do
-    local value = writes[2 * i - 1]
-    if value == true then
-      local record, key = records[i], keys[i]
-      local rule = record[1]
-      values, need, order = values or {}, need or {}, order or {}
-      local current = values[key]
-      if not current then
-        current = stored[i]
-        local size = current and #current or 0
-        if size < 36 or (size - 8) % 28 ~= 0 then current = '\0\0\0\0\0\0\0\0' end
-        order[#order + 1], need[key] = key, 0
-      end
-      local packed = pack('<i4i8i8i8', rule, record[2], record[3], record[4])
-      local at
-      for a = 9, #current, 28 do
-        if unpack_('<i4', current, a) == rule then at = a; break end
-      end
-      if at then
-        current = string.sub(current, 1, at - 1) .. packed .. string.sub(current, at + 28)
-      else
-        current = current .. packed
-      end
-      values[key] = current
-      if record[5] > need[key] then need[key] = record[5] end
-    elseif slots and slots[i] then
-      -- the slot: member = the slot id's 8 bytes, score = its deadline; the set lives until
-      -- its latest deadline (+ SLACK_MS)
-      local deadline = slots[i]
-      call('ZADD', keys[i], deadline, string.sub(argv[i + 2], 25, 32))
-      call('PEXPIRE', keys[i], deadline - now + SLACK_MS)
-    elseif value then
-      local px = writes[2 * i]  -- > 0: re-arm with PX; < 0: -offset of a record; false
-      if not px then
-        call('SET', keys[i], value, 'KEEPTTL')
-      elseif px > 0 then
-        call('SET', keys[i], value, 'PX', px)
-      else
-        call('SETRANGE', keys[i], -px, value)
+  if records then
+    -- keys of several buckets written whole (first: an in-place write into the same key then
+    -- lands on the new value): the stored value with these records replaced or appended
+    local values, need, order = {}, {}, {}  -- new value, latest full_at, write order
+    for i = 1, n do
+      local record = records[i]
+      if record then
+        local key, rule = keys[i], record[1]
+        local current = values[key]
+        if not current then
+          current = stored[i]
+          local size = current and #current or 0
+          if size < 36 or (size - 8) % 28 ~= 0 then current = '\0\0\0\0\0\0\0\0' end
+          order[#order + 1], need[key] = key, 0
+        end
+        local packed = pack('<i4i8i8i8', rule, record[2], record[3], record[4])
+        local at
+        for a = 9, #current, 28 do
+          if unpack_('<i4', current, a) == rule then at = a; break end
+        end
+        if at then
+          current = sub(current, 1, at - 1) .. packed .. sub(current, at + 28)
+        else
+          current = current .. packed
+        end
+        values[key] = current
+        if record[5] > need[key] then need[key] = record[5] end
       end
     end
-  end
-  if order then
     for j = 1, #order do
       local key = order[j]
       local value = values[key]
       if need[key] > unpack_('<i8', value) then
         local expiry = need[key] + SLACK_MS
-        call('SET', key, pack('<i8', expiry) .. string.sub(value, 9), 'PX',
-             math.max(1, expiry - now))
+        call('SET', key, pack('<i8', expiry) .. sub(value, 9), 'PX', math.max(1, expiry - now))
       else
         call('SET', key, value, 'KEEPTTL')
       end
     end
   end
+  if whole then
+    for i, write in pairs(whole) do
+      if write[2] then
+        call('SET', keys[i], write[1], 'PX', write[2])
+      else
+        call('SET', keys[i], write[1], 'KEEPTTL')
+      end
+    end
+  end
+  if slots then
+    -- the slot: member = the slot id's 8 bytes, score = its deadline; the set lives until
+    -- its latest deadline (+ SLACK_MS)
+    for i, deadline in pairs(slots) do
+      call('ZADD', keys[i], deadline, sub(argv[i + 2], 25, 32))
+      call('PEXPIRE', keys[i], deadline - now + SLACK_MS)
+    end
+  end
+  for j = n + 5, m, 3 do call('SETRANGE', result[j - 2], result[j - 1], result[j]) end
   if every_debited then
     if next_period then
       for i in pairs(next_period) do result[i + 2] = result[i + 2] + NEXT_PERIOD end
     end
+    result[n + 3] = nil  -- the reply ends at the first nil
     return result
   end
 end
@@ -314,7 +349,7 @@ end
 local reply = {allowed and 1 or 0, result[2]}
 for i = 1, n do
   local level, status = result[i + 2], 0
-  if writes[2 * i - 1] then  -- held its cost: debited, or its level was shown as if debited
+  if not (short and short[i]) then  -- held its cost: debited, or its level shown as if debited
     if allowed and debit then
       status = 1
     else
