@@ -31,7 +31,7 @@ def start_asgi(running):
 
 
 def run(env, quick):
-    rounds, seconds = (2, 3) if quick else (4, 6)
+    rounds, seconds = (2, 3) if quick else (6, 6)  # more rounds: the noisiest section
     running = servers.start_all(VARIANTS)
     start_asgi(running)
     labels = {**VARIANTS, **ASGI_VARIANTS}
