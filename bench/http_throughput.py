@@ -31,7 +31,9 @@ def start_asgi(running):
 
 
 def run(env, quick):
-    rounds, seconds = (2, 3) if quick else (6, 6)  # more rounds: the noisiest section
+    # many short rounds: the noisiest section, and noise on this shared VM drifts over tens of
+    # seconds, so pairs measured close together compare better than long runs far apart
+    rounds, seconds = (2, 3) if quick else (12, 3)
     running = servers.start_all(VARIANTS)
     start_asgi(running)
     labels = {**VARIANTS, **ASGI_VARIANTS}

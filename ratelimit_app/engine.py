@@ -15,7 +15,7 @@ from .headers import retry_after_with_jitter
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "plan_buckets", "client_buckets", "failed_auth_buckets", "request_cost",
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets", "request_cost",
            "take_args", "statuses_from", "decision_from", "degraded_decision", "earliest_retry_s",
            "refusing_without_redis", "refusing_gate_statuses"]
 
@@ -106,6 +106,8 @@ def plan_buckets(snapshot, identity, endpoint, cost):
     found = memo.get(memo_key, _NOT_PLANNED)
     if found is _NOT_PLANNED:
         found = _build_buckets(snapshot, identity, endpoint, cost)
+        if found is not None:
+            found = PlannedBuckets(found)
         if len(memo) >= MAX_PLANS_MEMOISED:
             memo.clear()
         memo[memo_key] = found
@@ -114,6 +116,21 @@ def plan_buckets(snapshot, identity, endpoint, cost):
 
 _NOT_PLANNED = object()
 MAX_PLANS_MEMOISED = 4096
+
+
+class PlannedBuckets(tuple):
+    """The buckets of one (identity, endpoint, cost) as ``plan_buckets`` memoises them: a plain
+    tuple of buckets that also carries what every decision on them sends, computed once rather
+    than per request: ``keys`` and ``debit_args``, take.lua's arguments for a debit on the Redis
+    clock (None when a bucket's argument depends on the moment: a calendar quota, a concurrency
+    limit; ``take_args`` builds those per call)."""
+
+    def __new__(cls, buckets):
+        planned = super().__new__(cls, buckets)
+        planned.keys = tuple([bucket.key for bucket in buckets])
+        specs = [bucket.spec for bucket in buckets]
+        planned.debit_args = None if None in specs else (b"", b"1", *specs)
+        return planned
 
 
 def _build_buckets(snapshot, identity, endpoint, cost):

@@ -348,10 +348,8 @@ class Limiter:
     async def atake(self, buckets, *, now_ms=None, debit=True):
         """``take`` awaited on the async store, through the same breaker and counters.
         Returns the TakeReply; raises StoreUnavailable."""
-        if now_ms is None:
-            now_ms = self.clock.redis_now_ms()
-        args = engine.take_args(buckets, now_ms, debit)
-        reply = await self._aguarded(self.async_store().take, [b.key for b in buckets], args,
+        bucket_keys, args = self._take_call(buckets, now_ms, debit)
+        reply = await self._aguarded(self.async_store().take, bucket_keys, args,
                                      version_key=self.version_key)
         self.policies.observe_version(reply.version)
         return reply
@@ -440,13 +438,22 @@ class Limiter:
         """Run take.lua for ``buckets`` through the breaker and return the store's TakeReply
         (the config version it carried is noted). ``slot_id`` names the slot of a concurrency
         limit among them. Raises StoreUnavailable."""
-        if now_ms is None:
-            now_ms = self.clock.redis_now_ms()
-        args = engine.take_args(buckets, now_ms, debit, slot_id)
-        reply = self._guarded(self.store.take, [b.key for b in buckets], args,
-                              version_key=self.version_key)
+        bucket_keys, args = self._take_call(buckets, now_ms, debit, slot_id)
+        reply = self._guarded(self.store.take, bucket_keys, args, version_key=self.version_key)
         self.policies.observe_version(reply.version)
         return reply
+
+    def _take_call(self, buckets, now_ms, debit, slot_id=0):
+        """Return take.lua's ``(keys, args)`` for ``buckets``."""
+        if now_ms is None:
+            now_ms = self.clock.redis_now_ms()
+        if now_ms is None and debit and not slot_id:
+            # the common call, a debit on the Redis clock: built once, when the buckets were
+            # planned (engine.PlannedBuckets; None when an argument depends on the moment)
+            args = getattr(buckets, "debit_args", None)
+            if args is not None:
+                return buckets.keys, args
+        return [b.key for b in buckets], engine.take_args(buckets, now_ms, debit, slot_id)
 
     def _guarded(self, operation, *args, **kwargs):
         """Run a store operation of the request path through the breaker; count failures."""

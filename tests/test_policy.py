@@ -309,3 +309,21 @@ def test_a_callers_bucket_plan_is_memoised_per_snapshot_and_the_memo_is_bounded(
 
     # a new snapshot (new rules) starts with an empty memo, even when copied from the old one
     assert dataclasses.replace(snapshot, version="2").buckets_memo == {}
+
+
+def test_a_planned_call_is_what_take_args_builds_for_a_debit_on_the_redis_clock():
+    from ratelimit_app import engine
+    from ratelimit_app.identity import Identity
+
+    rules = (make_rule(scope="global"), make_rule(scope="ip"), make_rule(scope="ip", rate=5))
+    caller = Identity(kind="anonymous", display="203.0.113.7", ip="203.0.113.7", plan=None)
+    planned = engine.plan_buckets(Snapshot(version="1", rules=rules), caller, "", 3)
+    assert planned == tuple(planned) and len(planned) == 3  # still the tuple of buckets
+    assert planned.keys == tuple(b.key for b in planned)
+    assert planned.keys[1] == planned.keys[2]  # one identity's buckets share its key
+    assert list(planned.debit_args) == engine.take_args(planned)
+
+    # a calendar quota's argument depends on the moment: no planned call, take_args builds it
+    with_quota = rules + (make_rule(scope="ip", rate=1000, calendar="day"),)
+    planned = engine.plan_buckets(Snapshot(version="1", rules=with_quota), caller, "", 1)
+    assert planned.debit_args is None
