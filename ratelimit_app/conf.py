@@ -98,7 +98,6 @@ def get_config():
 
 
 @functools.cache
-@functools.lru_cache(maxsize=64)  # header names come from settings: a handful, asked per request
 def meta_key(header):
     """Return the ``request.META`` name of an HTTP header: ``X-Api-Key`` -> ``HTTP_X_API_KEY``."""
     return "HTTP_" + header.upper().replace("-", "_")

@@ -15,9 +15,9 @@ from .headers import retry_after_with_jitter
 from .keys import bucket_key
 from .models import Scope
 
-__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets", "request_cost",
-           "take_args", "statuses_from", "decision_from", "degraded_decision", "earliest_retry_s",
-           "refusing_without_redis", "refusing_gate_statuses"]
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
+           "request_cost", "take_args", "statuses_from", "decision_from", "degraded_decision",
+           "earliest_retry_s", "refusing_without_redis", "refusing_gate_statuses"]
 
 logger = logging.getLogger("ratelimit_app")
 
