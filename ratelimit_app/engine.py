@@ -128,8 +128,8 @@ class PlannedBuckets(tuple):
     def __new__(cls, buckets):
         planned = super().__new__(cls, buckets)
         planned.keys = tuple([bucket.key for bucket in buckets])
-        specs = [bucket.spec for bucket in buckets]
-        planned.debit_args = None if None in specs else (b"", b"1", *specs)
+        timeless = all(bucket.spec is not None for bucket in buckets)
+        planned.debit_args = tuple(take_args(buckets)) if timeless else None
         return planned
 
 
