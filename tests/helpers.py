@@ -1,5 +1,8 @@
 """Small helpers shared by the tests (plain functions, no factories)."""
 
+import threading
+import time
+
 from ratelimit_app.buckets import Bucket, CalendarQuota
 from ratelimit_app.engine import statuses_from
 from ratelimit_app.limiter import default_limiter, install_limiter
@@ -77,3 +80,12 @@ def load_demo_data():
 
     with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
         call_command("load_demo", stdout=io.StringIO())
+
+
+def poll_until(condition, timeout_s=5):
+    """Return once ``condition()`` is true; fail after ``timeout_s`` (for what a real process
+    does in its own time, such as a server's release or a breaker's cooldown)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        threading.Event().wait(0.02)

@@ -3,7 +3,6 @@ Prometheus."""
 
 import io
 import re
-import threading
 import time
 
 import pytest
@@ -21,7 +20,7 @@ from ratelimit_app.buckets import pack_value
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.models import ApiKey, Rule
 
-from .helpers import limiter
+from .helpers import limiter, poll_until
 
 DASHBOARD = "/admin/ratelimit_app/dashboard/"
 DATA = DASHBOARD + "data.json"
@@ -246,13 +245,6 @@ def test_dashboard_survives_redis_being_down(admin_client_, redis_server):
         redis_server.start()
     assert response.status_code == 200 and b"unavailable" in response.content
     assert data["health"]["redis_ok"] is False and data["summary"]["requests"] == 0
-
-
-def poll_until(condition, timeout_s=5):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        threading.Event().wait(0.05)  # polling a real breaker's cooldown, with a deadline
 
 
 def test_d6_decisions_made_while_redis_was_down_reach_the_dashboard_and_prometheus(
