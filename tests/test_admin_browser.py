@@ -300,3 +300,31 @@ def free_slots(rule_name, *, endpoint):
     [status] = [s for s in peek.statuses if s.name == rule_name]
     return status.remaining
 
+
+def test_a_rule_with_a_mistake_shows_the_operators_message_and_is_not_saved(signed_in_page):
+    from ratelimit_app.models import Rule
+
+    page = signed_in_page
+    add_rule(page, name="no-period", plan="Free", scope="ip", kind="calendar", rate=1000)
+    page.wait_for_selector(".errornote")
+    assert page.locator(".field-calendar_period .errorlist").inner_text() == \
+        "Choose when the quota starts again: every day or every month."
+    assert page.locator(".field-in_words .readonly").inner_text() == \
+        "Shown once the rule is saved."
+    # what the operator typed is kept for the correction
+    assert page.locator("#id_kind").input_value() == "calendar"
+    assert page.locator("#id_rate").input_value() == "1000"
+
+    page.select_option("#id_kind", "concurrency")  # now a concurrency limit without a timeout
+    page.click("input[name=_save]")
+    page.wait_for_selector(".errornote")
+    assert page.locator(".field-period_s .errorlist").inner_text().startswith(
+        "A concurrency limit needs its timeout in seconds")
+    assert not Rule.objects.filter(name="no-period").exists()
+
+    page.fill("#id_period_s", "60")  # corrected: saved
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    assert changelist_row(page, "no-period").locator("td.field-summary").inner_text() == \
+        "1000 in flight, timeout 60 s"
+    assert page.problems == []
