@@ -57,6 +57,18 @@ def test_sequential_decisions_and_short_lived_threads_share_one_connection(anony
     assert connections_opened(redis_client) == opened
 
 
+def test_a_new_callers_call_is_encoded_without_opening_a_connection(anonymous_plan,
+                                                                   redis_client):
+    """Encoding a call needs no socket: with no idle connection left in the pool (here: reset),
+    new callers' decisions run on the held connection and open none."""
+    assert decide_as("10.0.2.1", "small").allowed  # warm: the held connection is open
+    get_redis_connection("default").connection_pool.reset()
+    opened = connections_opened(redis_client)
+    for i in range(2, 6):
+        assert decide_as(f"10.0.2.{i}", "small").policies  # each a new call to encode
+    assert connections_opened(redis_client) == opened
+
+
 def test_concurrent_decisions_never_share_a_connection(anonymous_plan, redis_client):
     threads_n, rounds = 6, 20
     assert decide_as("10.0.2.99", "small").allowed  # the rules are loaded (the test's database

@@ -94,11 +94,17 @@ class RedisStore(Store):
             return self._send(command)
 
     def _pack(self, command):
-        connection = self.client.connection_pool.get_connection()
-        try:
-            return connection.pack_command(*command)
-        finally:
-            self.client.connection_pool.release(connection)
+        """Encode ``command`` as the pool's connections would send it."""
+        packer = self._packer
+        if packer is None:
+            # a connection of the pool's class and settings that is never connected: encoding
+            # needs no socket, and checking one out of the pool would open one (a HELLO on
+            # the wire) when the held connections have taken the pool's idle ones
+            pool = self.client.connection_pool
+            packer = self._packer = pool.connection_class(**pool.connection_kwargs)
+        return packer.pack_command(*command)
+
+    _packer = None
 
     def _send(self, command):
         """Send encoded ``command`` on a held connection; return its reply."""
