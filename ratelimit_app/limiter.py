@@ -134,10 +134,10 @@ class Limiter:
         """Count one decision for the dashboard (in process; flushed by a background thread)."""
         if not self.config["METRICS_ENABLED"]:
             return
-        self.recorder.record(decision)
-        flusher = self.flusher
-        if flusher.autostart and not flusher.running:
-            flusher.ensure_running()
+        if self.recorder.record(decision):  # once per counted batch or flush
+            flusher = self.flusher
+            if flusher.autostart and not flusher.running:
+                flusher.ensure_running()
 
     # --- the request path --------------------------------------------------------------------
 

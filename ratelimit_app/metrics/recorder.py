@@ -1,5 +1,5 @@
-"""Counting decisions in process, on the request path: a few dict increments under a lock per
-decision (no Redis, no I/O), kept per minute until a flush takes them.
+"""Counting decisions in process, on the request path: an append to a queue per decision (no
+Redis, no I/O, no lock), counted per minute in batches until a flush takes them.
 
 Hot keys: per minute, two Space-Saving sketches (top identities by tokens and by denials) of at
 most ``HOT_KEYS_CAPACITY`` entries each, so memory stays bounded however many distinct
@@ -16,19 +16,26 @@ import logging
 import operator
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from ..conf import get_config
 from .fields import identity_member
 from .sketch import SpaceSaving
 
-__all__ = ["Recorder", "PendingMinute", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES",
-           "MAX_BUFFERED_MINUTES"]
+__all__ = ["Recorder", "PendingMinute", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY",
+           "MAX_DETAILED_MINUTES", "MAX_BUFFERED_MINUTES"]
 
 logger = logging.getLogger("ratelimit_app")
 
 # Near-limit sightings kept per process per minute, and per minute in Redis.
 NEAR_LIMIT_CAPACITY = 200
+# Decisions are queued as they are made and counted COUNT_BATCH at a time: by the request that
+# fills a batch, or by whoever reads the counts first (the flush thread each second, the
+# dashboard). Counted in one loop (warm caches), and with the flush thread checked once per
+# batch instead of once per decision, recording costs a request about 4.5 µs instead of 6.4
+# (measured in bench/profile_path.py's handler). The queue holds at most about one batch; one
+# request in COUNT_BATCH spends about a millisecond counting it.
+COUNT_BATCH = 256
 MAX_DETAILED_MINUTES = 3
 MAX_BUFFERED_MINUTES = 60
 # Bucket keys of client scopes (the near-limit table is about clients, not shared buckets).
@@ -143,12 +150,34 @@ class Recorder:
         self.config = config
         self._lock = threading.Lock()
         self._minutes = {}
+        # (clock reading, Decision) not counted yet: appended without the lock (deque.append
+        # and popleft are atomic), counted under it (see COUNT_BATCH)
+        self._queue = deque()
         self.dropped = 0  # decisions lost to the MAX_BUFFERED_MINUTES bound
 
     def record(self, decision):
-        """Count one decision: by outcome for all, its plan, its endpoint and each rule; its
-        identity in the hot-key sketches; its client buckets under 20 % as near-limit."""
-        now = self.clock()
+        """Queue one decision for counting (see COUNT_BATCH). Returns True when it is the first
+        one queued since the queue was last counted: the caller's cue to check that the flush
+        thread runs (once per batch or flush, not per decision)."""
+        queue = self._queue
+        queue.append((self.clock(), decision))
+        queued = len(queue)
+        if queued >= COUNT_BATCH:
+            with self._lock:
+                self._count_queued()
+        return queued == 1
+
+    def _count_queued(self):
+        """Count every queued decision (caller holds the lock)."""
+        queue, count = self._queue, self._count
+        while queue:  # only the lock holder takes from the queue: it cannot empty meanwhile
+            now, decision = queue.popleft()
+            count(now, decision)
+
+    def _count(self, now, decision):
+        """Count one decision made at ``now``: by outcome for all, its plan, its endpoint and
+        each rule; its identity in the hot-key sketches; its client buckets under 20 % as
+        near-limit (caller holds the lock)."""
         minute = int(now // 60)
         allowed = decision.allowed
         identity = decision.identity
@@ -159,24 +188,23 @@ class Recorder:
         shape = (allowed, (identity.plan if identity is not None else None) or "-",
                  decision.endpoint or "-", tuple(map(_name, policies)), decision.violated,
                  decision.shadow_violations, decision.degraded)
-        with self._lock:
-            pending = self._minutes.get(minute)
-            if pending is None:
-                pending = self._new_minute(minute, now)
-            pending.shapes[shape] += 1
-            if identity is None:
-                return
-            member = _member(identity)
-            tokens = decision.cost if allowed and policies else 0
-            denials = 0 if allowed else 1
-            pending.by_tokens.add(member, tokens, tokens, denials)
-            pending.by_denials.add(member, denials, tokens, denials)
-            for status in policies:
-                # remaining under 20 % of the burst (integers: no division on the hot path)
-                if status.remaining * 5 < status.burst and not status.shadow \
-                        and any(tag in status.key for tag in _CLIENT_TAGS):
-                    _note_near(pending.near, (member, status.name),
-                               (status.remaining, status.burst, now))
+        pending = self._minutes.get(minute)
+        if pending is None:
+            pending = self._new_minute(minute, now)
+        pending.shapes[shape] += 1
+        if identity is None:
+            return
+        member = _member(identity)
+        tokens = decision.cost if allowed and policies else 0
+        denials = 0 if allowed else 1
+        pending.by_tokens.add(member, tokens, tokens, denials)
+        pending.by_denials.add(member, denials, tokens, denials)
+        for status in policies:
+            # remaining under 20 % of the burst (integers: no division on the hot path)
+            if status.remaining * 5 < status.burst and not status.shadow \
+                    and any(tag in status.key for tag in _CLIENT_TAGS):
+                _note_near(pending.near, (member, status.name),
+                           (status.remaining, status.burst, now))
 
     def _new_minute(self, minute, now):
         pending = self._minutes[minute] = PendingMinute(self.config()["HOT_KEYS_CAPACITY"], now)
@@ -200,6 +228,7 @@ class Recorder:
     def take_pending(self):
         """Return ``{minute: PendingMinute}`` and start counting afresh (used by the flusher)."""
         with self._lock:
+            self._count_queued()
             taken, self._minutes = self._minutes, {}
         return taken
 
@@ -215,13 +244,15 @@ class Recorder:
 
     def pending_decisions(self):
         """Return ``(decisions waiting for a flush, when the oldest of them was counted)``."""
-        with self._lock:  # decisions() adds up the shapes, which record() adds to
+        with self._lock:  # decisions() adds up the shapes, which counting adds to
+            self._count_queued()
             pending = list(self._minutes.values())
             decisions = sum(p.decisions() for p in pending)
         return decisions, min((p.started_at for p in pending), default=None)
 
     def clear(self):
         with self._lock:
+            self._queue.clear()
             self._minutes = {}
             self.dropped = 0
 
@@ -229,6 +260,7 @@ class Recorder:
         """Return ``{(dimension, name, outcome): count}`` summed over the pending minutes."""
         total = defaultdict(int)
         with self._lock:
+            self._count_queued()
             for pending in self._minutes.values():
                 for key, value in pending.counts.items():
                     total[key] += value
@@ -237,4 +269,5 @@ class Recorder:
     def sketch_sizes(self):
         """Return the number of identities held in memory (all pending minutes, both sketches)."""
         with self._lock:
+            self._count_queued()
             return sum(len(p.by_tokens) + len(p.by_denials) for p in self._minutes.values())
