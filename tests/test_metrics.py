@@ -19,7 +19,6 @@ from ratelimit_app.engine import Decision
 from ratelimit_app.identity import Identity
 from ratelimit_app.limiter import Limiter, default_limiter
 from ratelimit_app.metrics import Flusher, Recorder, SpaceSaving
-from ratelimit_app.metrics.recorder import COUNT_BATCH
 from ratelimit_app.stores import StoreUnavailable
 
 from .helpers import limiter
@@ -153,13 +152,14 @@ def test_tokens_count_only_allowed_requests_and_denials_per_identity():
 
 def test_decisions_wait_in_a_queue_of_at_most_a_batch_and_are_all_counted():
     recorder = Recorder(clock=FakeClock())
-    made = COUNT_BATCH * 3 + 5
+    made = metrics.COUNT_BATCH * 3 + 5
     cues = []
     for _ in range(made):
         cues.append(recorder.record(decision()))
-        assert len(recorder._queue) < COUNT_BATCH  # memory: a filled batch is counted at once
+        # memory: a filled batch is counted at once
+        assert len(recorder._queue) < metrics.COUNT_BATCH
     # the flush thread is checked by the first decision after each count, not by every one
-    assert cues.count(True) == 4 and cues[0] and cues[COUNT_BATCH]
+    assert cues.count(True) == 4 and cues[0] and cues[metrics.COUNT_BATCH]
     assert recorder.counts()["all", "", "allowed"] == made  # the last, partial batch too
     assert len(recorder._queue) == 0
 
@@ -171,7 +171,7 @@ def test_the_first_decision_after_a_count_starts_the_flush_thread_if_it_is_not_r
         worker.record(decision())
         assert worker.flusher.running
         worker.flusher.stop()  # (as after a fork: the parent's thread is not the child's)
-        for _ in range(COUNT_BATCH - 1):
+        for _ in range(metrics.COUNT_BATCH - 1):
             worker.record(decision())  # the last of these fills the batch: it is counted
         assert not worker.flusher.running
         worker.record(decision())

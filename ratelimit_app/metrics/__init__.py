@@ -15,8 +15,10 @@ Each Limiter owns a Recorder, a Flusher and a Reader, wired to its store
 from .fields import identity_member, parse_member
 from .flush import Flusher
 from .reads import WINDOWS, Reader
-from .recorder import MAX_BUFFERED_MINUTES, MAX_DETAILED_MINUTES, NEAR_LIMIT_CAPACITY, Recorder
+from .recorder import (COUNT_BATCH, MAX_BUFFERED_MINUTES, MAX_DETAILED_MINUTES,
+                       NEAR_LIMIT_CAPACITY, Recorder)
 from .sketch import SpaceSaving
 
 __all__ = ["SpaceSaving", "Recorder", "Flusher", "Reader", "identity_member", "parse_member",
-           "WINDOWS", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES", "MAX_BUFFERED_MINUTES"]
+           "WINDOWS", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES",
+           "MAX_BUFFERED_MINUTES"]

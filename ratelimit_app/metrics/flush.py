@@ -78,7 +78,7 @@ class Flusher:
         self.request_errors = request_errors or (lambda: 0)
         self.clock = clock
         self.config = config
-        self.autostart = True      # whether record_decision may start the thread
+        self.autostart = True      # whether Limiter.record may start the thread
         self.last_flush_at = None
         self.last_error = ""
         self.failing_since = None  # first failed flush of the current outage, unix time
@@ -178,7 +178,7 @@ class Flusher:
 
     def reset(self, autostart=True):
         """Stop the thread, drop the recorder's pending counts and this flusher's failure state,
-        and say whether ``record_decision`` may start the thread again."""
+        and say whether ``Limiter.record`` may start the thread again."""
         self.stop()
         self.recorder.clear()
         self.failing_since, self.last_error = None, ""

@@ -12,6 +12,7 @@ old minutes are never shown, so they go). Beyond ``MAX_BUFFERED_MINUTES`` (an ho
 the oldest minute is dropped and counted in ``Recorder.dropped``.
 """
 
+import contextlib
 import logging
 import operator
 import threading
@@ -167,6 +168,13 @@ class Recorder:
                 self._count_queued()
         return queued == 1
 
+    @contextlib.contextmanager
+    def _counted(self):
+        """Hold the lock with every queued decision counted: how the counts are read."""
+        with self._lock:
+            self._count_queued()
+            yield
+
     def _count_queued(self):
         """Count every queued decision (caller holds the lock)."""
         queue, count = self._queue, self._count
@@ -227,8 +235,7 @@ class Recorder:
 
     def take_pending(self):
         """Return ``{minute: PendingMinute}`` and start counting afresh (used by the flusher)."""
-        with self._lock:
-            self._count_queued()
+        with self._counted():
             taken, self._minutes = self._minutes, {}
         return taken
 
@@ -244,8 +251,7 @@ class Recorder:
 
     def pending_decisions(self):
         """Return ``(decisions waiting for a flush, when the oldest of them was counted)``."""
-        with self._lock:  # decisions() adds up the shapes, which counting adds to
-            self._count_queued()
+        with self._counted():  # decisions() adds up the shapes, which counting adds to
             pending = list(self._minutes.values())
             decisions = sum(p.decisions() for p in pending)
         return decisions, min((p.started_at for p in pending), default=None)
@@ -259,8 +265,7 @@ class Recorder:
     def counts(self):
         """Return ``{(dimension, name, outcome): count}`` summed over the pending minutes."""
         total = defaultdict(int)
-        with self._lock:
-            self._count_queued()
+        with self._counted():
             for pending in self._minutes.values():
                 for key, value in pending.counts.items():
                     total[key] += value
@@ -268,6 +273,5 @@ class Recorder:
 
     def sketch_sizes(self):
         """Return the number of identities held in memory (all pending minutes, both sketches)."""
-        with self._lock:
-            self._count_queued()
+        with self._counted():
             return sum(len(p.by_tokens) + len(p.by_denials) for p in self._minutes.values())
