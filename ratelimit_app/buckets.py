@@ -121,6 +121,17 @@ class Bucket:
         # NamedTuple's Python-level __new__ (together about 0.4 µs of 0.9 µs per bucket).
         name, refill, period_s, burst, cost, shadow, key, scope = self.shown
         period_ms, capacity = self.period_ms, self.capacity_units
+        if type(level_units) is int:
+            # a level from Redis (always whole units): the same values in integer arithmetic,
+            # ceil(a / b) as -(-a // b), cheaper than float division and math.ceil
+            per_s = refill * 1000  # units refilled per second
+            waited = self.cost_units - level_units if short else \
+                period_ms - level_units % period_ms
+            return _new_status(PolicyStatus, (
+                name, refill, period_s, burst, level_units // period_ms, -(-waited // per_s),
+                -((level_units - capacity) // per_s) if level_units < capacity else 0,
+                cost, shadow, short, key, level_units, scope,
+            ))
         if short:
             wait_ms = (self.cost_units - level_units) / refill
         else:

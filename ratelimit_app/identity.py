@@ -193,6 +193,9 @@ def _api_key(meta, snapshot):
     return snapshot.api_keys.get(digest)
 
 
+_new_identity = tuple.__new__
+
+
 def identify(request, user, snapshot):
     """Return the Identity of ``request`` (``user`` is the authenticated user or None)."""
     meta = request.META
@@ -221,8 +224,9 @@ def identify(request, user, snapshot):
     else:
         plan = (key.plan if key else None) or (assignment[0] if assignment else None) \
             or snapshot.default_authenticated_plan
-    identity = Identity(kind=kind, display=display, ip=ip, plan=plan, tenant=tenant or None,
-                        user_id=user_id, api_key_id=key.id if key else None)
+    # positionally, without the NamedTuple's keyword-handling __new__ (one per request)
+    identity = _new_identity(Identity, (kind, display, ip, plan, tenant or None, user_id,
+                                        key.id if key else None))
     plan_resolver = _resolver("PLAN_RESOLVER")
     if plan_resolver is not None:
         resolved = plan_resolver(request, identity)

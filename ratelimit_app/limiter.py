@@ -92,6 +92,9 @@ class _Pending(NamedTuple):
         return engine.degraded_decision(self.buckets, self.identity, self.endpoint, self.cost)
 
 
+_new_pending = tuple.__new__
+
+
 class Limiter:
     """Decide requests against the quotas in ``store``. ``config`` is the RATELIMIT_APP mapping
     (``conf.get_config()``); ``clock`` a SystemClock or a test clock."""
@@ -100,16 +103,18 @@ class Limiter:
         self.config = config
         self.store = store
         self.clock = clock or SystemClock()
+        # time.monotonic itself when the clock is real: read several times per decision, and
+        # SystemClock.monotonic would add a Python call each time
+        monotonic = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
         self.version_key = keys.config_version_key(config["KEY_PREFIX"])
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
-                                      clock=self.clock.monotonic)
+                                      clock=monotonic)
         self.stats = LimiterStats()
         self.policies = PolicyCache(self.read_version,
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
-                                    clock=self.clock.monotonic)
-        self.deny_cache = DenyCache(clock=self.clock.monotonic) \
-            if config["LOCAL_DENY_CACHE"] else None
-        self.leases = Leases(config["LEASE_TTL_S"], clock=self.clock.monotonic)
+                                    clock=monotonic)
+        self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
+        self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(config=lambda: self.config)
         # the flush goes straight to the store: a failing flush never opens the breaker above
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
@@ -187,7 +192,9 @@ class Limiter:
                 return engine.decision_from(buckets, cached, False, identity, endpoint,
                                             cost)._replace(from_deny_cache=True)
             sent_at = deny_cache.now()
-        return _Pending(snapshot, identity, endpoint, cost, buckets, deny_cache, sent_at)
+        # positionally, without the NamedTuple's Python-level __new__ (one per decision)
+        return _new_pending(_Pending, (snapshot, identity, endpoint, cost, buckets, deny_cache,
+                                       sent_at))
 
     def _conclude(self, pending, allowed, statuses):
         """The steps of a decision after the store answered: learn, and build the Decision."""

@@ -334,6 +334,22 @@ def test_a_full_bucket_reports_the_time_of_one_token_not_zero():
     assert (status.remaining, status.reset_s, status.full_s) == (40, 3, 0)
 
 
+@pytest.mark.parametrize("rate, period_s, burst, cost", [
+    (20, 60, 40, 1), (1, 1, 1, 1), (7, 3, 11, 2), (1000, 1, 5000, 3), (3, 86400, 3, 1)])
+def test_a_level_from_redis_gives_the_same_status_as_the_same_level_projected(rate, period_s,
+                                                                              burst, cost):
+    # Redis's whole-unit levels take an integer path; the deny cache's projections (floats)
+    # the float one: both must report the same r, t and full time
+    bucket = make_bucket(make_rule(rate=rate, period_s=period_s, burst=burst), cost=cost)
+    step = max(1, bucket.capacity_units // 997)
+    for level in [*range(0, bucket.capacity_units + 1, step), bucket.capacity_units - 1,
+                  bucket.cost_units - 1, bucket.cost_units]:
+        for short in (False, True):
+            exact, projected = bucket.status(level, short), bucket.status(float(level), short)
+            assert exact == projected, (level, short)
+            assert all(type(value) is int for value in exact[4:7])
+
+
 # --- shared buckets -------------------------------------------------------------------------
 
 def test_shared_remaining_is_disclosed_only_when_configured(settings, demo, clock, client):

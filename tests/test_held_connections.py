@@ -10,12 +10,13 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 from django_redis import get_redis_connection
+from redis import ConnectionPool
 from redis.connection import Connection
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from ratelimit_app.limiter import install_limiter
 from ratelimit_app.models import Plan, Rule, Scope
-from ratelimit_app.stores.connections import HeldConnections
+from ratelimit_app.stores.connections import HeldConnections, Wire
 
 from .helpers import decide, limiter
 
@@ -160,3 +161,41 @@ def test_a_forked_child_opens_its_own_connection(redis_client):
     os.waitpid(pid, 0)
     assert child_id not in (0, parent_id)
     assert held.request(CLIENT_ID) == parent_id  # the parent's socket is untouched
+
+
+def test_plain_connections_are_served_by_a_wire_and_error_replies_keep_them(redis_client):
+    pool = get_redis_connection("default").connection_pool
+    held = HeldConnections(pool)
+    first = held.request(CLIENT_ID)
+    (_, _, wire), = held._idle
+    assert isinstance(wire, Wire) and wire.sock is not None
+    with pytest.raises(NoScriptError):  # redis-py's exception, as store.take expects
+        held.request(Connection().pack_command("EVALSHA", "0" * 40, 0))
+    with pytest.raises(ResponseError, match="unknown command"):
+        held.request(Connection().pack_command("NO-SUCH-COMMAND"))
+    assert held.request(CLIENT_ID) == first  # an error reply leaves the connection usable
+    assert held.request(Connection().pack_command("ECHO", b"x" * 40000)) == b"x" * 40000
+
+
+class ConnectionOfAnotherKind(Connection):
+    """Stands for a connection class the wire does not know (Sentinel's, a caching proxy)."""
+
+    calls = 0
+
+    def read_response(self, *args, **kwargs):
+        ConnectionOfAnotherKind.calls += 1
+        return super().read_response(*args, **kwargs)
+
+
+def test_other_connection_classes_are_served_by_their_own_methods(redis_server):
+    pool = ConnectionPool(connection_class=ConnectionOfAnotherKind, host="127.0.0.1",
+                          port=redis_server.port)
+    held = HeldConnections(pool)
+    try:
+        first = held.request(CLIENT_ID)  # (the handshake's replies are read its way too)
+        calls = ConnectionOfAnotherKind.calls
+        assert held.request(CLIENT_ID) == first
+        assert held._idle[0][2] is None and ConnectionOfAnotherKind.calls == calls + 1
+    finally:
+        held.give_back()
+        pool.disconnect()

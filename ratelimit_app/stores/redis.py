@@ -26,8 +26,11 @@ def parse_take_reply(reply, with_version=True):
         version = None
     if reply[0] == 2:
         levels = reply[2:]
-        return TakeReply(True, version, levels, [1] * len(levels))
-    return TakeReply(reply[0] == 1, version, reply[2::2], reply[3::2])
+        return _new_reply(TakeReply, (True, version, levels, [1] * len(levels)))
+    return _new_reply(TakeReply, (reply[0] == 1, version, reply[2::2], reply[3::2]))
+
+
+_new_reply = tuple.__new__  # positionally, without the NamedTuple's Python-level __new__
 
 
 # Encoded EVALSHA commands kept per store (one per bucket plan in use; cleared when full).
