@@ -68,6 +68,12 @@ class Gunicorn:
 
     extra_env = {}
 
+    def worker_pids(self):
+        """Return the PIDs of this server's worker processes (the master's children)."""
+        pid = self.process.pid
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(child) for child in children.read().split()]
+
     def stop(self):
         if self.process and self.process.poll() is None:
             self.process.terminate()
@@ -92,6 +98,16 @@ class Uvicorn(Gunicorn):
         return [UVICORN, "project.asgi:application", "--workers", str(self.workers),
                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
                 "--backlog", "2048", "--no-access-log"]
+
+
+def cpu_seconds(pid):
+    """Return the CPU seconds (user + system) process ``pid`` has used, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(url, seconds, connections=32, threads=2):
