@@ -1,7 +1,9 @@
 """The connections decisions run on (stores/connections.HeldConnections), against the suite's
 real redis-server: reused without the pool's checkout, never shared by two calls at once, never
 carrying a late reply into the next call, reopened when Redis closed them, given back when their
-store is replaced, and never used by a forked child."""
+store is replaced, and never used by a forked child; calls on plain connections go through a Wire
+(error replies raised as redis-py's exceptions, RESP3 push messages skipped), others through the
+connection's own methods."""
 
 import os
 import threading
@@ -199,3 +201,21 @@ def test_other_connection_classes_are_served_by_their_own_methods(redis_server):
     finally:
         held.give_back()
         pool.disconnect()
+
+
+def test_a_resp3_push_message_before_a_reply_is_skipped(redis_server, redis_client):
+    # RESP3 lets the server push messages between replies (redis-py asks for maintenance
+    # notices); a client-tracking invalidation is one Redis 7 sends on demand
+    pool = ConnectionPool(host="127.0.0.1", port=redis_server.port, protocol=3)
+    held = HeldConnections(pool)
+    pack = Connection().pack_command
+    try:
+        assert held.request(pack("CLIENT", "TRACKING", "ON")) == b"OK"
+        held.request(pack("GET", "held:tracked"))  # the connection now tracks the key
+        redis_client.set("held:tracked", "changed")  # Redis pushes an invalidation to it
+        assert held.request(pack("ECHO", "the reply")) == b"the reply"
+        assert isinstance(held._idle[0][2], Wire)
+    finally:
+        held.give_back()
+        pool.disconnect()
+        redis_client.delete("held:tracked")
