@@ -165,6 +165,7 @@ class Wire:
                     reader.feed(buffer, 0, received)
                 # RESP3 (redis-py's default protocol from 8.0 on) lets a server push messages
                 # between replies (redis-py asks for maintenance notices): not replies, skipped
+                # (a server that moved is noticed when the connection fails)
                 elif type(reply) is not PUSH:
                     break
         except socket.timeout:
