@@ -79,7 +79,7 @@ def run(env, quick):
     overhead = median([(1 / ours - 1 / none) / (1 / drf - 1 / none) for ours, drf, none in
                        zip(samples["ours"], samples["drf"], samples["none"])])
     # the same on CPU alone (workers + Redis per request, medians): what the throttle costs
-    # apart from the time workers sit blocked on Redis (see the README)
+    # apart from the time workers sit blocked on Redis (see docs/explanation/performance.md)
     cpu_none = median(cpu["none"])
     ours_cpu, drf_cpu = median(cpu["ours"]) - cpu_none, median(cpu["drf"]) - cpu_none
     cpu_overhead = ours_cpu / drf_cpu

@@ -21,7 +21,7 @@ def check_settings(app_configs=None, **kwargs):
     if unknown:
         errors.append(Error(
             f"RATELIMIT_APP has unknown keys: {', '.join(unknown)}.",
-            hint="Check the spelling against the settings table in the README.",
+            hint="Check the spelling against the settings reference (docs/reference/settings.md).",
             id="ratelimit_app.E003"))
     config = get_config()
     alias = config["CACHE_ALIAS"]

@@ -21,7 +21,7 @@ bucket:
   ``qu="concurrent-requests"`` unit and no ``w``; ``r`` = the slots free after this request,
   ``t`` = 0, or 1 when it refused (a slot may free any moment; ``Retry-After`` ≥ 1 s).
 - Units are tokens: a request costs its endpoint's cost (rules with an endpoint count calls).
-  The draft registers no unit for weighted requests, so ``qu`` is not sent (see the README).
+  The draft registers no unit for weighted requests, so ``qu`` is not sent (see docs/reference/headers.md).
 - Every enforced policy is listed in ``RateLimit-Policy`` (it is configuration). A shared bucket's
   level (scopes global, plan, tenant) is other clients' traffic: its ``RateLimit`` item is given
   only when it refused the request, or with ``DISCLOSE_SHARED_REMAINING``. Shadow policies are

@@ -272,7 +272,7 @@ class RedisCluster(_Topology):
 
     @property
     def nodes_env(self):
-        """The README's ``REDIS_CLUSTER_NODES`` value: ``"127.0.0.1:P1,127.0.0.1:P2,..."``."""
+        """The demo's ``REDIS_CLUSTER_NODES`` value: ``"127.0.0.1:P1,127.0.0.1:P2,..."``."""
         return ",".join(node.address for node in self.nodes)
 
     def client(self, **options):
@@ -509,7 +509,7 @@ class SentinelSetup(_Topology):
 
     @property
     def sentinels_env(self):
-        """The README's ``REDIS_SENTINELS`` value: ``"127.0.0.1:S1,127.0.0.1:S2,..."``."""
+        """The demo's ``REDIS_SENTINELS`` value: ``"127.0.0.1:S1,127.0.0.1:S2,..."``."""
         return ",".join(sentinel.address for sentinel in self.sentinel_servers)
 
     def sentinel_client(self, **options):

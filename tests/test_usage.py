@@ -21,7 +21,7 @@ BOB = {"HTTP_X_API_KEY": "rk_bob_pro"}
 CAROL = {"HTTP_X_API_KEY": "rk_carol_enterprise"}
 
 
-# A project whose DRF API root links the usage endpoint (the README's example).
+# A project whose DRF API root links the usage endpoint (the example in docs/reference/usage.md).
 class ApiRoot(routers.APIRootView):
     def get(self, request, *args, **kwargs):
         response = super().get(request, *args, **kwargs)

@@ -9,7 +9,7 @@ used by QuotaMiddleware under an ASGI server).
 - ``ThreadedAsyncStore``: every other store (Cluster, Sentinel) runs its own sync ``take`` in a
   worker thread (``sync_to_async(thread_sensitive=False)``), so their slot grouping, refunds,
   master following and READONLY retry stay in one place. The loop is not blocked; the price is a
-  thread hop per decision (measured in the README's ASGI section).
+  thread hop per decision (measured in docs/howto/asgi.md).
 
 Both are awaited through the Limiter's ``_aguarded``: one breaker and one set of error counters
 for the sync and the async paths of a process.
