@@ -69,6 +69,8 @@ def build_distributions(tmp_path):
     shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
     python = sys.executable
     if find_spec("build") is None:  # a matrix cell without the `build` tool: a throwaway one
+        # with its own pip, which build then uses for its isolated environments (one ensurepip,
+        # not one per environment)
         venv.create(tmp_path / "build-tool", with_pip=True)
         python = str(tmp_path / "build-tool" / "bin" / "python")
         run([python, "-m", "pip", "install", "--quiet", "build"])
