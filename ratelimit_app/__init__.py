@@ -4,3 +4,7 @@ Public names: ``ratelimit_app.throttling.QuotaThrottle``, ``ratelimit_app.middle
 models ``Plan``, ``Rule`` and ``EndpointCost`` in ``ratelimit_app.models``, settings dict
 ``RATELIMIT_APP``.
 """
+
+# The one place the version is written: pyproject.toml reads it from here at build time
+# (setuptools' `attr:`), and code or a checkout that is not pip-installed can read it too.
+__version__ = "0.2.0"
