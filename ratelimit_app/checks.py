@@ -159,12 +159,12 @@ def check_store(app_configs=None, **kwargs):
             return [_unreachable(f"The rate-limit store cannot be reached at startup: {exc}")]
         problems = [str(exc)]
     except Exception as exc:  # redis-py itself fails: the decisions' calls will too
-        return [_unexpected_error(describe_error(exc))]
+        return [_unexpected_error("The rate-limit store's client", describe_error(exc))]
     if problems:
         return [_store_error(problems)]
     trip = decision_round_trip(limiter)
     if trip.outcome == UNEXPECTED:
-        return [_unexpected_error(trip.detail)]
+        return [_unexpected_error("A decision on a scratch identity", trip.detail)]
     if trip.outcome == MISCONFIGURED:
         return [_store_error([trip.detail])]
     if trip.outcome == UNAVAILABLE:
@@ -188,10 +188,10 @@ def _store_error(problems):
         id="ratelimit_app.E006")
 
 
-def _unexpected_error(detail):
+def _unexpected_error(what, detail):
     return Error(
-        f"A decision on a scratch identity failed with an unexpected error: {detail}. Every "
-        f"request meets it and is let through unlimited.",
+        f"{what} failed with an unexpected error: {detail}. Every request meets it and is let "
+        f"through unlimited.",
         hint="This is a bug or a library incompatibility, not Redis being down: compare the "
              "installed redis-py, django-redis and Django with the supported versions "
              "(ratelimit_app.E009 names any outside them), then report the error with this "

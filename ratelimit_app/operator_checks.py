@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from . import round_trip
 from .limiter import default_limiter
-from .round_trip import decision_round_trip, describe_error
+from .round_trip import describe_error
 from .stores import StoreUnavailable
 
 __all__ = ["OK", "WARN", "FAIL", "CheckLine", "run_operator_checks"]
@@ -102,7 +102,7 @@ def run_operator_checks():
     lines.append(CheckLine(OK, "store", f"the {store.kind} store answers PING"))
     lines += [CheckLine(FAIL, "script", problem) for problem in problems] or \
         [CheckLine(OK, "script", "the limiter's script runs")]
-    lines.append(_decision_line(decision_round_trip(limiter)))
+    lines.append(_decision_line(round_trip.decision_round_trip(limiter)))
     try:
         version = limiter.read_version()
         lines.append(CheckLine(OK, "config version", version if version != "0" else

@@ -145,6 +145,8 @@ def test_a_client_that_fails_everywhere_is_an_unexpected_error_not_redis_down(
         pool_class_for_redis_5_0):
     found = app_messages()
     assert "ratelimit_app.E008" in found and "ratelimit_app.W004" not in found
+    assert found["ratelimit_app.E008"].msg.startswith(
+        "The rate-limit store's client failed with an unexpected error: TypeError: ")
     assert MISSING_COMMAND_NAME in found["ratelimit_app.E008"].msg
     code, lines = ratelimit_check()
     assert code == 1
