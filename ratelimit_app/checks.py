@@ -1,4 +1,9 @@
-"""System checks: misconfiguration is reported at start-up with an id and a hint."""
+"""System checks: misconfiguration is reported at start-up with an id and a hint.
+
+Every check here carries the tag ``ratelimit_app``: ``manage.py check --tag ratelimit_app`` runs
+them alone. ``check_store`` talks to Redis (see its docstring); the others read settings and
+installed versions only.
+"""
 
 import ipaddress
 
@@ -6,15 +11,18 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
+from . import support
 from .conf import get_config, unknown_keys
 from .periods import valid_time_zone
+
+TAG = "ratelimit_app"
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
 THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 
-@register()
+@register(TAG)
 def check_settings(app_configs=None, **kwargs):
     errors = []
     unknown = unknown_keys()
@@ -80,7 +88,7 @@ def check_settings(app_configs=None, **kwargs):
     return errors
 
 
-@register()
+@register(TAG)
 def check_adapters(app_configs=None, **kwargs):
     errors = []
     middleware = list(settings.MIDDLEWARE)
@@ -114,13 +122,24 @@ def check_adapters(app_configs=None, **kwargs):
     return errors
 
 
-@register()
+@register(TAG)
 def check_store(app_configs=None, **kwargs):
     """E006 when the store cannot serve the limiter's script (a cluster node behind a
-    single-node store, an ACL refusing EVALSHA, a cluster not ok); W004 when it cannot be
-    reached at all: Redis may simply be starting later than this process, and decisions then
-    follow the rules' fail modes until it answers. Talks to Redis (socket timeouts apply)."""
-    from .stores import StoreUnavailable, build_store
+    single-node store, an ACL refusing EVALSHA, a cluster not ok); E008 when it answers but a
+    decision fails with an unexpected error (a bug or a library incompatibility: every request
+    would be let through unlimited); W004 when it cannot be reached at all: Redis may simply be
+    starting later than this process, and decisions then follow the rules' fail modes until it
+    answers.
+
+    Talks to Redis through the process's Limiter (socket timeouts apply): PING, the store's own
+    checks, then one decision on a scratch identity whose key it deletes (round_trip.py). That
+    is a few milliseconds whenever ``check``, ``runserver`` or ``migrate`` runs the checks; a
+    Redis that does not answer PING costs one connect timeout and skips the rest.
+    """
+    from .limiter import default_limiter
+    from .round_trip import MISCONFIGURED, UNAVAILABLE, UNEXPECTED, decision_round_trip, \
+        describe_error
+    from .stores import StoreUnavailable
     from .stores.base import is_misconfiguration
 
     config = get_config()
@@ -129,25 +148,90 @@ def check_store(app_configs=None, **kwargs):
         if not cache.get("BACKEND", "").startswith("django_redis."):
             return []  # E001 says so already; there is no store to ask
     try:
-        store = build_store(config)
-        store.ping()
+        limiter = default_limiter()
+    except Exception as exc:  # a setting the store cannot even be built from
+        return [_store_error([f"{type(exc).__name__}: {exc}"])]
+    try:
+        limiter.store.ping()
+        problems = limiter.store.problems()
     except StoreUnavailable as exc:
         if not is_misconfiguration(exc):
-            return [Warning(
-                f"The rate-limit store cannot be reached at startup: {exc}",
-                hint="Requests follow each rule's fail mode (FAIL_OPEN) until Redis answers; "
-                     "check the Redis address, or start Redis before the app.",
-                id="ratelimit_app.W004")]
+            return [_unreachable(f"The rate-limit store cannot be reached at startup: {exc}")]
         problems = [str(exc)]
-    except Exception as exc:  # a setting the store cannot even be built from
-        problems = [f"{type(exc).__name__}: {exc}"]
-    else:
-        problems = store.problems()
-    if not problems:
-        return []
-    return [Error(
+    except Exception as exc:  # redis-py itself fails: the decisions' calls will too
+        return [_unexpected_error("The rate-limit store's client", describe_error(exc))]
+    if problems:
+        return [_store_error(problems)]
+    trip = decision_round_trip(limiter)
+    if trip.outcome == UNEXPECTED:
+        return [_unexpected_error("A decision on a scratch identity", trip.detail)]
+    if trip.outcome == MISCONFIGURED:
+        return [_store_error([trip.detail])]
+    if trip.outcome == UNAVAILABLE:
+        return [_unreachable(f"The rate-limit store answers PING but not a decision: "
+                             f"{trip.detail}")]
+    return []
+
+
+def _unreachable(message):
+    return Warning(message, id="ratelimit_app.W004",
+                   hint="Requests follow each rule's fail mode (FAIL_OPEN) until Redis answers; "
+                        "check the Redis address, or start Redis before the app.")
+
+
+def _store_error(problems):
+    return Error(
         "The rate-limit store cannot serve the limiter's script: " + " ".join(problems),
         hint="For a Redis Cluster set RATELIMIT_APP['CLUSTER_NODES'] (the cluster store); for "
              "one node or Sentinel point CACHE_ALIAS at it; an ACL user needs EVALSHA, EVAL, "
              "SCRIPT LOAD, GET, SET and MGET on the key prefix.",
-        id="ratelimit_app.E006")]
+        id="ratelimit_app.E006")
+
+
+def _unexpected_error(what, detail):
+    return Error(
+        f"{what} failed with an unexpected error: {detail}. Every request meets it and is let "
+        f"through unlimited.",
+        hint="This is a bug or a library incompatibility, not Redis being down: compare the "
+             "installed redis-py, django-redis and Django with the supported versions "
+             "(ratelimit_app.E009 names any outside them), then report the error with this "
+             "message. Silencing this check does not make requests limited.",
+        id="ratelimit_app.E008")
+
+
+@register(TAG)
+def check_versions(app_configs=None, **kwargs):
+    """E009 for a library below the version it needs, W005 above the newest version the test
+    matrix runs, W006 when hiredis is missing (the ranges: ``support.py``)."""
+    return [_version_message(finding)
+            for finding in support.version_findings(support.installed_versions())]
+
+
+def _version_message(finding):
+    """Return the Error or Warning of one ``support.Finding``."""
+    entry, installed = finding.supported, finding.installed
+    name = entry.distribution
+    if finding.kind == support.BELOW_FLOOR:
+        why = f" ({entry.why_floor})" if entry.why_floor else ""
+        return Error(
+            f"{name} {installed} is installed; ratelimit_app needs {name} >= {entry.floor}{why}.",
+            hint=f"pip install '{name}>={entry.floor}'.", id="ratelimit_app.E009")
+    if finding.kind == support.UNTESTED:
+        return Warning(
+            f"{name} {installed} is newer than the newest version ratelimit_app is tested with "
+            f"({entry.newest_tested}.x).",
+            hint=f"It may work; if requests go unlimited or checks fail, pin "
+                 f"'{name}<{_next_minor(entry.newest_tested)}' and report it.",
+            id="ratelimit_app.W005")
+    # MISSING: in practice only hiredis (the others are imported before any check runs)
+    return Warning(
+        f"{name} is not installed.",
+        hint=f"pip install '{name}>={entry.floor}': without it redis-py parses replies in "
+             f"Python and every decision costs more CPU.",
+        id="ratelimit_app.W006")
+
+
+def _next_minor(version):
+    """Return the major.minor after ``version`` ("6.1" -> "6.2")."""
+    major, minor = (support.parse_version(version) + (0,))[:2]
+    return f"{major}.{minor + 1}"

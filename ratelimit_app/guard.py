@@ -43,8 +43,8 @@ def decide(request, user):
         return decision
     try:
         decision = default_limiter().decide(request, user, endpoint_name(request))
-    except Exception:  # the limiter must never be the reason for a 500
-        logger.exception("ratelimit_app: unexpected error; request allowed")
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "deciding a request; request allowed")
         decision = Decision(allowed=True, degraded="error")
     return _keep(request, decision)
 
@@ -56,8 +56,8 @@ async def adecide(request, user):
         return decision
     try:
         decision = await default_limiter().adecide(request, user, endpoint_name(request))
-    except Exception:  # the limiter must never be the reason for a 500
-        logger.exception("ratelimit_app: unexpected error; request allowed")
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "deciding a request; request allowed")
         decision = Decision(allowed=True, degraded="error")
     return _keep(request, decision)
 
@@ -92,8 +92,21 @@ class _Release:
         if decision is not None:
             try:
                 default_limiter().release_slot(decision)
-            except Exception:  # the limiter must never be the reason for a failed response
-                logger.exception("ratelimit_app: unexpected error releasing a slot")
+            except Exception as error:  # the limiter must never fail a response
+                _unexpected(error, "releasing a concurrency slot; it frees at its deadline")
+
+
+def _unexpected(error, action):
+    """Count and log ``error``, an exception that escaped the Limiter while ``action``."""
+    try:
+        limiter = default_limiter()
+    except Exception as build_error:  # no Limiter to count it in (every request logs this,
+        # unthrottled, until the settings are fixed)
+        logger.error("ratelimit_app: unexpected %s while %s: %s; and no Limiter to count it "
+                     "(building one raised %s: %s)", type(error).__name__, action, error,
+                     type(build_error).__name__, build_error, exc_info=error)
+        return
+    limiter.unexpected_error(error, action)
 
 
 def _keep(request, decision):
@@ -117,8 +130,8 @@ def charge_failed_authentication(request, response):
         return response
     try:
         decision = default_limiter().failed_authentication(request, endpoint_name(request))
-    except Exception:  # the limiter must never be the reason for a 500
-        logger.exception("ratelimit_app: unexpected error charging a failed authentication")
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "charging a failed authentication; not charged")
         return response
     return _refusal(request, decision) or response
 
@@ -130,8 +143,8 @@ async def acharge_failed_authentication(request, response):
     try:
         decision = await default_limiter().afailed_authentication(request,
                                                                   endpoint_name(request))
-    except Exception:  # the limiter must never be the reason for a 500
-        logger.exception("ratelimit_app: unexpected error charging a failed authentication")
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "charging a failed authentication; not charged")
         return response
     return _refusal(request, decision) or response
 
@@ -145,8 +158,8 @@ def check_failed_authentication(request):
     try:
         decision = default_limiter().failed_authentication(request, endpoint_name(request),
                                                            charge=False)
-    except Exception:
-        logger.exception("ratelimit_app: unexpected error checking failed authentications")
+    except Exception as error:
+        _unexpected(error, "checking failed authentications; request allowed")
         return None
     return _refusal(request, decision)
 
@@ -156,8 +169,8 @@ async def acheck_failed_authentication(request):
     try:
         decision = await default_limiter().afailed_authentication(
             request, endpoint_name(request), charge=False)
-    except Exception:
-        logger.exception("ratelimit_app: unexpected error checking failed authentications")
+    except Exception as error:
+        _unexpected(error, "checking failed authentications; request allowed")
         return None
     return _refusal(request, decision)
 

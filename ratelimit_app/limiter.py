@@ -29,6 +29,7 @@ from .leases import Leases
 from .policy import PolicyCache
 from .stores import StoreUnavailable, build_store
 from .stores.base import is_misconfiguration
+from .unexpected import UnexpectedErrorLog, error_text, type_label
 
 __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
            "install_limiter", "forget_default_limiter"]
@@ -52,7 +53,13 @@ class SystemClock:
 
 
 class LimiterStats:
-    """This process's counters of store trouble, read by the dashboard and Prometheus."""
+    """This process's counters of store trouble, read by the dashboard and Prometheus.
+
+    ``redis_errors`` counts the store being unavailable (expected: the fail modes handle it);
+    ``unexpected_errors`` counts every other exception that escaped a decision (a bug or a
+    library incompatibility: see unexpected.py), also per exception type name
+    (``unexpected_by_type``, bounded like the log's types).
+    """
 
     def __init__(self):
         self.redis_errors = 0
@@ -60,6 +67,21 @@ class LimiterStats:
         self.last_error = ""
         self.last_error_at = None
         self.last_latency_ms = None
+        self.unexpected_errors = 0
+        self.unexpected_by_type = {}
+        self.last_unexpected_type = ""
+        self.last_unexpected_message = ""
+        self.last_unexpected_at = None
+
+    def count_unexpected(self, error):
+        """Count ``error``, an unexpected exception on the decision path. (No lock, as for
+        ``redis_errors``: two threads at once may lose a count, never the fact.)"""
+        label = type_label(error, self.unexpected_by_type)
+        self.unexpected_by_type[label] = self.unexpected_by_type.get(label, 0) + 1
+        self.unexpected_errors += 1
+        self.last_unexpected_type = type(error).__name__
+        self.last_unexpected_message = error_text(error)
+        self.last_unexpected_at = time.time()
 
 
 class Peek:
@@ -110,6 +132,7 @@ class Limiter:
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
         self.stats = LimiterStats()
+        self.unexpected_log = UnexpectedErrorLog(clock=monotonic)
         self.policies = PolicyCache(self.read_version,
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
                                     clock=monotonic)
@@ -143,6 +166,13 @@ class Limiter:
             flusher = self.flusher
             if flusher.autostart and not flusher.running:
                 flusher.ensure_running()
+
+    def unexpected_error(self, error, action):
+        """Count ``error``, an exception other than StoreUnavailable that escaped ``action``
+        (e.g. "deciding a request; request allowed"), and log it (at most one traceback per
+        exception type a minute). The adapters call this; they never let ``error`` through."""
+        self.stats.count_unexpected(error)
+        self.unexpected_log.report(error, action)
 
     # --- the request path --------------------------------------------------------------------
 

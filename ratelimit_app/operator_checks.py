@@ -1,8 +1,11 @@
 """``manage.py ratelimit check``: can this deployment decide requests right now?
 
 Each check gives one or more lines OK, WARN or FAIL: the app's Django system checks, the store
-answering, the limiter's script running there, the config version, and the clock skew between
-this machine and Redis (every primary of a cluster). When the store does not answer, the checks
+answering, the limiter's script running there, one real decision on a scratch identity (through
+the same store path a request takes; its key deleted again, see round_trip.py), the config
+version, and the clock skew between this machine and Redis (every primary of a cluster). A
+failing decision says whether Redis was unavailable or the call failed with an unexpected
+error (a bug or a library incompatibility). When the store does not answer, the checks
 that need it say so instead of each waiting for its own timeout.
 """
 
@@ -14,7 +17,9 @@ from django.core import checks
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from . import round_trip
 from .limiter import default_limiter
+from .round_trip import describe_error
 from .stores import StoreUnavailable
 
 __all__ = ["OK", "WARN", "FAIL", "CheckLine", "run_operator_checks"]
@@ -86,15 +91,18 @@ def run_operator_checks():
     store = limiter.store
     try:
         store.ping()
+        problems = store.problems()
     except StoreUnavailable as exc:
         lines.append(CheckLine(FAIL, "store", f"the {store.kind} store does not answer: {exc}"))
-        lines += [CheckLine(FAIL, name, "not checked: the store does not answer")
-                  for name in ("script", "config version", "clock skew")]
-        return lines
+        return lines + _not_checked("the store does not answer")
+    except Exception as exc:  # redis-py itself fails: so will every decision
+        lines.append(CheckLine(FAIL, "store", f"unexpected error (a bug or a library "
+                                              f"incompatibility): {describe_error(exc)}"))
+        return lines + _not_checked("the store's client fails")
     lines.append(CheckLine(OK, "store", f"the {store.kind} store answers PING"))
-    problems = store.problems()
     lines += [CheckLine(FAIL, "script", problem) for problem in problems] or \
         [CheckLine(OK, "script", "the limiter's script runs")]
+    lines.append(_decision_line(round_trip.decision_round_trip(limiter)))
     try:
         version = limiter.read_version()
         lines.append(CheckLine(OK, "config version", version if version != "0" else
@@ -102,3 +110,19 @@ def run_operator_checks():
     except StoreUnavailable as exc:
         lines.append(CheckLine(FAIL, "config version", f"cannot be read: {exc}"))
     return lines + _clock_skew(store)
+
+
+def _not_checked(reason):
+    return [CheckLine(FAIL, name, f"not checked: {reason}")
+            for name in ("script", "decision", "config version", "clock skew")]
+
+
+def _decision_line(trip):
+    """Return the CheckLine of a scratch decision's RoundTrip."""
+    if trip.outcome == round_trip.OK:
+        return CheckLine(OK, "decision", f"{trip.detail} ({trip.elapsed_ms:.1f} ms)")
+    reason = {round_trip.UNAVAILABLE: "Redis unavailable",
+              round_trip.MISCONFIGURED: "Redis refuses it",
+              round_trip.UNEXPECTED: "unexpected error (a bug or a library incompatibility; "
+                                     "every request is let through unlimited)"}[trip.outcome]
+    return CheckLine(FAIL, "decision", f"{reason}: {trip.detail}")

@@ -2,11 +2,16 @@
 
 Counters are the cluster-wide all-time totals every worker flushes to Redis (so any one worker
 can be scraped and the numbers never go backwards); gauges describe the process that answers.
+One counter is the answering process's own: ``ratelimit_process_unexpected_errors_total``
+(unexpected errors on the decision path, by exception type: see unexpected.py). It must not
+depend on the metrics flush, whose Redis client may be what is broken; it restarts from 0 with
+the process, which ``rate()`` and ``increase()`` handle.
 Off unless ``PROMETHEUS_ENABLED``; readable with ``Authorization: Bearer <PROMETHEUS_TOKEN>`` or
 by staff with the dashboard permission.
 """
 
 import hmac
+import logging
 
 from django.http import Http404, HttpResponse
 
@@ -16,6 +21,8 @@ from .limiter import default_limiter
 from .stores.base import READ_ERRORS
 
 __all__ = ["metrics_view", "collect"]
+
+logger = logging.getLogger("ratelimit_app")
 
 _BREAKER_STATES = ("closed", "half-open", "open")
 
@@ -44,7 +51,10 @@ def collect():
     try:
         totals = default_limiter().reader.totals()
         up.add_metric([], 1)
-    except READ_ERRORS:
+    except Exception as exc:  # Redis down (READ_ERRORS), or a broken client: still answer
+        if not isinstance(exc, READ_ERRORS):
+            logger.warning("ratelimit_app: Prometheus scrape could not read the totals: %s: %s",
+                           type(exc).__name__, exc)
         totals = {}
         up.add_metric([], 0)
     for (dimension, name, outcome), value in sorted(totals.items()):
@@ -67,7 +77,14 @@ def collect():
         "Decisions this process counted but has not written to Redis yet (they stay buffered "
         "while flushes fail and are added to the totals when Redis answers again).")
     buffered.add_metric([], limiter.recorder.pending_decisions()[0])
-    return [decisions, errors_total, up, process_errors, breaker, buffered]
+    unexpected = CounterMetricFamily(
+        "ratelimit_process_unexpected_errors",
+        "Unexpected errors (not Redis unavailability) on this process's decision path, by "
+        "exception type: each request that met one was let through unlimited.",
+        labels=["type"])
+    for name, count in sorted(limiter.stats.unexpected_by_type.items()):
+        unexpected.add_metric([name], count)
+    return [decisions, errors_total, up, process_errors, unexpected, breaker, buffered]
 
 
 class _Collector:

@@ -149,7 +149,9 @@ def test_an_unexpected_limiter_error_lets_the_request_through(demo, monkeypatch,
     assert response.status_code == 200
     assert decision_of(response).degraded == "error"
     assert "RateLimit" not in response
-    assert any("unexpected error" in r.getMessage() for r in caplog.records)
+    assert any("unexpected ZeroDivisionError while deciding a request" in r.getMessage()
+               for r in caplog.records)
+    assert limiter().stats.unexpected_by_type == {"ZeroDivisionError": 1}
 
 
 def test_decision_is_made_once_per_request(demo, monkeypatch, settings):

@@ -145,3 +145,79 @@ def test_adapters_refuse_to_load_without_the_app_installed():
                 importlib.reload(module)
     for module in (ratelimit_app.throttling, ratelimit_app.middleware):
         importlib.reload(module)  # and they load again once it is back
+
+
+# --- supported versions (support.py): the range logic on given version maps --------------------
+
+CURRENT = {"Django": "5.2.19", "djangorestframework": "3.18.3", "django-redis": "7.0.0",
+           "redis": "8.1.0", "hiredis": "3.5.0"}
+
+
+def findings(**changes):
+    """Return ``{distribution: kind}`` of the findings for CURRENT with ``changes``."""
+    from ratelimit_app.support import version_findings
+
+    installed = {**CURRENT, **{name.replace("_", "-"): v for name, v in changes.items()}}
+    return {f.supported.distribution: f.kind for f in version_findings(installed)}
+
+
+def test_versions_in_range_give_no_finding():
+    assert findings() == {}
+    assert findings(Django="6.1.3", redis="5.3.0", django_redis="5.4.0", hiredis="3.0.0",
+                    djangorestframework="3.16.0") == {}
+
+
+@pytest.mark.parametrize("name, version", [
+    ("redis", "5.0.8"), ("redis", "5.2.1"), ("redis", "4.6"), ("Django", "4.2.30"),
+    ("Django", "5.1.15"), ("djangorestframework", "3.14.0"), ("django-redis", "5.3.0"),
+    ("hiredis", "2.4.0")])
+def test_below_the_floor(name, version):
+    assert findings(**{name.replace("-", "_"): version}) == {name: "below floor"}
+
+
+@pytest.mark.parametrize("name, version", [
+    ("Django", "6.2"), ("Django", "6.2a1"), ("Django", "7.0"), ("redis", "8.2.0"),
+    ("redis", "9.0.0b1"), ("hiredis", "4.0.0"), ("django-redis", "7.1.0")])
+def test_above_the_newest_tested_minor(name, version):
+    assert findings(**{name.replace("-", "_"): version}) == {name: "untested"}
+
+
+def test_versions_are_parsed_tolerantly():
+    from ratelimit_app.support import parse_version
+
+    assert parse_version("5.3.0rc1") == (5, 3, 0)
+    assert parse_version("3.16.0.post1") == (3, 16, 0)
+    assert parse_version("v6.1") == (6, 1)
+    assert parse_version("6.1.3+local.7") == (6, 1, 3)
+    assert parse_version("unknown") is None and parse_version("") is None
+    # a pre-release of a floor counts as the floor; something unreadable is not judged
+    assert findings(redis="5.3.0rc1") == {} and findings(redis="main") == {}
+
+
+def test_optional_drf_may_be_absent_hiredis_may_not():
+    assert findings(djangorestframework=None) == {}
+    assert findings(hiredis=None) == {"hiredis": "missing"}
+
+
+def test_version_messages_name_the_library_and_the_fix():
+    from ratelimit_app.checks import _version_message
+    from ratelimit_app.support import version_findings
+
+    installed = {**CURRENT, "redis": "5.0.8", "Django": "6.2", "hiredis": None}
+    by_id = {m.id: m for m in map(_version_message, version_findings(installed))}
+    assert by_id["ratelimit_app.E009"].msg == (
+        "redis 5.0.8 is installed; ratelimit_app needs redis >= 5.3 (redis-py 5.0–5.2's "
+        "ConnectionPool.get_connection() requires a command name: every decision fails with "
+        "TypeError and requests go unlimited).")
+    assert by_id["ratelimit_app.E009"].hint == "pip install 'redis>=5.3'."
+    assert by_id["ratelimit_app.W005"].msg == (
+        "Django 6.2 is newer than the newest version ratelimit_app is tested with (6.1.x).")
+    assert "'Django<6.2'" in by_id["ratelimit_app.W005"].hint
+    assert by_id["ratelimit_app.W006"].msg == "hiredis is not installed."
+
+
+def test_app_checks_carry_their_own_tag():
+    ids = {m.id for m in run_checks(tags=["ratelimit_app"])}
+    with override_settings(MIDDLEWARE=without_middleware()):
+        assert "ratelimit_app.W001" in {m.id for m in run_checks(tags=["ratelimit_app"])}
+    assert ids == set()

@@ -319,10 +319,12 @@ def test_check_reports_every_line_ok(demo):
     out, _ = run("check")
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "OK    system checks", "OK    store", "OK    script", "OK    config version",
-        "OK    clock skew"]
-    assert lines[3] == f"OK    config version: {limiter().read_version()}"
-    assert "Redis is 0.0" in lines[4] and "this machine" in lines[4]
+        "OK    system checks", "OK    store", "OK    script", "OK    decision",
+        "OK    config version", "OK    clock skew"]
+    assert lines[3].startswith("OK    decision: a scratch decision was allowed and its key "
+                               "deleted (")
+    assert lines[4] == f"OK    config version: {limiter().read_version()}"
+    assert "Redis is 0.0" in lines[5] and "this machine" in lines[5]
 
 
 def test_check_reads_the_clock_of_every_primary_of_a_cluster(redis_cluster, settings):
@@ -341,12 +343,12 @@ def test_check_fails_with_exit_code_1_when_redis_is_killed(redis_server):
     out = io.StringIO()
     with pytest.raises(CommandError) as failure:
         call_command("ratelimit", "check", stdout=out)
-    assert failure.value.returncode == 1 and str(failure.value) == "4 check(s) failed."
+    assert failure.value.returncode == 1 and str(failure.value) == "5 check(s) failed."
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("WARN  system check ratelimit_app.W004:")
     assert lines[1].startswith("FAIL  store: the redis store does not answer: ")
     assert lines[2:] == [f"FAIL  {name}: not checked: the store does not answer"
-                         for name in ("script", "config version", "clock skew")]
+                         for name in ("script", "decision", "config version", "clock skew")]
 
 
 def test_check_as_a_real_command_exits_1_without_a_traceback(redis_server):
@@ -356,7 +358,7 @@ def test_check_as_a_real_command_exits_1_without_a_traceback(redis_server):
                           env={**os.environ, "REDIS_URL": redis_server.url})
     assert done.returncode == 1
     assert "FAIL  store" in done.stdout and "Traceback" not in done.stderr
-    assert done.stderr.strip().endswith("CommandError: 4 check(s) failed.")
+    assert done.stderr.strip().endswith("CommandError: 5 check(s) failed.")
 
 
 # --- inspect, reset, top -------------------------------------------------------------------

@@ -103,12 +103,30 @@ def _flush_state(now, last_flush_age_s, buffered, oldest_pending_at):
     return "ok"
 
 
+def _read_failed(health, exc):
+    """Note in ``health`` that reading Redis raised ``exc``."""
+    health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+    health["redis_error_unexpected"] = not isinstance(exc, READ_ERRORS)
+
+
+def _unexpected_errors(stats):
+    """Return what the health panel shows of this process's unexpected errors on the decision
+    path (a bug or a library incompatibility; see unexpected.py): how many, and the last."""
+    at = stats.last_unexpected_at
+    return {"count": stats.unexpected_errors, "by_type": dict(stats.unexpected_by_type),
+            "last_type": stats.last_unexpected_type,
+            "last_message": stats.last_unexpected_message,
+            "last_at": at, "last_at_text": _clock_text(at) if at else ""}
+
+
 def _health(now):
     limiter = default_limiter()
     buffered, oldest_pending_at = default_limiter().recorder.pending_decisions()
     failing_since = default_limiter().flusher.failing_since
     health = {"redis_ok": True, "redis_latency_ms": None, "redis_error": "",
+              "redis_error_unexpected": False,
               "breaker": limiter.breaker.state, "redis_errors": limiter.stats.redis_errors,
+              "unexpected": _unexpected_errors(limiter.stats),
               "store": limiter.store.kind,
               "config_version": None, "last_flush_age_s": None,
               "flush_error": default_limiter().flusher.last_error, "dropped": default_limiter().recorder.dropped,
@@ -130,15 +148,20 @@ def _health(now):
             {**period, "from_text": _clock_text(period["from"]),
              "to_text": _clock_text(period["to"])}
             for period in default_limiter().reader.buffered_periods()[:BUFFERED_PERIODS_SHOWN]]
-    except READ_ERRORS as exc:
-        health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # Redis down (READ_ERRORS), or a client that fails in another way
+        # (a library incompatibility): the page must still say what it knows
+        _read_failed(health, exc)
     health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
                                          oldest_pending_at)
     return health
 
 
 def _shadow_rules(rule_rows):
-    names = {rule.name for rule in default_limiter().snapshot().rules if rule.shadow}
+    try:
+        rules = default_limiter().snapshot().rules
+    except Exception:  # a store client that fails unexpectedly (the health panel says so)
+        rules = ()
+    names = {rule.name for rule in rules if rule.shadow}
     names |= {row["name"] for row in rule_rows if row["shadow"]}
     by_name = {row["name"]: row for row in rule_rows}
     rows = []
@@ -163,8 +186,8 @@ def dashboard_data(window="1h", now=None, with_html=True):
             breakdown = default_limiter().reader.breakdown(window, now=now)
             hot = default_limiter().reader.hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
             near = default_limiter().reader.near_limit(now=now)
-        except READ_ERRORS as exc:
-            health["redis_ok"], health["redis_error"] = False, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # as in _health: READ_ERRORS, or a broken client
+            _read_failed(health, exc)
     overall = breakdown.get("all", {}).get("", {})
     allowed, denied = overall.get("allowed", 0), overall.get("denied", 0)
     rules = _outcome_rows(breakdown.get("rule", {}), "rule")

@@ -2,7 +2,8 @@
 
     export [--output FILE]                      the quota rows as JSON (natural keys, stable)
     import FILE [--dry-run] [--keep-missing]    make the database hold FILE, one version bump
-    check                                       system checks, store, script, version, clock skew
+    check                                       system checks, store, script, a scratch decision,
+                                                version, clock skew
     inspect IDENTITY [--endpoint E --method M]  a client's buckets, nothing debited
     reset IDENTITY --user STAFF [--yes]         the admin's reset, recorded in the admin history
     top [--window 1h]                           the dashboard's hot keys and 429 rates

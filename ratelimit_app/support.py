@@ -1,0 +1,112 @@
+"""The versions of the libraries ratelimit_app is known to work with: the one place that says so.
+
+Each entry names a distribution, its floor (the lowest version that works: below it the app
+fails, often silently, so the system check reports an Error, ``ratelimit_app.E009``) and the
+newest major.minor the test matrix runs (above it the app is untested, so the check reports a
+Warning, ``ratelimit_app.W005``). When the matrix starts testing a newer release, raise
+``newest_tested`` here; when a floor changes, change it here and in pyproject.toml.
+
+Why the floors are where they are:
+
+- redis-py 5.3: 5.0–5.2's ``ConnectionPool.get_connection()`` requires a command name, which the
+  decision path (``stores/connections.py``, ``stores/cluster.py``) does not pass: every decision
+  raises TypeError and every request is let through unlimited.
+- Django 5.2 (the LTS), djangorestframework 3.16, django-redis 5.4, hiredis 3.0 (its RESP3 push
+  messages are what ``stores/connections.py`` skips): the lowest versions the floor cell of the
+  test matrix installs.
+
+Versions are read with ``importlib.metadata`` and compared by their release numbers only (a
+small tolerant parser; the ``packaging`` library is not a dependency): ``5.3.0rc1`` counts as
+5.3.0, ``3.16.0.post1`` as 3.16.0, and a version that does not start with a number is not
+judged at all.
+"""
+
+import re
+from importlib import metadata
+from typing import NamedTuple
+
+__all__ = ["Supported", "SUPPORTED", "Finding", "BELOW_FLOOR", "UNTESTED", "MISSING",
+           "parse_version", "installed_versions", "version_findings"]
+
+
+class Supported(NamedTuple):
+    """One library's supported range."""
+
+    distribution: str        # the name pip installs it under
+    floor: str               # the lowest version that works
+    newest_tested: str       # the newest major.minor the test matrix runs
+    required: bool = True    # False: an optional extra (checked only when installed)
+    why_floor: str = ""      # what breaks below the floor (shown in the check's hint)
+
+
+SUPPORTED = (
+    Supported("Django", "5.2", "6.1"),
+    Supported("djangorestframework", "3.16", "3.18", required=False),
+    Supported("django-redis", "5.4", "7.0"),
+    Supported("redis", "5.3", "8.1",
+              why_floor="redis-py 5.0–5.2's ConnectionPool.get_connection() requires a command "
+                        "name: every decision fails with TypeError and requests go unlimited"),
+    Supported("hiredis", "3.0", "3.5",
+              why_floor="the decision path reads replies with hiredis 3's reader"),
+)
+
+BELOW_FLOOR, UNTESTED, MISSING = "below floor", "untested", "missing"
+
+
+class Finding(NamedTuple):
+    """A library outside its supported range: ``kind`` is BELOW_FLOOR, UNTESTED or MISSING;
+    ``installed`` the version found (None when MISSING)."""
+
+    kind: str
+    supported: Supported
+    installed: str | None
+
+
+_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
+
+
+def parse_version(text):
+    """Return the release numbers at the start of a version string as a tuple of ints
+    (``"5.3.0rc1"`` -> ``(5, 3, 0)``), or None when it does not start with one."""
+    match = _RELEASE.match(text or "")
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def _padded(numbers, length):
+    return numbers + (0,) * (length - len(numbers))
+
+
+def installed_versions():
+    """Return ``{distribution: installed version or None}`` for every library in SUPPORTED."""
+    found = {}
+    for supported in SUPPORTED:
+        try:
+            found[supported.distribution] = metadata.version(supported.distribution)
+        except metadata.PackageNotFoundError:
+            found[supported.distribution] = None
+    return found
+
+
+def version_findings(installed, supported=SUPPORTED):
+    """Return the Findings for ``installed`` (``{distribution: version or None}``, as
+    ``installed_versions`` returns): each library below its floor, above its newest tested
+    major.minor, or required and missing. Versions that cannot be parsed are not judged."""
+    findings = []
+    for entry in supported:
+        version = installed.get(entry.distribution)
+        if version is None:
+            if entry.required:
+                findings.append(Finding(MISSING, entry, None))
+            continue
+        numbers = parse_version(version)
+        if numbers is None:
+            continue
+        floor = parse_version(entry.floor)
+        length = max(len(numbers), len(floor))
+        if _padded(numbers, length) < _padded(floor, length):
+            findings.append(Finding(BELOW_FLOOR, entry, version))
+            continue
+        newest = parse_version(entry.newest_tested)
+        if _padded(numbers[:len(newest)], len(newest)) > newest:
+            findings.append(Finding(UNTESTED, entry, version))
+    return findings
