@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import get_config, unknown_keys
+from .conf import get_config, reload_interval_problem, unknown_keys
 from .periods import valid_time_zone
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
@@ -151,3 +151,17 @@ def check_store(app_configs=None, **kwargs):
              "one node or Sentinel point CACHE_ALIAS at it; an ACL user needs EVALSHA, EVAL, "
              "SCRIPT LOAD, GET, SET and MGET on the key prefix.",
         id="ratelimit_app.E006")]
+
+
+@register()
+def check_reload_interval(app_configs=None, **kwargs):
+    """E010 when CONFIG_RELOAD_INTERVAL_S is not a valid interval (the default applies then)."""
+    problem = reload_interval_problem(get_config()["CONFIG_RELOAD_INTERVAL_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_RELOAD_INTERVAL_S'] {problem}.",
+        hint="Give the seconds (1 or more, e.g. 30) within which rows changed without a signal "
+             "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
+             "Until then the default (30) applies.",
+        id="ratelimit_app.E010")]
