@@ -251,11 +251,13 @@ def config_fingerprint():
     database, which is all it is used for; narrower tables padded to the widest) and the rows
     sorted here, the order of a union being undefined.
     """
-    from django.db import connections, router
+    from django.db import connections, router, transaction
 
     using = router.db_for_read(config_models()[0])
     sql, params = _fingerprint_query(using, connections[using].vendor)
-    with connections[using].cursor() as cursor:
+    # in a savepoint: should the query fail inside a request's transaction (ATOMIC_REQUESTS), the
+    # database (PostgreSQL) would otherwise refuse every later query of that request
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         # (table, primary key) is unique, so the sort never compares further columns (nor None
         # with text); the repr of the rows is unambiguous (quoted strings, None apart from "")
