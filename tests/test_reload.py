@@ -11,6 +11,7 @@ unless a test runs the hooks itself (``django_capture_on_commit_callbacks``).
 import io
 import json
 import logging
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -24,7 +25,7 @@ from django.test.utils import CaptureQueriesContext
 import ratelimit_app
 from ratelimit_app.limiter import Limiter
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, Rule, Scope
-from ratelimit_app.policy import config_fingerprint
+from ratelimit_app.policy import PolicyCache, Snapshot, config_fingerprint
 
 from .helpers import limiter, use_fake_clock
 
@@ -53,8 +54,8 @@ def plan(clock):
 
 def bursts(worker=None):
     """Decide one request to `hello` and return the burst of each policy it was decided by."""
-    decision = (worker or limiter()).decide(RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.7"),
-                                            AnonymousUser(), "hello")
+    request = RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.7")
+    decision = (worker or limiter()).decide(request, AnonymousUser(), "hello")
     return {policy.name: policy.burst for policy in decision.policies}
 
 
@@ -224,6 +225,35 @@ def test_turned_off_nothing_is_queried_and_reload_config_applies(plan, clock, se
     version = ratelimit_app.reload_config()
     assert limiter().read_version() == version
     assert bursts() == {"free-ip": 9}
+
+
+def test_one_thread_compares_while_the_others_serve_the_rules_in_memory():
+    now = [0.0]
+    comparing, release = threading.Event(), threading.Event()
+    digests = iter(["rows-1", "rows-1"])
+
+    def fingerprint():  # the database's part, held while the other threads ask
+        digest = next(digests)
+        if now[0] > 0:
+            comparing.set()
+            assert release.wait(10)
+        return digest
+
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
+                        load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint)
+    snapshot = cache.get()
+    now[0] = INTERVAL_S + 1
+    first = threading.Thread(target=cache.get)
+    first.start()
+    assert comparing.wait(10)
+    # while the first thread compares: no second comparison, no waiting
+    others = [cache.get() for _ in range(50)]
+    release.set()
+    first.join(10)
+    assert all(other is snapshot for other in others)
+    # exactly two digests were taken: the load's and one comparison
+    assert next(digests, "none left") == "none left"
+    assert cache.get() is snapshot and cache.compare_at == 2 * INTERVAL_S + 1
 
 
 # --- what announces at once ---------------------------------------------------------------
