@@ -12,7 +12,7 @@ from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
 from . import support
-from .conf import get_config, unknown_keys
+from .conf import get_config, reload_interval_problem, unknown_keys
 from .periods import valid_time_zone
 
 TAG = "ratelimit_app"
@@ -235,3 +235,17 @@ def _next_minor(version):
     """Return the major.minor after ``version`` ("6.1" -> "6.2")."""
     major, minor = (support.parse_version(version) + (0,))[:2]
     return f"{major}.{minor + 1}"
+
+
+@register(TAG)
+def check_reload_interval(app_configs=None, **kwargs):
+    """E010 when CONFIG_RELOAD_INTERVAL_S is not a valid interval (the default applies then)."""
+    problem = reload_interval_problem(get_config()["CONFIG_RELOAD_INTERVAL_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_RELOAD_INTERVAL_S'] {problem}.",
+        hint="Give the seconds (1 or more, e.g. 30) within which rows changed without a signal "
+             "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
+             "Until then the default (30) applies.",
+        id="ratelimit_app.E010")]

@@ -61,6 +61,11 @@ DEFAULTS = {
     "BREAKER_COOLDOWN_S": 2.0,
     # A worker that has not seen the config version for this long asks Redis for it.
     "CONFIG_CHECK_INTERVAL_S": 1.0,
+    # Rows changed without save() or delete() on a model instance (a queryset's update(),
+    # bulk_create, raw SQL, a data migration) send no signal: a worker compares a digest of the
+    # quota rows with its rules at most this often (one query) and applies them within this
+    # many seconds. At least 1; 0 or None: never (only signals and `ratelimit reload` apply).
+    "CONFIG_RELOAD_INTERVAL_S": 30,
     # IANA time zone whose midnights start the days and months of calendar quotas.
     "CALENDAR_TIME_ZONE": "UTC",
     # Seconds a worker keeps tokens leased from a rule with a lease size (see leases.py): what it
@@ -112,6 +117,32 @@ def ensure_installed(adapter):
     if not apps.is_installed("ratelimit_app"):
         raise ImproperlyConfigured(
             f"{adapter} needs 'ratelimit_app' in INSTALLED_APPS (its models hold the quotas).")
+
+
+def reload_interval_s(config):
+    """Return CONFIG_RELOAD_INTERVAL_S of ``config`` in seconds (a float), or None when off.
+
+    A value ``reload_interval_problem`` refuses counts as the default: check E010 reports it,
+    and edits are still applied meanwhile.
+    """
+    value = config["CONFIG_RELOAD_INTERVAL_S"]
+    if reload_interval_problem(value):
+        value = DEFAULTS["CONFIG_RELOAD_INTERVAL_S"]
+    return float(value) if value else None
+
+
+def reload_interval_problem(value):
+    """Return what is wrong with a CONFIG_RELOAD_INTERVAL_S value, or "" if it is valid."""
+    if value is None or value == 0 and not isinstance(value, bool):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {value!r}, not a number of seconds"
+    if 0 < value < 1:
+        return f"is {value!r}: below 1 second a worker would query the database nearly on " \
+               f"every request"
+    if not 1 <= value < float("inf"):  # (False for NaN too)
+        return f"is {value!r}, not a finite number of seconds"
+    return ""
 
 
 def unknown_keys():

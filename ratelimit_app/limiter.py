@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from . import engine, keys, metrics
 from .breaker import CircuitBreaker
 from .buckets import ConcurrencySlot, slot_member
-from .conf import get_config
+from .conf import get_config, reload_interval_s
 from .deny_cache import DenyCache
 from .engine import Decision
 from .identity import identify
@@ -135,7 +135,9 @@ class Limiter:
         self.unexpected_log = UnexpectedErrorLog(clock=monotonic)
         self.policies = PolicyCache(self.read_version,
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
-                                    clock=monotonic)
+                                    clock=monotonic,
+                                    reload_interval_s=reload_interval_s(config),
+                                    announce=self.bump_config_version)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(config=lambda: self.config)

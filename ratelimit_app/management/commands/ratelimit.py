@@ -4,6 +4,7 @@
     import FILE [--dry-run] [--keep-missing]    make the database hold FILE, one version bump
     check                                       system checks, store, script, a scratch decision,
                                                 version, clock skew
+    reload                                      every worker reloads the quota rows (~1 s)
     inspect IDENTITY [--endpoint E --method M]  a client's buckets, nothing debited
     reset IDENTITY --user STAFF [--yes]         the admin's reset, recorded in the admin history
     top [--window 1h]                           the dashboard's hot keys and 429 rates
@@ -42,13 +43,14 @@ def _redis_down(message, exc):
 
 
 class Command(BaseCommand):
-    help = "Quotas as code (export, import) and operator tools (check, inspect, reset, top)."
+    help = ("Quotas as code (export, import) and operator tools (check, reload, inspect, reset, "
+            "top).")
     # ``check`` runs the system checks itself; the others need not wait for a store check
     requires_system_checks = []
 
     def add_arguments(self, parser):
         commands = parser.add_subparsers(dest="subcommand", required=True,
-                                         metavar="{export,import,check,inspect,reset,top}")
+                                         metavar="{export,import,check,reload,inspect,reset,top}")
         export = commands.add_parser("export", help="Write the quota rows as JSON.")
         export.add_argument("--output", "-o", metavar="FILE",
                             help="Write to FILE instead of standard output.")
@@ -61,6 +63,8 @@ class Command(BaseCommand):
                           help="Keep rows absent from FILE (default: remove them).")
 
         commands.add_parser("check", help="Is the store ready? Lines OK/WARN/FAIL; exit 1 on FAIL.")
+        commands.add_parser("reload", help="Make every worker reload the quota rows now (for "
+                                           "rows changed by update(), bulk_create, raw SQL).")
 
         for name, text in (("inspect", "Show a client's buckets (nothing debited)."),
                            ("reset", "Refill a client's own buckets, as the admin's reset.")):
@@ -170,6 +174,24 @@ class Command(BaseCommand):
         failed = sum(line.level == FAIL for line in lines)
         if failed:
             raise CommandError(f"{failed} check(s) failed.", returncode=FAILED)
+
+    def handle_reload(self, **options):
+        limiter = default_limiter()
+        try:
+            previous = limiter.read_version()
+            version = limiter.bump_config_version()
+        except StoreUnavailable as exc:
+            raise _redis_down("workers were not told to reload", exc)
+        snapshot = limiter.snapshot()  # what every worker compiles now, from the same rows
+        self.stdout.write(self.style.SUCCESS(
+            f"Config version {previous} -> {version}: every worker reloads the quota rows "
+            f"within about a second."))
+        if snapshot.version == "unknown":  # the database did not answer (the error is logged)
+            raise CommandError("The quota rows could not be read here; workers keep the rules "
+                               "they hold until they can read them.", returncode=FAILED)
+        self.stdout.write(f"They now hold {len(snapshot.rules)} enabled rule(s), "
+                          f"{len(snapshot.plans)} plan(s), {len(snapshot.costs)} endpoint "
+                          f"cost(s), {len(snapshot.api_keys)} active API key(s).")
 
     def _lookup(self, query):
         snapshot = default_limiter().snapshot()

@@ -1,0 +1,364 @@
+"""Every edit applies, however it was made (policy.PolicyCache's comparison of the rows,
+``reload_config``, ``manage.py ratelimit reload``, signals on loaddata and queryset deletes).
+
+In process, with the Limiter's test clock: a worker compares a digest of the quota rows with
+its snapshot once every CONFIG_RELOAD_INTERVAL_S, so rows changed without a signal are served
+at most that long after the change, and no request in between queries the database. Inside a
+test's transaction ``on_commit`` hooks do not run, so nothing here is announced by a signal
+unless a test runs the hooks itself (``django_capture_on_commit_callbacks``).
+"""
+
+import io
+import json
+import logging
+import threading
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib.auth.models import AnonymousUser
+from django.core.checks import run_checks
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
+
+import ratelimit_app
+from ratelimit_app.limiter import Limiter
+from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, Rule, Scope
+from ratelimit_app.policy import PolicyCache, Snapshot, config_fingerprint
+
+from .helpers import limiter, use_fake_clock
+
+pytestmark = pytest.mark.django_db
+
+INTERVAL_S = 30
+HUGE = 1_000_000  # a burst the test's own decisions cannot exhaust
+
+
+@pytest.fixture
+def clock(settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": INTERVAL_S}
+    return use_fake_clock()
+
+
+@pytest.fixture
+def plan(clock):
+    """The anonymous plan with one per-IP rule on `hello`, compiled into the worker's snapshot
+    (at the clock's start: the worker next compares the rows INTERVAL_S later)."""
+    free = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+    Rule.objects.create(name="free-ip", plan=free, scope=Scope.IP, endpoint="hello", rate=1,
+                        period_s=60, burst=HUGE)
+    assert bursts() == {"free-ip": HUGE}
+    return free
+
+
+def bursts(worker=None):
+    """Decide one request to `hello` and return the burst of each policy it was decided by."""
+    request = RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.7")
+    decision = (worker or limiter()).decide(request, AnonymousUser(), "hello")
+    return {policy.name: policy.burst for policy in decision.policies}
+
+
+def fingerprint_queries(captured):
+    return [q for q in captured.captured_queries if "fingerprint_0" in q["sql"]]
+
+
+def database_work(captured):
+    """The captured queries apart from the savepoint the fingerprint query runs in."""
+    return [q for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+
+def step_past_the_interval(clock):
+    clock.advance(INTERVAL_S * 1000 + 1)
+
+
+# --- rows changed without a signal are served within the interval ---------------------------
+
+def test_an_update_is_served_after_the_interval_with_no_query_per_request_before(plan, clock):
+    Rule.objects.filter(name="free-ip").update(burst=9)  # no signal, no announcement
+
+    with CaptureQueriesContext(connection) as captured:
+        for _ in range(300):  # 300 requests over 29.7 s: the old rules, from memory
+            clock.advance(99)
+            assert bursts() == {"free-ip": HUGE}
+    assert captured.captured_queries == []
+
+    clock.advance(INTERVAL_S * 1000 - 300 * 99)  # the interval is over
+    version_before = limiter().read_version()
+    with CaptureQueriesContext(connection) as captured:
+        assert bursts() == {"free-ip": 9}  # served by this very request
+    # the comparison, then the reload's own digest of the rows it compiles
+    assert len(fingerprint_queries(captured)) == 2
+    # and every other worker is told: a new config version
+    assert limiter().read_version() != version_before
+
+
+def test_unchanged_rows_cost_one_query_per_interval(plan, clock):
+    with CaptureQueriesContext(connection) as captured:
+        for _ in range(4 * INTERVAL_S):  # a request a second for four intervals
+            clock.advance(1000)
+            bursts()
+    assert len(fingerprint_queries(captured)) == len(database_work(captured)) == 4
+
+
+def test_bulk_create_is_served_after_the_interval(plan, clock):
+    Rule.objects.bulk_create([Rule(name="bulk-ip", plan=plan, scope=Scope.IP, endpoint="hello",
+                                   rate=1, period_s=60, burst=HUGE - 1)])
+    assert bursts() == {"free-ip": HUGE}
+    step_past_the_interval(clock)
+    assert bursts() == {"free-ip": HUGE, "bulk-ip": HUGE - 1}
+
+
+def test_raw_sql_is_served_after_the_interval(plan, clock):
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Rule._meta.db_table} SET burst = %s WHERE name = %s",
+                       [7, "free-ip"])
+    assert bursts() == {"free-ip": HUGE}
+    step_past_the_interval(clock)
+    assert bursts() == {"free-ip": 7}
+
+
+def test_a_raw_sql_delete_is_served_after_the_interval(plan, clock):
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Rule._meta.db_table} WHERE name = %s", ["free-ip"])
+    step_past_the_interval(clock)
+    assert bursts() == {}
+
+
+def test_an_update_of_a_plan_or_a_cost_is_noticed_too(plan, clock):
+    # the plan is no longer the anonymous default: its rules stop applying
+    Plan.objects.filter(pk=plan.pk).update(default_for_anonymous=False)
+    step_past_the_interval(clock)
+    assert bursts() == {}
+
+
+def test_a_worker_that_notices_tells_the_others_before_their_own_interval(plan, clock):
+    clock.advance(20_000)
+    other = Limiter.from_settings(clock, metrics_autostart=False)  # compares 20 s later
+    try:
+        assert bursts(other) == {"free-ip": HUGE}
+        Rule.objects.filter(name="free-ip").update(burst=9)
+        clock.advance(INTERVAL_S * 1000 - 20_000 + 1)  # this worker's interval is over
+        assert bursts() == {"free-ip": 9}
+        announced = limiter().read_version()
+        # the other worker's next reply carries the new version; the request after serves it
+        bursts(other)
+        assert bursts(other) == {"free-ip": 9}
+        # at its own interval it finds the rows it holds: no second announcement
+        clock.advance(20_000)
+        assert bursts(other) == {"free-ip": 9}
+        assert limiter().read_version() == announced
+    finally:
+        other.close()
+
+
+def test_workers_noticing_the_same_change_announce_it_once(plan, clock):
+    other = Limiter.from_settings(clock, metrics_autostart=False)
+    try:
+        assert bursts(other) == {"free-ip": HUGE}
+        Rule.objects.filter(name="free-ip").update(burst=9)
+        step_past_the_interval(clock)
+        assert bursts() == {"free-ip": 9}
+        announced = limiter().read_version()
+        # the other worker sees the rows differ too, but the version has moved on already
+        with CaptureQueriesContext(connection) as captured:
+            snapshot = other.snapshot()
+        assert snapshot.version == announced == limiter().read_version()
+        assert len(fingerprint_queries(captured)) == 2
+    finally:
+        other.close()
+
+
+def test_an_update_to_the_same_value_reloads_nothing(plan, clock):
+    Rule.objects.filter(name="free-ip").update(burst=HUGE)
+    version = limiter().read_version()
+    step_past_the_interval(clock)
+    with CaptureQueriesContext(connection) as captured:
+        bursts()
+    assert len(database_work(captured)) == len(fingerprint_queries(captured)) == 1
+    assert limiter().read_version() == version
+
+
+def test_a_failed_comparison_keeps_the_rules_and_is_retried_next_interval(plan, clock, caplog):
+    table = EndpointCost._meta.db_table
+    Rule.objects.filter(name="free-ip").update(burst=9)
+    with connection.cursor() as cursor:  # (SQLite: undone with the test's transaction)
+        cursor.execute(f"ALTER TABLE {table} RENAME TO {table}_away")
+    step_past_the_interval(clock)
+    with caplog.at_level(logging.ERROR, logger="ratelimit_app"):
+        assert bursts() == {"free-ip": HUGE}  # served, from the rules in memory
+    assert "could not compare the quota rows" in caplog.text
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table}_away RENAME TO {table}")
+    clock.advance(1000)
+    assert bursts() == {"free-ip": HUGE}  # not before the next interval
+    step_past_the_interval(clock)
+    assert bursts() == {"free-ip": 9}
+
+
+def test_the_async_path_compares_in_a_thread(plan, clock):
+    Rule.objects.filter(name="free-ip").update(burst=9)
+    step_past_the_interval(clock)
+    assert limiter().policies.current() is None  # due: not served from the loop as it is
+    request = RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.8")
+
+    async def adecide():
+        try:
+            return await limiter().adecide(request, AnonymousUser(), "hello")
+        finally:
+            await limiter().async_store().aclose()
+
+    decision = async_to_sync(adecide)()
+    assert {p.name: p.burst for p in decision.policies} == {"free-ip": 9}
+
+
+@pytest.mark.parametrize("off", [0, None])
+def test_turned_off_nothing_is_queried_and_reload_config_applies(plan, clock, settings, off):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": off}
+    assert bursts() == {"free-ip": HUGE}  # a new Limiter from the new settings
+    Rule.objects.filter(name="free-ip").update(burst=9)
+    with CaptureQueriesContext(connection) as captured:
+        for _ in range(100):
+            clock.advance(3_600_000)  # a hundred hours
+            assert bursts() == {"free-ip": HUGE}
+    assert captured.captured_queries == []
+    version = ratelimit_app.reload_config()
+    assert limiter().read_version() == version
+    assert bursts() == {"free-ip": 9}
+
+
+def test_one_thread_compares_while_the_others_serve_the_rules_in_memory():
+    now = [0.0]
+    comparing, release = threading.Event(), threading.Event()
+    digests = iter(["rows-1", "rows-1"])
+
+    def fingerprint():  # the database's part, held while the other threads ask
+        digest = next(digests)
+        if now[0] > 0:
+            comparing.set()
+            assert release.wait(10)
+        return digest
+
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
+                        load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint)
+    snapshot = cache.get()
+    now[0] = INTERVAL_S + 1
+    first = threading.Thread(target=cache.get)
+    first.start()
+    assert comparing.wait(10)
+    # while the first thread compares: no second comparison, no waiting
+    others = [cache.get() for _ in range(50)]
+    release.set()
+    first.join(10)
+    assert all(other is snapshot for other in others)
+    # exactly two digests were taken: the load's and one comparison
+    assert next(digests, "none left") == "none left"
+    assert cache.get() is snapshot and cache.compare_at == 2 * INTERVAL_S + 1
+
+
+# --- what announces at once ---------------------------------------------------------------
+
+def test_reload_config_makes_every_worker_reload(plan, clock):
+    other = Limiter.from_settings(clock, metrics_autostart=False)
+    try:
+        assert bursts(other) == {"free-ip": HUGE}
+        Rule.objects.filter(name="free-ip").update(burst=9)
+        version = ratelimit_app.reload_config()
+        assert version == limiter().read_version()
+        assert bursts() == {"free-ip": 9}  # this process: at once
+        bursts(other)  # the other: its next reply carries the version
+        assert bursts(other) == {"free-ip": 9}
+    finally:
+        other.close()
+
+
+def test_a_queryset_delete_is_announced_by_the_signals(plan, clock,
+                                                       django_capture_on_commit_callbacks):
+    version = limiter().read_version()
+    with django_capture_on_commit_callbacks(execute=True):
+        Rule.objects.filter(name="free-ip").delete()  # post_delete for each row
+    assert limiter().read_version() != version
+    assert bursts() == {}  # no wait for the interval
+
+
+def test_loaddata_is_announced_by_the_signals(plan, clock, tmp_path,
+                                              django_capture_on_commit_callbacks):
+    fixture = tmp_path / "rules.json"
+    fixture.write_text(json.dumps([{"model": "ratelimit_app.rule", "pk": 900, "fields": {
+        "name": "fixture-ip", "plan": plan.pk, "scope": "ip", "endpoint": "hello", "rate": 1,
+        "period_s": 60, "burst": 5, "updated": "2026-01-01T00:00:00Z"}}]))
+    version = limiter().read_version()
+    # loaddata saves rows raw (post_save with raw=True): the receivers announce them anyway
+    with django_capture_on_commit_callbacks(execute=True) as hooks:
+        call_command("loaddata", str(fixture), stdout=io.StringIO())
+    assert hooks
+    assert limiter().read_version() != version
+    assert bursts() == {"free-ip": HUGE, "fixture-ip": 5}
+
+
+def test_the_reload_command_announces_and_says_what_workers_now_hold(plan, clock):
+    EndpointCost.objects.create(endpoint="hello", cost=2)
+    previous = limiter().read_version()
+    out = io.StringIO()
+    call_command("ratelimit", "reload", stdout=out)
+    version = limiter().read_version()
+    assert out.getvalue().splitlines() == [
+        f"Config version {previous} -> {version}: every worker reloads the quota rows within "
+        f"about a second.",
+        "They now hold 1 enabled rule(s), 1 plan(s), 1 endpoint cost(s), 0 active API key(s).",
+    ]
+
+
+def test_the_reload_command_fails_when_redis_is_down(plan, redis_server):
+    redis_server.kill()
+    with pytest.raises(CommandError) as failed:
+        call_command("ratelimit", "reload", stdout=io.StringIO())
+    assert failed.value.returncode == 1
+    assert "workers were not told to reload" in str(failed.value)
+
+
+# --- the digest ----------------------------------------------------------------------------
+
+def test_the_fingerprint_changes_with_any_change_of_a_row_and_only_then(plan):
+    rule = Rule.objects.get(name="free-ip")
+    seen = [config_fingerprint()]
+    assert config_fingerprint() == seen[0]  # stable
+
+    def changed():
+        seen.append(config_fingerprint())
+        return seen[-1] not in seen[:-1]
+
+    Rule.objects.filter(pk=rule.pk).update(mode="shadow")
+    assert changed()
+    Rule.objects.filter(pk=rule.pk).update(endpoint="")
+    assert changed()
+    override = IdentityOverride.objects.create(ip="192.0.2.1", exempt=True)
+    assert changed()
+    IdentityOverride.objects.filter(pk=override.pk).update(note="")  # same value: same digest
+    assert not changed()
+    # one row out, another in: the same count, another digest
+    IdentityOverride.objects.filter(pk=override.pk).delete()
+    IdentityOverride.objects.create(ip="192.0.2.2", exempt=True)
+    assert changed()
+    # a column moved between rows (NULL and '' kept apart)
+    Plan.objects.create(slug="pro", name="Pro", description="")
+    assert changed()
+    Plan.objects.filter(slug="pro").update(description="x")
+    assert changed()
+
+
+# --- the setting -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["30", True, -1, 0.5, float("nan"), float("inf")])
+def test_an_invalid_interval_is_reported_and_the_default_applies(settings, value):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": value}
+    errors = [e for e in run_checks() if e.id == "ratelimit_app.E010"]
+    assert len(errors) == 1 and repr(value) in errors[0].msg
+    assert limiter().policies.reload_interval_s == 30
+
+
+@pytest.mark.parametrize("value", [1, 30, 2.5, 0, None])
+def test_a_valid_interval_passes_the_check(settings, value):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": value}
+    assert not [e for e in run_checks() if e.id == "ratelimit_app.E010"]
+    assert limiter().policies.reload_interval_s == (float(value) if value else None)
