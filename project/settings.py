@@ -58,7 +58,7 @@ DATABASES = {
     }
 }
 
-# Where the buckets live (a contract, see docs/sentinel-notes.md): a Redis Cluster
+# Where the buckets live (a contract, see docs/howto/sentinel.md): a Redis Cluster
 # (REDIS_CLUSTER_NODES, any of its nodes), a Sentinel group (REDIS_SENTINELS and
 # REDIS_SENTINEL_SERVICE) or one node (REDIS_URL). Cluster and Sentinel take precedence over
 # REDIS_URL, which the single-node default always has.

@@ -192,6 +192,10 @@ class CalendarQuota(Bucket):
         ))
 
 
+# the RateLimit ``t`` of a concurrency limit (see ConcurrencySlot.status)
+SLOT_RESET_S = 1
+
+
 class ConcurrencySlot(Bucket):
     """A concurrency limit: at most N (``rule.rate``) requests of one scope value in flight.
 
@@ -223,12 +227,17 @@ class ConcurrencySlot(Bucket):
 
     def status(self, level_units, short):
         """Return the PolicyStatus of this limit with ``level_units`` slots free: q = N,
-        r = slots free, t = 1 s when none was free (a slot may be released any moment)."""
+        r = slots free, t = 1 s (see below)."""
         name, limit, _, _, cost, shadow, key, scope = self.shown
         level = int(level_units)
+        # draft-11's t is the seconds until additional quota is made available. A slot comes
+        # back when a request in flight finishes, which may be any moment: 1 s, the field's
+        # smallest step above 0, whether or not a slot is free (all free, r = q, included).
+        # Never 0: that would say more is free right now, so a client following r within t
+        # could send any number of requests at once.
         return _new_status(PolicyStatus, (
-            name, limit, 0, limit, level, 1 if short else 0, 0, cost, shadow, short, key,
-            level, scope,
+            name, limit, 0, limit, level, SLOT_RESET_S, 0, cost, shadow, short, key, level,
+            scope,
         ))
 
 

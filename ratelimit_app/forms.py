@@ -11,7 +11,7 @@ from django.core.validators import MinValueValidator
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html
 
-from .endpoints import endpoint_names, list_endpoints
+from .endpoints import endpoint_names, find_endpoint, limited_endpoints
 from .models import (
     HTTP_METHODS,
     MAX_PERIOD_S,
@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 MISSING_ENDPOINT = "not in the URLconf any more"
+EXEMPT_ENDPOINT = "exempt from limits (EXEMPT_PATHS or @ratelimit_exempt)"
 
 # MINIMUM_MESSAGES (from models) are shown instead of Django's "Ensure this value is greater
 # than or equal to 1."
@@ -52,8 +53,9 @@ def is_missing_endpoint(name):
 
 
 class EndpointField(forms.ChoiceField):
-    """A choice of the project's endpoints. A stored value that left the URLconf stays on offer
-    (flagged), so editing other fields of an old row never loses or changes its endpoint."""
+    """A choice of the project's endpoints that requests are charged on (exempt ones are not
+    offered). A stored value that left the URLconf or became exempt stays on offer (flagged),
+    so editing other fields of an old row never loses or changes its endpoint."""
 
     default_error_messages = {
         "invalid_choice": ("“%(value)s” is not an endpoint of this project: pick one from the "
@@ -62,12 +64,17 @@ class EndpointField(forms.ChoiceField):
 
     def __init__(self, *, current="", blank_label="---------", **kwargs):
         super().__init__(**kwargs)
-        choices = [("", blank_label)] + [(e.name, e.label) for e in list_endpoints()]
+        choices = [("", blank_label)] + [(e.name, e.label) for e in limited_endpoints()]
         if is_missing_endpoint(current):
             choices.append((current, f"{current} — ⚠ {MISSING_ENDPOINT}"))
             self.help_text = format_html(
                 "⚠ “{}” is {}: no request matches it. Pick a current endpoint. {}",
                 current, MISSING_ENDPOINT, self.help_text)
+        elif current and getattr(find_endpoint(current), "exempt", False):
+            choices.append((current, f"{current} — ⚠ {EXEMPT_ENDPOINT}"))
+            self.help_text = format_html(
+                "⚠ “{}” is {}: no request to it is charged. Pick another endpoint. {}",
+                current, EXEMPT_ENDPOINT, self.help_text)
         self.choices = choices
 
 

@@ -19,7 +19,10 @@ bucket:
   ``Retry-After`` is that ``t`` plus the usual jitter.
 - A concurrency limit (at most N requests in flight) maps as ``q`` = N with the draft's
   ``qu="concurrent-requests"`` unit and no ``w``; ``r`` = the slots free after this request,
-  ``t`` = 0, or 1 when it refused (a slot may free any moment; ``Retry-After`` ≥ 1 s).
+  ``t`` = 1 (a slot may free any moment; never 0, which would say more slots are free now;
+  ``Retry-After`` ≥ 1 s).
+- ``t`` is never 0 (draft-11: the seconds until additional quota is made available). A full
+  token bucket (``r`` = ``q``) counts one token-time: a token spent now is back after it.
 - Units are tokens: a request costs its endpoint's cost (rules with an endpoint count calls).
   The draft registers no unit for weighted requests, so ``qu`` is not sent (see docs/reference/headers.md).
 - Every enforced policy is listed in ``RateLimit-Policy`` (it is configuration). A shared bucket's

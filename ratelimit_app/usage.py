@@ -5,7 +5,8 @@
 Limiter's snapshot: the API key header, else the signed-in ``request.user``, else the client
 IP), reads every bucket that applies to it on any endpoint in one non-debiting script call
 (``Limiter.peek_buckets``) and answers with its policies as JSON, in the numbers of the
-RateLimit headers (``limit`` = q, ``window`` = w, ``remaining`` = r, ``reset`` = t). The view is
+RateLimit headers (``limit`` = q, ``window`` = w, null for a concurrency limit, which has no w,
+``remaining`` = r, ``reset`` = t: never 0, see headers.py). The view is
 exempt from the limits: a plain Django view, so neither the middleware nor DRF's throttles
 charge it. Shared buckets (scopes global, plan, tenant) give their remaining tokens only with
 ``DISCLOSE_SHARED_REMAINING``, as in the headers.
@@ -170,7 +171,9 @@ def _policies(buckets, reading):
         policy = {
             "name": status.name, "scope": status.scope, "endpoint": bucket.rule.endpoint or None,
             "shared": shared, "limit": status.burst,
-            "window": window_s(status.burst, status.quota, status.window_s),
+            # a concurrency limit has no window (its RateLimit-Policy item has no w either)
+            "window": window_s(status.burst, status.quota, status.window_s)
+            if status.window_s else None,
         }
         if bucket.rule.calendar:
             # a calendar quota: ``reset``/``reset_at`` is the period's boundary

@@ -5,12 +5,14 @@
 #   REDIS_SENTINELS=host:port,...       sentinels, with REDIS_SENTINEL_SERVICE (default mymaster)
 #   REDIS_URL=redis://host:port/db      one node
 # With none of them set it starts a private redis-server. Ctrl-C stops the server and the
-# private Redis, removes the Redis's temp dir and exits 0 (stopping the demo is not a failure).
+# private Redis, removes the Redis's temp dir and exits 0 (stopping the demo is not a failure);
+# so does SIGTERM, to the script alone or to its whole process group. It prints the variables
+# that point `manage.py ratelimit ...` in another terminal at the same Redis and database.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
-REDIS_PID="" REDIS_DIR="" SERVER_PID=""
+REDIS_PID="" REDIS_DIR="" SERVER_PID="" DEMO_ENV=""
 
 cleanup() {
   # `set -e` must not cut the cleanup short: kill fails for a process that already exited
@@ -21,7 +23,9 @@ cleanup() {
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
 }
 stop() {
-  trap - INT TERM
+  # Ignore further signals rather than restore their default: GNU make, when it receives SIGTERM,
+  # sends SIGTERM to its recipe again, and that second signal must not cut the cleanup short.
+  trap '' INT TERM
   echo
   echo "Demo stopped."
   exit 0  # runs cleanup (the EXIT trap)
@@ -31,8 +35,10 @@ trap stop INT TERM
 
 if [ -n "${REDIS_CLUSTER_NODES:-}" ]; then
   echo "Using the Redis Cluster at REDIS_CLUSTER_NODES=$REDIS_CLUSTER_NODES"
+  DEMO_ENV="REDIS_CLUSTER_NODES=$REDIS_CLUSTER_NODES"
 elif [ -n "${REDIS_SENTINELS:-}" ]; then
   echo "Using Sentinel master ${REDIS_SENTINEL_SERVICE:-mymaster} via REDIS_SENTINELS=$REDIS_SENTINELS"
+  DEMO_ENV="REDIS_SENTINELS=$REDIS_SENTINELS REDIS_SENTINEL_SERVICE=${REDIS_SENTINEL_SERVICE:-mymaster}"
 elif [ -z "${REDIS_URL:-}" ]; then
   REDIS_PORT=${REDIS_PORT:-$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
   REDIS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-demo-redis.XXXXXX")
@@ -57,6 +63,10 @@ elif [ -z "${REDIS_URL:-}" ]; then
 else
   echo "Using REDIS_URL=$REDIS_URL"
 fi
+# What a second terminal needs to reach the same buckets and rows (without it, manage.py
+# would talk to redis://127.0.0.1:6379/0 and ./db.sqlite3).
+DEMO_ENV=${DEMO_ENV:-REDIS_URL=$REDIS_URL}
+if [ -n "${SQLITE_PATH:-}" ]; then DEMO_ENV="$DEMO_ENV SQLITE_PATH=$(printf %q "$SQLITE_PATH")"; fi
 
 $PY manage.py migrate --noinput -v0
 $PY manage.py load_demo | sed "s/PORT/$PORT/"
@@ -66,6 +76,11 @@ Try it (about 40 quick anonymous requests reach 429):
   for i in \$(seq 50); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:$PORT/api/items/; done; echo
   curl -si http://127.0.0.1:$PORT/api/items/
   curl -si -H 'X-Api-Key: rk_bob_pro' http://127.0.0.1:$PORT/api/search/
+
+Operator commands in another terminal, in this checkout ($PWD), on this demo's Redis:
+  export $DEMO_ENV
+  $PY manage.py ratelimit check
+  $PY manage.py ratelimit top --window 5m
 
 MSG
 # In the background so that `wait` returns as soon as a signal arrives (a foreground child

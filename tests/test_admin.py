@@ -14,14 +14,18 @@ from ratelimit_app.models import ApiKey, EndpointCost, Plan, Rule, hash_api_key
 
 pytestmark = pytest.mark.django_db
 
-DEMO_ENDPOINTS = ["api:items", "api:reports", "api:search", "health", "hello"]
+DEMO_ENDPOINTS = ["api:items", "api:reports", "api:search", "hello"]
+# never charged: /health is in EXEMPT_PATHS, the usage and metrics views are @ratelimit_exempt
+EXEMPT_DEMO_ENDPOINTS = {"health", "ratelimit_app:usage", "ratelimit_app:prometheus"}
 
 
 def assert_offers_demo_endpoints(values):
-    """The picker offers "" (none) and the demo's real endpoints, never an admin URL."""
+    """The picker offers "" (none) and the demo's real endpoints, never an admin URL or an
+    exempt endpoint."""
     assert values[0] == ""
     assert set(DEMO_ENDPOINTS) <= set(values)
     assert not [v for v in values if v.startswith("admin:")]
+    assert not EXEMPT_DEMO_ENDPOINTS & set(values)
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +100,7 @@ def test_rule_form_offers_the_urlconf_endpoints_not_admin_ones(admin_client):
     html = admin_client.get(reverse("admin:ratelimit_app_rule_add")).content.decode()
     assert_offers_demo_endpoints(option_values(html, "endpoint"))
     assert "<option value=\"\" selected>Every endpoint</option>" in html
-    assert "api:search — /api/search/ (Search; GET)" in html
+    assert "api:search — GET /api/search/ (Search)" in html
 
 
 def test_cost_form_and_plan_inlines_offer_the_same_endpoints(admin_client):
@@ -131,6 +135,24 @@ def test_endpoint_gone_from_urlconf_still_shows_flagged_and_survives_a_save(admi
     assert response.status_code == 302, page_errors(response)
     rule.refresh_from_db()
     assert (rule.endpoint, rule.burst) == ("api:export", 7)
+
+
+def test_an_exempt_endpoint_is_not_offered_and_a_stored_one_stays_flagged(admin_client):
+    response = admin_client.post(reverse("admin:ratelimit_app_rule_add"),
+                                 rule_post(endpoint="health"))
+    assert list(page_errors(response)) == ["endpoint"] and not Rule.objects.exists()
+
+    rule = make_rule(name="health-checks", endpoint="health", burst=5)  # saved before exempt
+    url = reverse("admin:ratelimit_app_rule_change", args=[rule.pk])
+    html = admin_client.get(url).content.decode()
+    assert option_values(html, "endpoint")[-1] == "health"
+    assert ('<option value="health" selected>health — ⚠ exempt from limits (EXEMPT_PATHS or '
+            '@ratelimit_exempt)</option>') in html
+    assert "⚠ “health” is exempt from limits (EXEMPT_PATHS or @ratelimit_exempt): no request " \
+        "to it is charged." in html
+    response = admin_client.post(url, rule_post(name="health-checks", endpoint="health",
+                                                 burst="7"))
+    assert response.status_code == 302, page_errors(response)  # kept, not lost on a save
 
 
 def test_changelist_flags_and_filters_rows_whose_endpoint_left_the_urlconf(admin_client):

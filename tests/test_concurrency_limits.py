@@ -297,7 +297,15 @@ def test_refund_releases_the_slot_of_a_group_refused_elsewhere(redis_client):
 def test_the_policy_header_names_the_unit():
     status = slot_bucket(concurrency_rule(rate=4, name="exports")).status(3, False)
     assert policy_header([status]) == '"exports";q=4;qu="concurrent-requests"'
-    assert (status.remaining, status.reset_s) == (3, 0)
+    assert (status.remaining, status.reset_s) == (3, 1)
+
+
+def test_a_concurrency_limits_t_is_never_0():
+    # draft-11's t: the seconds until more quota is made available; a slot may free any
+    # moment, and 0 would say more slots are free right now (even with all of them free)
+    slot = slot_bucket(concurrency_rule(rate=4))
+    assert [slot.status(level, short).reset_s for level, short in
+            ((4, False), (3, False), (0, False), (0, True))] == [1, 1, 1, 1]
 
 
 @pytest.mark.django_db

@@ -11,6 +11,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.template.loader import render_to_string
 from django.test import Client, override_settings
 
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
@@ -274,6 +275,21 @@ def test_d6_decisions_made_while_redis_was_down_reach_the_dashboard_and_promethe
         data["html"]["health"]
     assert 'ratelimit_decisions_total{dimension="all",name="",outcome="allowed"} 5.0' in scrape
     assert "ratelimit_metrics_buffered_decisions 0.0" in scrape
+
+
+@pytest.mark.parametrize("count, noun", [(1, "decision"), (2, "decisions")])
+def test_health_counts_are_pluralised(count, noun):
+    period = {"from": 0, "to": 60, "from_text": "12:00", "to_text": "12:01",
+              "decisions": count, "dropped": 0}
+    failing = render_to_string("ratelimit_app/dashboard_health.html", {"health": {
+        "flush_state": "failing", "buffered_decisions": count, "dropped": count,
+        "buffered_periods": [period]}})
+    late = render_to_string("ratelimit_app/dashboard_health.html", {"health": {
+        "flush_state": "late", "buffered_decisions": count, "pending_age_s": 3}})
+    assert f": {count} {noun} buffered, written when Redis answers" in failing
+    assert f"({count} {noun} dropped: buffered for more than an hour)" in failing
+    assert f"12:00 to 12:01: {count} {noun} counted late" in failing
+    assert f"late</span>: {count} {noun} waiting 3 s for a flush" in late
 
 
 def flush_line(data):

@@ -116,3 +116,32 @@ def test_reset_from_the_inspector_empties_the_clients_buckets(dashboard, redis_s
     token = scope_token("ip", "127.0.0.1")
     assert redis_server.client().keys(f"rl:{{{token}}}*") == []
     assert errors == []
+
+
+# Cards whose content does not fit them: a card wider inside than out (it scrolls: a column
+# hidden behind a scrollbar), or any element sticking out of its card.
+OVERFLOWING_IN_CARDS = """() => {
+  const cards = [...document.querySelectorAll('#rl-dashboard .rl-card')];
+  return cards.flatMap(card => {
+    const box = card.getBoundingClientRect();
+    const late = [...card.querySelectorAll('*')].filter(el => {
+        const r = el.getBoundingClientRect();
+        return r.width > 0 && (r.right > box.right + 0.5 || r.left < box.left - 0.5);
+    }).map(el => el.tagName + (el.textContent || '').trim().slice(0, 30));
+    const scrolls = card.scrollWidth > card.clientWidth;
+    return scrolls || late.length ? [{card: card.querySelector('caption, h2, dt')?.textContent,
+                                     scroll: card.scrollWidth, client: card.clientWidth,
+                                     late: late.slice(0, 5)}] : [];
+  });
+}"""
+
+
+def test_no_card_clips_its_content_at_1300_px(dashboard):
+    page, errors = dashboard
+    page.set_viewport_size({"width": 1300, "height": 900})
+    endpoint_rows = page.locator('[data-table="endpoint"] tbody tr')
+    expect(endpoint_rows.first).to_be_visible()
+    assert endpoint_rows.count() >= 2  # the demo traffic's endpoints are listed
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-1300.png"), full_page=True)
+    assert page.evaluate(OVERFLOWING_IN_CARDS) == []
+    assert errors == []

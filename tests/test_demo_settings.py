@@ -7,6 +7,7 @@ Each case imports the settings in a fresh interpreter with exactly that environm
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,12 @@ def test_malformed_or_conflicting_values_stop_startup_with_the_variable_named():
     assert done.returncode != 0 and "REDIS_SENTINELS: '127.0.0.1' is not host:port" in done.stderr
     done = settings_under(REDIS_SENTINELS="127.0.0.1:26379", REDIS_CLUSTER_NODES="127.0.0.1:7001")
     assert done.returncode != 0 and "not both" in done.stderr
+
+
+def test_every_docs_page_the_settings_cite_exists():
+    """A comment pointing at a missing page sends a reader nowhere (it once cited
+    docs/sentinel-notes.md, which never existed)."""
+    settings_source = (PROJECT_ROOT / "project" / "settings.py").read_text()
+    cited = re.findall(r"\bdocs/[\w/.-]+\.md\b", settings_source)
+    assert cited, "the settings no longer cite their docs page"
+    assert [path for path in cited if not (PROJECT_ROOT / path).is_file()] == []

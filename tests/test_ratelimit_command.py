@@ -13,6 +13,7 @@ from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from ratelimit_app.dashboard.text import counted, top_lines
 from ratelimit_app.keys import scope_token
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
 
@@ -37,6 +38,17 @@ def failing(*args, returncode):
         run(*args)
     assert failure.value.returncode == returncode
     return str(failure.value)
+
+
+def test_counted_gives_a_noun_the_number_of_its_count():
+    assert [counted(n, "key") for n in (0, 1, 2)] == ["0 keys", "1 key", "2 keys"]
+    assert counted(1, "entry", "entries") == "1 entry" and counted(2, "entry", "entries") == \
+        "2 entries"
+    summary = {"requests": 1, "denied": 1, "rate_429": 100.0, "shadow": 1, "degraded": 0}
+    data = {"summary": summary, "window": "5m", "hot_keys": {"denials": [], "tokens": []},
+            "rates": {"plan": [], "rule": [], "endpoint": []}}
+    assert top_lines(data)[0] == ("Last 5m: 1 request, 1 denied (100.0 % 429), 1 shadow "
+                                  "would-be denial, 0 decided without Redis.")
 
 
 def export_document():
@@ -192,10 +204,23 @@ def test_keep_missing_keeps_rows_absent_from_the_file(demo, tmp_path):
     document["rules"] = [item(document, "rules", name="global")]
     path = write(tmp_path, document)
     out, _ = run("import", path, "--keep-missing", "--dry-run")
-    assert out == "12 row(s) absent from the file kept (--keep-missing).\nNothing to change.\n"
+    assert out == "12 rows absent from the file kept (--keep-missing).\nNothing to change.\n"
     out, _ = run("import", path, "--dry-run")
     assert "- rule “free-user”" in out.splitlines() and "- identity override (user alice, " \
         "rule free-user)" in out.splitlines()
+
+
+@pytest.mark.parametrize("count, rows, errors", [(1, "1 row", "1 error"),
+                                                  (2, "2 rows", "2 errors")])
+def test_counts_in_the_import_output_are_pluralised(demo, tmp_path, count, rows, errors):
+    document = export_document()
+    document["rules"] = document["rules"][count:]
+    out, _ = run("import", write(tmp_path, document), "--keep-missing", "--dry-run")
+    assert out.splitlines()[0] == f"{rows} absent from the file kept (--keep-missing)."
+    for rule in document["rules"][:count]:
+        rule["rate"] = 0
+    path = write(tmp_path, document)
+    assert failing("import", path, returncode=2) == f"{path}: {errors}; nothing changed."
 
 
 def test_validation_errors_name_item_and_field_and_change_nothing(demo, tmp_path):
@@ -213,7 +238,7 @@ def test_validation_errors_name_item_and_field_and_change_nothing(demo, tmp_path
     with pytest.raises(CommandError) as failure:
         call_command("ratelimit", "import", path, stdout=io.StringIO(), stderr=err)
     assert failure.value.returncode == 2
-    assert str(failure.value) == f"{path}: 7 error(s); nothing changed."
+    assert str(failure.value) == f"{path}: 7 errors; nothing changed."
     assert err.getvalue().splitlines() == [
         "plans[0] (plan “enterprise”): unknown field(s) colour (known: slug, name, description, "
         "default_for_authenticated, default_for_anonymous).",
@@ -343,7 +368,7 @@ def test_check_fails_with_exit_code_1_when_redis_is_killed(redis_server):
     out = io.StringIO()
     with pytest.raises(CommandError) as failure:
         call_command("ratelimit", "check", stdout=out)
-    assert failure.value.returncode == 1 and str(failure.value) == "5 check(s) failed."
+    assert failure.value.returncode == 1 and str(failure.value) == "5 checks failed."
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("WARN  system check ratelimit_app.W004:")
     assert lines[1].startswith("FAIL  store: the redis store does not answer: ")
@@ -358,7 +383,7 @@ def test_check_as_a_real_command_exits_1_without_a_traceback(redis_server):
                           env={**os.environ, "REDIS_URL": redis_server.url})
     assert done.returncode == 1
     assert "FAIL  store" in done.stdout and "Traceback" not in done.stderr
-    assert done.stderr.strip().endswith("CommandError: 5 check(s) failed.")
+    assert done.stderr.strip().endswith("CommandError: 5 checks failed.")
 
 
 # --- inspect, reset, top -------------------------------------------------------------------
@@ -431,6 +456,7 @@ def test_reset_asks_then_refills_the_own_buckets_and_is_audited_like_the_admin(
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     out, _ = run("reset", SCRAPER, "--user", "admin")
     assert redis_client.keys(own_keys) == []
+    assert f"(1 key deleted; config version {limiter().read_version()})" in out
     assert limiter().read_version() != version  # workers drop their local denials
     entry = LogEntry.objects.get()
     assert entry.user.username == "admin" and entry.object_repr == f"buckets of IP {SCRAPER}"
@@ -438,6 +464,7 @@ def test_reset_asks_then_refills_the_own_buckets_and_is_audited_like_the_admin(
     assert entry.change_message == message + " Done with manage.py ratelimit reset."
     assert "free-ip" in run("inspect", SCRAPER)[0]
     assert Client().get("/api/items/", REMOTE_ADDR=SCRAPER).status_code == 200
+    assert "(0 keys deleted; " in run("reset", "alice", "--user", "admin", "--yes")[0]
 
 
 def test_reset_refuses_unknown_clients_operators_and_a_down_redis(demo, redis_server):

@@ -1,7 +1,9 @@
-"""``make run`` for real: it serves, and Ctrl-C stops the server and its private Redis cleanly.
+"""``make run`` for real: it serves, tells how to reach its Redis from another terminal, and
+Ctrl-C or SIGTERM stops the server and its private Redis cleanly.
 
 Ctrl-C in a terminal sends SIGINT to the whole foreground process group (make, the script,
-redis-server, the server); the test does the same with ``killpg`` on a group of its own.
+redis-server, the server); the test does the same with ``killpg`` on a group of its own, and so
+does ``kill -TERM -<pgid>`` (a process manager stopping the demo's group).
 """
 
 import os
@@ -15,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/make"), reason="needs make")
@@ -39,6 +42,20 @@ def wait_until_serving(url, process, deadline_s):
         except OSError:
             time.sleep(0.1)  # polling a real server with a deadline
     return False
+
+
+def group_pids(pgid):
+    """Return the PIDs of the processes in process group ``pgid`` (read from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # after "pid (comm)": state, ppid, pgrp (comm may hold spaces or parentheses)
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it exited meanwhile
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def is_running(pid):
@@ -118,3 +135,77 @@ def test_the_script_itself_exits_0_when_stopped(tmp_path):
     finally:
         demo.kill_leftovers()
     demo.assert_all_stopped(redis_pid)
+
+
+def test_the_printed_commands_reach_the_demos_redis_from_another_terminal(tmp_path):
+    demo = Demo(tmp_path, [str(ROOT / "scripts" / "run-demo.sh")])
+    try:
+        demo.wait_until_serving()
+        port = re.search(r"redis-server \(pid \d+\) at redis://127.0.0.1:(\d+)/0", demo.log)[1]
+        lines = demo.log.splitlines()
+        start = lines.index(f"Operator commands in another terminal, in this checkout ({ROOT}), "
+                            f"on this demo's Redis:")
+        export, check = lines[start + 1].strip(), lines[start + 2].strip()
+        assert export == (f"export REDIS_URL=redis://127.0.0.1:{port}/0 "
+                          f"SQLITE_PATH={tmp_path / 'demo.sqlite3'}")
+        # a fresh shell without REDIS_URL, as a second terminal would be (it would otherwise
+        # reach for 127.0.0.1:6379), pasting the two lines
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("REDIS_URL", "SQLITE_PATH")}
+        done = subprocess.run(["bash", "-c", f"{export}\n{check}"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OK    store: the redis store answers PING" in done.stdout.splitlines()
+        # the version load_demo announced in the demo's own Redis
+        with redis.Redis(port=int(port)) as client:
+            version = client.get("rl:config:version").decode()
+        assert f"OK    config version: {version}" in done.stdout.splitlines()
+    finally:
+        demo.kill_leftovers()
+
+
+@pytest.mark.parametrize("how", ["script", "make run"])
+def test_sigterm_to_the_whole_process_group_stops_and_cleans_up(tmp_path, how):
+    """``kill -TERM -<pgid>``: every process of the group gets SIGTERM at once. The script exits
+    0; make re-raises the SIGTERM it received once the recipe has finished (its status is
+    "terminated", 143 in a shell). Under make the script got a second SIGTERM from make during
+    its cleanup, which once killed it and left the Redis's temp dir behind."""
+    argv = [str(ROOT / "scripts" / "run-demo.sh")] if how == "script" else \
+        ["make", "--no-print-directory", "run"]
+    demo = Demo(tmp_path, argv)
+    try:
+        redis_pid = demo.wait_until_serving()
+        members = group_pids(demo.process.pid)
+        assert redis_pid in members and len(members) >= 3  # (make,) the script, Redis, server
+        os.killpg(demo.process.pid, signal.SIGTERM)
+        returncode = demo.process.wait(30)
+    finally:
+        demo.kill_leftovers()
+    assert returncode == (0 if how == "script" else -signal.SIGTERM), demo.log
+    assert "Demo stopped." in demo.log and "Traceback" not in demo.log, demo.log
+    demo.assert_all_stopped(redis_pid)
+    assert [pid for pid in members if is_running(pid)] == []
+
+
+def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(tmp_path):
+    """What GNU make does when it gets SIGTERM: it sends SIGTERM to its recipe again, which may
+    reach the script while it cleans up. Made deterministic by stopping the server (SIGSTOP), so
+    the cleanup waits for it while the second signal arrives."""
+    demo = Demo(tmp_path, [str(ROOT / "scripts" / "run-demo.sh")])
+    try:
+        redis_pid = demo.wait_until_serving()
+        [server_pid] = [pid for pid in group_pids(demo.process.pid)
+                        if pid not in (demo.process.pid, redis_pid)]
+        os.kill(server_pid, signal.SIGSTOP)
+        demo.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while "Demo stopped." not in demo.log and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the log with a deadline
+        assert "Demo stopped." in demo.log
+        demo.process.send_signal(signal.SIGTERM)  # make's forwarded signal, mid-cleanup
+        os.kill(server_pid, signal.SIGCONT)  # the server now handles its pending SIGTERM
+        assert demo.process.wait(30) == 0, demo.log
+    finally:
+        demo.kill_leftovers()
+    demo.assert_all_stopped(redis_pid)
+    assert not is_running(server_pid)

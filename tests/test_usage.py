@@ -11,10 +11,10 @@ from rest_framework import routers
 from rest_framework.reverse import reverse as drf_reverse
 
 from ratelimit_app import usage
-from ratelimit_app.models import ApiKey, IdentityOverride
+from ratelimit_app.models import ApiKey, IdentityOverride, Kind, Plan, Rule
 from ratelimit_app.usage import ANSWER_TTL_S, usage_view
 
-from .helpers import load_demo_data, use_fake_clock
+from .helpers import limiter, load_demo_data, use_fake_clock
 
 USAGE_URL = "/ratelimit/usage/"
 BOB = {"HTTP_X_API_KEY": "rk_bob_pro"}
@@ -110,6 +110,38 @@ def test_it_says_what_the_headers_of_a_real_request_say(demo, clock, caller, kin
             assert policy["reset_at"] == reset_at.isoformat(timespec="seconds")
         else:
             assert not {"remaining", "reset", "reset_at"} & set(policy)
+
+
+def test_a_full_bucket_reports_when_a_spent_token_is_back_in_usage_and_headers(demo, clock):
+    """r = q is not "reset 0": draft-11's t (usage's reset) is the seconds until more quota is
+    made available, and a full bucket's next token comes one token-time after a spend
+    (free-ip: 20 per 60 s, 3 s), in the headers and the usage endpoint alike."""
+    client = Client()
+    fresh = by_name(usage_of(client))["free-ip"]
+    assert (fresh["limit"], fresh["window"], fresh["remaining"], fresh["reset"]) == \
+        (40, 120, 40, 3)
+    response = client.get("/api/items/")
+    assert header_items(response, "RateLimit")["free-ip"] == {"r": 39, "t": 3}
+    clock.advance(120_000)  # refilled: full again
+    refilled = by_name(usage_of(client))["free-ip"]
+    assert (refilled["remaining"], refilled["reset"]) == (40, 3)
+    now = datetime.datetime.fromtimestamp(clock.seconds(), datetime.UTC)
+    assert refilled["reset_at"] == (now + datetime.timedelta(seconds=3)).isoformat(
+        timespec="seconds")
+
+
+def test_an_idle_concurrency_limit_reports_reset_1_and_no_window(demo, clock):
+    Rule.objects.create(name="inflight", plan=Plan.objects.get(slug="free"), scope="ip",
+                        kind=Kind.CONCURRENCY, rate=3, period_s=30, burst=3)
+    limiter().policies.reset()  # (the commit hook that would do it does not run in a test)
+    client = Client()
+    idle = by_name(usage_of(client))["inflight"]
+    assert (idle["limit"], idle["window"], idle["remaining"], idle["reset"]) == (3, None, 3, 1)
+    response = client.get("/api/items/")  # holds a slot while it is served
+    assert header_items(response, "RateLimit")["inflight"] == {"r": 2, "t": 1}
+    assert "w" not in header_items(response, "RateLimit-Policy")["inflight"]
+    clock.advance(int(ANSWER_TTL_S * 1000))  # a new reading, after the slot was released
+    assert by_name(usage_of(client))["inflight"]["remaining"] == 3
 
 
 def test_endpoint_rules_are_listed_with_their_endpoint(demo, clock):

@@ -19,6 +19,7 @@ from ..identity import identify
 from ..limiter import default_limiter
 from ..models import ApiKey, Dashboard, Scope
 from .data import parse_id
+from .text import counted
 
 __all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "reset_and_record"]
 
@@ -168,7 +169,7 @@ def reset_and_record(lookup, snapshot, user, source=""):
     admin history as done by ``user``, from ``source`` when it is not the admin. Returns the
     message to show; raises ``StoreUnavailable`` (then nothing is reset or recorded)."""
     deleted, version = reset_buckets(lookup.identity, snapshot)
-    message = f"Reset the buckets of {lookup.label} ({deleted} keys deleted; " \
+    message = f"Reset the buckets of {lookup.label} ({counted(deleted, 'key')} deleted; " \
               f"config version {version})."
     LogEntry.objects.create(
         user_id=user.pk, action_flag=CHANGE,

@@ -4,7 +4,13 @@ The numbers come from ``dashboard_data`` and ``inspector.bucket_rows`` unchanged
 the admin page show the same figures.
 """
 
-__all__ = ["table", "top_lines", "bucket_lines"]
+__all__ = ["counted", "table", "top_lines", "bucket_lines"]
+
+
+def counted(count, noun, plural=None):
+    """Return ``"1 key"`` or ``"2 keys"``: ``count`` with ``noun`` in the number it takes
+    (``plural`` for a noun that does not just add an s)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def table(headers, rows):
@@ -24,8 +30,9 @@ def _section(title, headers, rows, empty):
 def top_lines(data):
     """Return the hot keys and 429 rates of ``dashboard_data(...)`` as lines of text."""
     summary, window = data["summary"], data["window"]
-    lines = [f"Last {window}: {summary['requests']} requests, {summary['denied']} denied "
-             f"({summary['rate_429']} % 429), {summary['shadow']} shadow would-be denials, "
+    lines = [f"Last {window}: {counted(summary['requests'], 'request')}, "
+             f"{summary['denied']} denied ({summary['rate_429']} % 429), "
+             f"{counted(summary['shadow'], 'shadow would-be denial')}, "
              f"{summary['degraded']} decided without Redis."]
     hot_headers = ("identity", "plan", "requests", "denied", "429 %", "tokens")
     for metric, title in (("denials", "Hot keys by denials"),

@@ -23,7 +23,7 @@ from ... import metrics
 from ...dashboard.admin import RESET_PERMISSION
 from ...dashboard.data import dashboard_data
 from ...dashboard.inspector import bucket_rows, find_identity, reset_and_record
-from ...dashboard.text import bucket_lines, top_lines
+from ...dashboard.text import bucket_lines, counted, top_lines
 from ...limiter import default_limiter
 from ...operator_checks import FAIL, OK, run_operator_checks
 from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
@@ -130,7 +130,8 @@ class Command(BaseCommand):
             for line in describe_change(change):
                 self.stdout.write(line)
         if plan.kept:
-            self.stdout.write(f"{plan.kept} row(s) absent from the file kept (--keep-missing).")
+            self.stdout.write(f"{counted(plan.kept, 'row')} absent from the file kept "
+                              f"(--keep-missing).")
         if not plan.changes:
             self.stdout.write("Nothing to change.")
             return
@@ -161,7 +162,7 @@ class Command(BaseCommand):
     def _invalid(self, path, exc):
         for error in exc.errors:
             self.stderr.write(error)
-        return _bad_input(f"{path}: {len(exc.errors)} error(s); nothing changed.")
+        return _bad_input(f"{path}: {counted(len(exc.errors), 'error')}; nothing changed.")
 
     # --- operator tools --------------------------------------------------------------------
 
@@ -173,7 +174,7 @@ class Command(BaseCommand):
             self.stdout.write(style(str(line)))
         failed = sum(line.level == FAIL for line in lines)
         if failed:
-            raise CommandError(f"{failed} check(s) failed.", returncode=FAILED)
+            raise CommandError(f"{counted(failed, 'check')} failed.", returncode=FAILED)
 
     def handle_reload(self, **options):
         limiter = default_limiter()
