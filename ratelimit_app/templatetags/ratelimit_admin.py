@@ -7,7 +7,7 @@ register = template.Library()
 
 # The markup the running admin's stylesheet styles: Django 6.1 made breadcrumbs an ordered list
 # (<ol class="breadcrumbs"> of <li>, the separators drawn by CSS); up to 6.0 they are a
-# <div class="breadcrumbs"> of links with "›" between them, and each stylesheet styles only its own.
+# <div class="breadcrumbs"> of links with "›" between them. Each stylesheet styles only its own.
 BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 
