@@ -114,6 +114,7 @@ def _sort_key(section, item):
 
 
 def _rows(section):
+    """Return the section's rows in primary-key order, their relations fetched in one query."""
     rows = section.model.objects.order_by("pk")
     relations = [f.name for f in section.fields if f.is_relation]
     # select_related() with no names means "every relation" (deprecated in Django 6.1): a
