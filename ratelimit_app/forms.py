@@ -47,6 +47,16 @@ MAXIMUM_MESSAGES = {
 }
 
 
+def _django_blank_label():
+    """Return the label Django's own selects give their empty choice on this version.
+
+    "---------" up to Django 6.0, "- Select an option -" (translated) from 6.1, or whatever the
+    project set instead: asked of a ModelChoiceField, the same source the admin's selects use,
+    so our pickers never look foreign beside them.
+    """
+    return forms.ModelChoiceField(queryset=None, required=False).empty_label
+
+
 def is_missing_endpoint(name):
     """Return True if ``name`` is set but no longer an endpoint of the URLconf."""
     return bool(name) and name not in endpoint_names()
@@ -62,8 +72,10 @@ class EndpointField(forms.ChoiceField):
                            "list (the URL names of the URLconf)."),
     }
 
-    def __init__(self, *, current="", blank_label="---------", **kwargs):
+    def __init__(self, *, current="", blank_label=None, **kwargs):
         super().__init__(**kwargs)
+        if blank_label is None:
+            blank_label = _django_blank_label()
         choices = [("", blank_label)] + [(e.name, e.label) for e in limited_endpoints()]
         if is_missing_endpoint(current):
             choices.append((current, f"{current} — ⚠ {MISSING_ENDPOINT}"))
@@ -106,7 +118,7 @@ def _word_number_limits(form):
 class _QuotaRowForm(forms.ModelForm):
     """A rule or cost row: the endpoint picked from the URLconf, the numbers' bounds in words."""
 
-    endpoint_blank_label = "---------"
+    endpoint_blank_label = None  # Django's own blank label
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -114,8 +114,12 @@ def _sort_key(section, item):
 
 
 def _rows(section):
+    """Return the section's rows in primary-key order, their relations fetched in one query."""
+    rows = section.model.objects.order_by("pk")
     relations = [f.name for f in section.fields if f.is_relation]
-    return section.model.objects.select_related(*relations).order_by("pk")
+    # select_related() with no names means "every relation" (deprecated in Django 6.1): a
+    # section without relations joins nothing
+    return rows.select_related(*relations) if relations else rows
 
 
 def export_document():

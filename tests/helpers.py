@@ -89,3 +89,34 @@ def poll_until(condition, timeout_s=5):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         threading.Event().wait(0.02)
+
+
+# What the browser shows of the admin's breadcrumbs bar (the element inside the admin's
+# <nav aria-label="Breadcrumbs">): its computed colours and padding, the links' colour and size,
+# how many rows the crumbs take, and the crumbs' text. Styles, not class names: a bar whose markup
+# the running Django no longer styles renders as plain links and fails a comparison with a stock
+# admin page.
+_BREADCRUMBS_JS = """nav => {
+    const bar = nav.firstElementChild;
+    const links = [...bar.querySelectorAll('a')];
+    const barStyle = getComputedStyle(bar), linkStyle = getComputedStyle(links[0]);
+    return {
+        look: {background: barStyle.backgroundColor, padding: barStyle.padding,
+               color: barStyle.color, linkColor: linkStyle.color, fontSize: linkStyle.fontSize,
+               rows: new Set(links.map(a => Math.round(a.getBoundingClientRect().top))).size},
+        links: links.map(a => a.textContent.trim()),
+        text: bar.textContent.replace(/\\s+/g, ' ').trim(),
+    };
+}"""
+
+
+def breadcrumbs_of(page):
+    """Return the breadcrumbs of the admin ``page`` as the browser renders them: a dict with
+    ``look`` (computed styles and the number of rows), ``links`` (the linked crumbs' texts) and
+    ``text`` (the whole bar's text, the current page last)."""
+    return page.locator('nav[aria-label="Breadcrumbs"]').evaluate(_BREADCRUMBS_JS)
+
+
+def first_option_text(page, select):
+    """Return the text of the first option (the blank choice) of the ``select`` selector."""
+    return page.locator(f"{select} option").first.text_content().strip()

@@ -7,9 +7,10 @@ Screenshots go to ``screenshots/`` (git-ignored) for a person to look at.
 from fractions import Fraction
 from pathlib import Path
 
+import django
 import pytest
 
-from tests.helpers import load_demo_data, poll_until
+from tests.helpers import breadcrumbs_of, first_option_text, load_demo_data, poll_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -116,6 +117,52 @@ def test_plan_page_offers_real_endpoints_in_its_inlines(signed_in_page):
     assert "20 per 60 s, burst 40" in summaries  # the free-ip rule, spelled out
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_plan.png", full_page=True)
+    assert page.problems == []
+
+
+def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page):
+    """Django 6.1 styles only <ol class="breadcrumbs"> (up to 6.0 only <div class="breadcrumbs">):
+    the simulator and the new-key page must look like a stock admin page of the running version,
+    not show plain links."""
+    page = signed_in_page
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/")
+    stock = breadcrumbs_of(page)["look"]  # the changelist: Django's own template
+    assert stock["background"] != "rgba(0, 0, 0, 0)" and stock["rows"] == 1
+    page.click("text=Simulate a request")
+    simulator = breadcrumbs_of(page)
+    assert simulator["look"] == stock
+    assert simulator["links"] == ["Home", "Rate limits", "Rules"]
+    assert simulator["text"].endswith("What would this request do?")
+
+    page.goto(f"{page.base}/admin/ratelimit_app/apikey/add/")
+    from django.contrib.auth import get_user_model
+    page.fill("#id_user", str(get_user_model().objects.get(username="admin").pk))  # a raw id
+    page.fill("#id_name", "breadcrumbs")
+    page.click("input[name=_save]")
+    page.wait_for_selector("#new-api-key")
+    created = breadcrumbs_of(page)
+    assert created["look"] == stock
+    assert created["links"] == ["Home", "Rate limits", "API keys"]
+    assert created["text"].endswith("breadcrumbs")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "admin_new_api_key.png")
+    assert page.problems == []
+
+
+def test_endpoint_pickers_offer_djangos_own_blank_choice(signed_in_page):
+    """Django 6.1 labels a select's blank choice "- Select an option -" (up to 6.0 "---------"):
+    the endpoint pickers take it from Django, so they match the admin's selects beside them."""
+    page = signed_in_page
+    page.goto(f"{page.base}/admin/ratelimit_app/endpointcost/add/")
+    djangos = first_option_text(page, "#id_plan")  # the admin's own select of a foreign key
+    assert djangos == ("- Select an option -" if django.VERSION >= (6, 1) else "---------")
+    assert first_option_text(page, "#id_endpoint") == djangos
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/")
+    page.click("text=Simulate a request")
+    assert first_option_text(page, "#id_api_key") == djangos  # a ModelChoiceField's own
+    assert first_option_text(page, "#id_endpoint") == djangos
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/")
+    assert first_option_text(page, "#id_endpoint") == "Every endpoint"  # a rule's blank means it
     assert page.problems == []
 
 

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.keys import scope_token
 
-from .helpers import limiter
+from .helpers import breadcrumbs_of, limiter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -144,4 +144,24 @@ def test_no_card_clips_its_content_at_1300_px(dashboard):
     assert endpoint_rows.count() >= 2  # the demo traffic's endpoints are listed
     page.screenshot(path=str(SCREENSHOTS / "dashboard-1300.png"), full_page=True)
     assert page.evaluate(OVERFLOWING_IN_CARDS) == []
+    assert errors == []
+
+
+def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live_server):
+    """Django 6.1 styles only <ol class="breadcrumbs"> (up to 6.0 only <div class="breadcrumbs">):
+    the dashboard and the inspector must look like a stock admin page of the running version."""
+    page, errors = dashboard
+    on_dashboard = breadcrumbs_of(page)
+    assert on_dashboard["links"] == ["Home", "Rate limits"]
+    assert on_dashboard["text"].endswith("Dashboard")
+    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    expect(page.locator('[data-table="buckets"]')).to_be_visible()
+    in_inspector = breadcrumbs_of(page)
+    assert in_inspector["links"] == ["Home", "Rate limits", "Dashboard"]
+    assert in_inspector["text"].endswith("Bucket inspector")
+    page.goto(f"{live_server.url}/admin/ratelimit_app/rule/")  # Django's own changelist
+    stock = breadcrumbs_of(page)["look"]
+    assert stock["background"] != "rgba(0, 0, 0, 0)" and stock["rows"] == 1
+    assert on_dashboard["look"] == stock
+    assert in_inspector["look"] == stock
     assert errors == []

@@ -386,6 +386,32 @@ def test_check_as_a_real_command_exits_1_without_a_traceback(redis_server):
     assert done.stderr.strip().endswith("CommandError: 5 checks failed.")
 
 
+# Django 6.1's RemovedInDjango2028Warning is a PendingDeprecationWarning: "-W
+# error::DeprecationWarning" alone lets it through, so a real command is run with both as errors.
+DEPRECATIONS_AS_ERRORS = ["-W", "error::DeprecationWarning",
+                          "-W", "error::PendingDeprecationWarning"]
+
+
+def test_export_as_a_real_command_raises_no_deprecation_warning(redis_server, tmp_path):
+    """``python -W error::DeprecationWarning manage.py ratelimit export`` on a scratch database:
+    migrated, the demo loaded (sections with and without relations), then exported."""
+    env = {**os.environ, "REDIS_URL": redis_server.url,
+           "SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+
+    def manage(*args):
+        done = subprocess.run([sys.executable, *DEPRECATIONS_AS_ERRORS, "manage.py", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "Warning" not in done.stderr
+        return done.stdout
+
+    manage("migrate", "--verbosity", "0")
+    manage("load_demo")
+    document = json.loads(manage("ratelimit", "export"))
+    assert {"free", "pro", "enterprise"} <= {plan["slug"] for plan in document["plans"]}
+    assert document["rules"] and document["endpoint_costs"] and document["plan_assignments"]
+
+
 # --- inspect, reset, top -------------------------------------------------------------------
 
 def scrape(count=60):

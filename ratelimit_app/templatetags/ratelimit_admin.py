@@ -1,0 +1,21 @@
+"""Template tags of the app's own admin pages (dashboard, inspector, simulator, new API key)."""
+
+import django
+from django import template
+
+register = template.Library()
+
+# The markup the running admin's stylesheet styles: Django 6.1 made breadcrumbs an ordered list
+# (<ol class="breadcrumbs"> of <li>, the separators drawn by CSS); up to 6.0 they are a
+# <div class="breadcrumbs"> of links with "›" between them. Each stylesheet styles only its own.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
+
+
+@register.inclusion_tag("ratelimit_app/admin_breadcrumbs.html")
+def admin_breadcrumbs(opts, current=""):
+    """Return the context of the breadcrumbs Home › app › ``opts``'s list › ``current``.
+
+    Without ``current`` the model's list is the page itself (the dashboard). Rendered in the
+    markup of the running Django version, as the admin's own change form renders them.
+    """
+    return {"opts": opts, "current": current, "as_list": BREADCRUMBS_AS_LIST}
