@@ -40,8 +40,10 @@ RULES = f"""
 import django
 django.setup()
 from ratelimit_app.models import Rule
+# refuse when Redis does not answer in time: on a loaded machine a fail-open timeout (or an
+# open breaker) would let a request in without a slot, and the count below would exceed LIMIT
 Rule.objects.create(name="slow-inflight", scope="ip", endpoint="slow", kind="concurrency",
-                    rate={LIMIT}, period_s=30, burst={LIMIT})
+                    rate={LIMIT}, period_s=30, burst={LIMIT}, on_redis_failure="closed")
 for endpoint in ("boom", "stream"):
     Rule.objects.create(name=endpoint + "-inflight", scope="ip", endpoint=endpoint,
                         kind="concurrency", rate=1, period_s=30, burst=1)
