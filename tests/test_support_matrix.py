@@ -54,7 +54,7 @@ def test_the_supported_floors_are_the_verified_ones():
     # docs/reference/support.md says why each is what it is (e.g. redis-py < 5.3 cannot decide)
     assert declared_floors() == {
         "django": Version("5.2"), "django-redis": Version("5.4"), "redis": Version("5.3"),
-        "hiredis": Version("3.0"), "djangorestframework": Version("3.16"),
+        "hiredis": Version("3.2"), "djangorestframework": Version("3.16"),
         "prometheus-client": Version("0.20")}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.10"
