@@ -108,7 +108,7 @@ def sentinel_cache(sentinels, service_name, timeouts=REDIS_TIMEOUTS):
         "LOCATION": f"redis://{service_name}/0",
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.SentinelClient",
-            # per cache (django-redis >= 5.3), so other caches keep the plain factory
+            # per cache (django-redis >= 5.4), so other caches keep the plain factory
             "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
             "SENTINELS": list(sentinels),
             **timeouts,

@@ -27,7 +27,7 @@ POSTGRES_ROOT = "/usr/lib/postgresql"
 SUPERUSER = "postgres"
 POLL_INTERVAL_S = 0.05
 # A test cluster holds nothing worth a disk flush.
-NO_DURABILITY = ("-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+NO_DURABILITY = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 
 
 def postgres_bin_dir(root=POSTGRES_ROOT):
@@ -70,7 +70,16 @@ class PostgresServer:
         return done.stdout
 
     def start(self, timeout_s=60):
-        """Create the cluster and start the server; return once it accepts connections."""
+        """Create the cluster and start the server; return once it accepts connections (on
+        failure, RuntimeError naming the step, and no temp dir left behind)."""
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout_s):
         if os.geteuid() == 0:
             shutil.chown(self.workdir, SUPERUSER, SUPERUSER)
         self._run(os.path.join(self.bin_dir, "initdb"), "-D", self.data_dir, "-U", SUPERUSER,
@@ -78,12 +87,21 @@ class PostgresServer:
         options = (f"-p {self.port} -k {self.workdir} -c listen_addresses={HOST} "
                    f"{NO_DURABILITY}")
         # -w: pg_ctl returns once the server accepts connections (or failed to start)
-        self._run(os.path.join(self.bin_dir, "pg_ctl"), "-D", self.data_dir, "-l",
-                  self.logfile, "-o", options, "-w", "-t", str(timeout_s), "start",
-                  timeout_s=timeout_s + 10)
+        try:
+            self._run(os.path.join(self.bin_dir, "pg_ctl"), "-D", self.data_dir, "-l",
+                      self.logfile, "-o", options, "-w", "-t", str(timeout_s), "start",
+                      timeout_s=timeout_s + 10)
+        except RuntimeError as error:
+            raise RuntimeError(f"{error} | {self._log_tail()}") from None
         with open(os.path.join(self.data_dir, "postmaster.pid")) as pid_file:
             self.pid = int(pid_file.readline())
-        return self
+
+    def _log_tail(self, lines=5):
+        try:
+            with open(self.logfile) as log:
+                return " | ".join(log.read().splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
 
     @property
     def running(self):
