@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test bench system-packages clean
+.PHONY: run test test-packages test-matrix test-current test-floor postgresql-package bench \
+	system-packages clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -23,13 +24,61 @@ run: $(VENV)/.installed system-packages
 
 # The suite starts its own redis-server (single node, Cluster, Sentinel) and drives Debian's
 # Chromium: install whichever of them this machine lacks.
-test: $(VENV)/.installed
+test-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then scripts/apt-install.sh $$missing; fi
+
+# The main cell: python3 with requirements.txt, on SQLite.
+test: $(VENV)/.installed test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The support matrix (docs/reference/support.md): two more cells, each an interpreter, a pinned
+# requirements file, a virtualenv of its own and a database. Both run, whatever the first gives;
+# a cell whose interpreter is missing says so in one line and fails.
+CURRENT_PYTHON ?= $(HOME)/.pyenv/versions/3.13.0/bin/python3
+FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
+
+test-matrix:
+	@failed=""; \
+	run_cell() { \
+		if [ ! -x "$$2" ]; then failed="$$failed $$1"; \
+			echo "test-matrix: the $$1 cell cannot run: its interpreter $$2 is missing"; \
+		else $(MAKE) --no-print-directory test-$$1 || failed="$$failed $$1"; fi; }; \
+	run_cell current "$(CURRENT_PYTHON)"; \
+	run_cell floor "$(FLOOR_PYTHON)"; \
+	if [ -n "$$failed" ]; then echo "test-matrix: failed cell(s):$$failed"; exit 1; fi; \
+	echo "test-matrix: both cells passed"
+
+# $(call cell_venv,cell,interpreter,venv,requirements): a fresh virtualenv from pinned requirements
+define cell_venv
+	@[ -x "$(2)" ] || { echo "test-matrix: the $(1) cell cannot run: its interpreter $(2) is missing"; exit 1; }
+	rm -rf $(3)
+	$(2) -m venv $(3)
+	$(3)/bin/pip install --quiet --upgrade pip
+	$(3)/bin/pip install --quiet -r $(4)
+	touch $(3)/.installed
+endef
+
+.venv-current/.installed: requirements/current.txt
+	$(call cell_venv,current,$(CURRENT_PYTHON),.venv-current,requirements/current.txt)
+
+.venv-floor/.installed: requirements/floor.txt
+	$(call cell_venv,floor,$(FLOOR_PYTHON),.venv-floor,requirements/floor.txt)
+
+# Debian's PostgreSQL server, which the current cell's suite starts on a free port.
+postgresql-package:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || scripts/apt-install.sh postgresql
+
+# The newest Python, Django, DRF, django-redis, redis-py and hiredis, on PostgreSQL.
+test-current: .venv-current/.installed test-packages postgresql-package
+	RATELIMIT_TEST_DATABASE=postgresql .venv-current/bin/python -m pytest $(PYTEST_ARGS)
+
+# Exactly the floors pyproject.toml declares, on the oldest supported Python, on SQLite.
+test-floor: .venv-floor/.installed test-packages
+	.venv-floor/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	@missing=""; \
@@ -40,4 +89,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-floor db.sqlite3 staticfiles

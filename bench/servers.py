@@ -6,14 +6,17 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 from .harness import ROOT
 
-GUNICORN = str(ROOT / ".venv" / "bin" / "gunicorn")
-UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
+# the virtualenv running the bench (or the test suite's cell)
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+UVICORN = str(Path(sys.executable).parent / "uvicorn")
 
 
 def _free_port():

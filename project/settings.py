@@ -51,12 +51,26 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "project.wsgi.application"
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+# The SQLite file SQLITE_PATH, or the PostgreSQL database POSTGRES_DB when that is set (the test
+# suite's PostgreSQL cell gives each server it starts a database of its own this way).
+if os.environ.get("POSTGRES_DB"):
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ["POSTGRES_DB"],
+            "USER": os.environ.get("POSTGRES_USER", "postgres"),
+            "PASSWORD": os.environ.get("POSTGRES_PASSWORD", ""),
+            "HOST": os.environ.get("POSTGRES_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("POSTGRES_PORT", "5432"),
+        }
     }
-}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+        }
+    }
 
 # Where the buckets live (a contract, see docs/howto/sentinel.md): a Redis Cluster
 # (REDIS_CLUSTER_NODES, any of its nodes), a Sentinel group (REDIS_SENTINELS and
@@ -94,7 +108,7 @@ def sentinel_cache(sentinels, service_name, timeouts=REDIS_TIMEOUTS):
         "LOCATION": f"redis://{service_name}/0",
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.SentinelClient",
-            # per cache (django-redis >= 5.3), so other caches keep the plain factory
+            # per cache (django-redis >= 5.4), so other caches keep the plain factory
             "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
             "SENTINELS": list(sentinels),
             **timeouts,

@@ -144,7 +144,21 @@ _COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 
 
 def compile_snapshot(version):
-    """Read every configuration row and return a Snapshot (the only DB access of the app)."""
+    """Read every configuration row and return a Snapshot (the only DB access of the app).
+
+    The reads run in an atomic block of their own: inside a caller's transaction (a view under
+    ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
+    migrated) is rolled back alone instead of aborting the caller's transaction on PostgreSQL.
+    """
+    from django.db import router, transaction
+
+    from .models import Rule
+
+    with transaction.atomic(using=router.db_for_read(Rule)):
+        return _read_snapshot(version)
+
+
+def _read_snapshot(version):
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
                          Plan, PlanAssignment, Rule)

@@ -181,7 +181,7 @@ def _policies(buckets, reading):
         if disclose_shared or not shared:
             reset_at_s = (reading.read_at_ms + status.reset_s * 1000) / 1000
             policy.update(remaining=status.remaining, reset=status.reset_s,
-                          reset_at=datetime.datetime.fromtimestamp(reset_at_s, datetime.UTC)
+                          reset_at=datetime.datetime.fromtimestamp(reset_at_s, datetime.timezone.utc)
                           .isoformat(timespec="seconds"))
         policies.append(policy)
     return policies

@@ -1,18 +1,44 @@
-"""Suite-wide fixtures: a private redis-server for the whole session, flushed between tests."""
+"""Suite-wide fixtures: a private redis-server for the whole session, flushed between tests;
+the database RATELIMIT_TEST_DATABASE asks for (SQLite, or a private PostgreSQL)."""
 
 import os
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from ratelimit_app.limiter import install_limiter
 from ratelimit_app.testing import RedisServer
+from tests.databases import databases_from_env
 
 # the Cluster and Sentinel fixtures (started only by the tests that use them)
 pytest_plugins = ["tests.topologies"]
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+DATABASES = pytest.StashKey()
+
+
+def pytest_configure(config):
+    """Choose the suite's database before any test (or Django connection) exists: pytest-django
+    has loaded the settings already, so the PostgreSQL cell switches them here."""
+    databases = databases_from_env()
+    config.stash[DATABASES] = databases
+    databases.configure_django(settings.DATABASES)
+
+
+def pytest_unconfigure(config):
+    databases = config.stash.get(DATABASES, None)
+    if databases is not None:
+        databases.stop()
+
+
+@pytest.fixture(scope="session")
+def database_env(request):
+    """``database_env(workdir)``: the environment variables that give a subprocess (manage.py,
+    gunicorn, uvicorn, a second worker) an empty database of its own, of the suite's kind."""
+    return request.config.stash[DATABASES].subprocess_env
 
 
 @pytest.fixture(scope="session")

@@ -57,10 +57,10 @@ def wait_until_deciding(server, client_ip, timeout_s=10):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis_server):
+def server(tmp_path_factory, redis_server, database_env):
     workdir = tmp_path_factory.mktemp("asgi")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings",
-           "SQLITE_PATH": str(workdir / "db.sqlite3"), "REDIS_URL": redis_server.url,
+           **database_env(workdir), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
     for args in (["manage.py", "migrate", "--verbosity", "0"], ["manage.py", "load_demo"],
                  ["-c", EXTRA_RULES]):

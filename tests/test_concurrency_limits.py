@@ -32,7 +32,7 @@ from .asgi_server import get as asgi_get
 from .helpers import limiter, make_bucket, make_rule
 
 ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = str(ROOT / ".venv" / "bin" / "gunicorn")
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")  # this virtualenv's
 LIMIT = 3
 HANG_TIMEOUT_S = 2
 
@@ -73,10 +73,10 @@ def get(port, path, client_ip):
         return Answer(error.code, error.headers, error.read())
 
 
-def site_env(workdir, redis_server):
-    """The environment of a server of tests/concurrency_site.py with RULES in its own SQLite."""
+def site_env(workdir, redis_server, database_env):
+    """The environment of a server of tests/concurrency_site.py with RULES in its own database."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.concurrency_site",
-           "SQLITE_PATH": str(workdir / "db.sqlite3"), "REDIS_URL": redis_server.url,
+           **database_env(workdir), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
     for args in (["manage.py", "migrate", "--verbosity", "0"], ["-c", RULES]):
         done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
@@ -86,9 +86,9 @@ def site_env(workdir, redis_server):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis_server):
+def server(tmp_path_factory, redis_server, database_env):
     workdir = tmp_path_factory.mktemp("concurrency")
-    env = site_env(workdir, redis_server)
+    env = site_env(workdir, redis_server, database_env)
     port = _free_port()
     log = open(workdir / "gunicorn.log", "wb")
     process = subprocess.Popen(
@@ -207,9 +207,9 @@ def test_all_or_nothing_with_a_token_bucket_both_ways(server, redis_client):
 # --- under uvicorn: the decision on QuotaMiddleware's async path, the release on close --------
 
 @pytest.fixture(scope="module")
-def asgi_server(tmp_path_factory, redis_server):
+def asgi_server(tmp_path_factory, redis_server, database_env):
     workdir = tmp_path_factory.mktemp("concurrency-asgi")
-    uvicorn = Uvicorn(site_env(workdir, redis_server), workdir).start()
+    uvicorn = Uvicorn(site_env(workdir, redis_server, database_env), workdir).start()
     yield uvicorn
     uvicorn.stop()
     assert "Traceback" not in uvicorn.log(), uvicorn.log()

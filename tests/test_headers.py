@@ -405,8 +405,9 @@ def test_a_cost_above_capacity_is_refused_without_a_retry_after():
 def test_odd_policy_names_are_serialised_as_valid_sf_strings(db, clock, client):
     # Names bypassing Rule.clean() (created in code, not in the admin) must still give valid
     # headers: non-printable and non-ASCII characters dropped, quote and backslash escaped.
+    # (ESC, not NUL, as the control character: PostgreSQL's text columns refuse NUL.)
     plan = Plan.objects.create(slug="odd", name="Odd", default_for_anonymous=True)
-    names = ['say "hi"', "back\\slash", "a, b;q=1", "ünï😀", "cr\r\nlf\x00nul", "tab\there"]
+    names = ['say "hi"', "back\\slash", "a, b;q=1", "ünï😀", "cr\r\nlf\x1bnul", "tab\there"]
     for rate, name in enumerate(names, start=1):
         Rule.objects.create(name=name, plan=plan, scope=Scope.IP, rate=rate, period_s=60,
                             burst=100 + rate)

@@ -99,11 +99,12 @@ def test_hostile_identities_give_bounded_valid_keys_and_no_500(hostile_setup, re
     for i, value in enumerate(HOSTILE):
         anonymous = Client()
         signed_in = Client()
-        # numbered so "" is unique; SQLite does not limit the length but cannot store a lone
-        # surrogate (which only the headers can carry)
-        stored = value.encode("utf-8", "replace").decode()
-        user = User.objects.create(username=f"{i}{stored}")
-        PlanAssignment.objects.create(user=user, plan=free, tenant=stored)
+        # the headers carry the raw value; the user and tenant rows hold what a database can
+        # store: no lone surrogate (SQLite, PostgreSQL), no NUL and no more than the column's
+        # length (PostgreSQL). Numbered so "" is unique.
+        stored = value.encode("utf-8", "replace").decode().replace("\x00", "")
+        user = User.objects.create(username=f"{i}{stored}"[:150])
+        PlanAssignment.objects.create(user=user, plan=free, tenant=stored[:100])
         signed_in.force_login(user)
         for client in (anonymous, signed_in):
             for path in ("/hello/", "/api/items/"):

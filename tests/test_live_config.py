@@ -73,10 +73,10 @@ Rule.objects.create(name="live", plan=plan, scope="ip", rate=1, period_s=60, bur
 
 
 @pytest.fixture(scope="module")
-def shared_db(tmp_path_factory, redis_server):
-    """A migrated SQLite file both processes use (the suite's own test DB is in memory)."""
-    path = tmp_path_factory.mktemp("live-config") / "db.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", "SQLITE_PATH": str(path),
+def shared_db(tmp_path_factory, redis_server, database_env):
+    """A migrated database both processes use (apart from the suite's own test database)."""
+    workdir = tmp_path_factory.mktemp("live-config")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **database_env(workdir),
            "REDIS_URL": redis_server.url}
     run(["manage.py", "migrate", "--verbosity", "0"], env)
     return env

@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -78,7 +79,7 @@ class Demo:
         env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
         env.update(PORT=str(self.port), TMPDIR=str(self.temp_dir),
                    SQLITE_PATH=str(tmp_path / "demo.sqlite3"),
-                   PY=str(ROOT / ".venv" / "bin" / "python"))
+                   PY=sys.executable)  # this cell's interpreter (make run uses .venv's)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -179,11 +179,11 @@ def test_kill_9_of_the_master_under_load_no_5xx_and_service_within_10s_of_promot
 
 
 @pytest.fixture
-def sentinel_env(tmp_path, redis_sentinel, sentinel_limiter):
-    """Environment of two Django processes on one migrated SQLite file, with the buckets behind
+def sentinel_env(tmp_path, redis_sentinel, sentinel_limiter, database_env):
+    """Environment of two Django processes on one migrated database, with the buckets behind
     the sentinels (the demo's REDIS_SENTINELS contract)."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings",
-           "SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+           **database_env(tmp_path),
            "REDIS_SENTINELS": redis_sentinel.sentinels_env,
            "REDIS_SENTINEL_SERVICE": redis_sentinel.service_name}
     run(["manage.py", "migrate", "--verbosity", "0"], env)

@@ -99,7 +99,7 @@ def test_it_says_what_the_headers_of_a_real_request_say(demo, clock, caller, kin
     # every policy of the request, plus the caller's endpoint rules (alice's free-reports)
     assert set(limits) == {name for name, p in policies.items()
                            if p["endpoint"] in (None, "api:search")}
-    now = datetime.datetime.fromtimestamp(clock.seconds(), datetime.UTC)
+    now = datetime.datetime.fromtimestamp(clock.seconds(), datetime.timezone.utc)
     for name, params in limits.items():
         policy = policies[name]
         assert (policy["limit"], policy["window"]) == (params["q"], params["w"])

@@ -36,7 +36,7 @@ try:
     import hiredis
 except ImportError:  # pragma: no cover - hiredis is a requirement; redis-py works without it
     hiredis = None
-PUSH = getattr(hiredis, "PushNotification", None)  # a RESP3 push message (hiredis ≥ 3)
+PUSH = getattr(hiredis, "PushNotification", None)  # a RESP3 push message (hiredis ≥ 3.2)
 
 __all__ = ["HeldConnections", "Wire"]
 
