@@ -11,9 +11,10 @@ Why the floors are where they are:
 - redis-py 5.3: 5.0–5.2's ``ConnectionPool.get_connection()`` requires a command name, which the
   decision path (``stores/connections.py``, ``stores/cluster.py``) does not pass: every decision
   raises TypeError and every request is let through unlimited.
-- Django 5.2 (the LTS), djangorestframework 3.16, django-redis 5.4, hiredis 3.0 (its RESP3 push
-  messages are what ``stores/connections.py`` skips): the lowest versions the floor cell of the
-  test matrix installs.
+- hiredis 3.2: the first with ``hiredis.PushNotification``; with 3.0 or 3.1 the decision path's
+  own reader (``stores/connections.py``) would hand a RESP3 push message back as a reply.
+- Django 5.2 (the LTS), djangorestframework 3.16, django-redis 5.4: the lowest versions the
+  floor cell of the test matrix installs.
 
 Versions are read with ``importlib.metadata`` and compared by their release numbers only (a
 small tolerant parser; the ``packaging`` library is not a dependency): ``5.3.0rc1`` counts as
@@ -46,8 +47,9 @@ SUPPORTED = (
     Supported("redis", "5.3", "8.1",
               why_floor="redis-py 5.0–5.2's ConnectionPool.get_connection() requires a command "
                         "name: every decision fails with TypeError and requests go unlimited"),
-    Supported("hiredis", "3.0", "3.5",
-              why_floor="the decision path reads replies with hiredis 3's reader"),
+    Supported("hiredis", "3.2", "3.5",
+              why_floor="the decision path's reader needs hiredis.PushNotification to skip "
+                        "RESP3 push messages"),
 )
 
 BELOW_FLOOR, UNTESTED, MISSING = "below floor", "untested", "missing"

@@ -163,14 +163,14 @@ def findings(**changes):
 
 def test_versions_in_range_give_no_finding():
     assert findings() == {}
-    assert findings(Django="6.1.3", redis="5.3.0", django_redis="5.4.0", hiredis="3.0.0",
+    assert findings(Django="6.1.3", redis="5.3.0", django_redis="5.4.0", hiredis="3.2.0",
                     djangorestframework="3.16.0") == {}
 
 
 @pytest.mark.parametrize("name, version", [
     ("redis", "5.0.8"), ("redis", "5.2.1"), ("redis", "4.6"), ("Django", "4.2.30"),
     ("Django", "5.1.15"), ("djangorestframework", "3.14.0"), ("django-redis", "5.3.0"),
-    ("hiredis", "2.4.0")])
+    ("hiredis", "2.4.0"), ("hiredis", "3.1.1")])
 def test_below_the_floor(name, version):
     assert findings(**{name.replace("-", "_"): version}) == {name: "below floor"}
 

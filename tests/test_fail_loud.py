@@ -130,7 +130,7 @@ def test_system_check_finds_a_decision_path_that_only_a_real_decision_meets(
 def test_ratelimit_check_exits_1_and_says_the_decision_fails_unexpectedly(
         decisions_as_on_redis_5_0):
     code, lines = ratelimit_check()
-    assert code == 1 and lines[-1] == "2 check(s) failed."
+    assert code == 1 and lines[-1] == "2 checks failed."
     assert lines[0].startswith("FAIL  system check ratelimit_app.E008: ")
     assert "OK    store: the redis store answers PING" in lines
     assert "OK    script: the limiter's script runs" in lines

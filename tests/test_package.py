@@ -94,7 +94,7 @@ def assert_wheel_holds_the_package_only(wheel, source):
     fields = zipfile.ZipFile(wheel).read(dist_info + "METADATA").decode()
     assert f"\nVersion: {ratelimit_app.__version__}\n" in fields
     assert "\nLicense-Expression: BSD-3-Clause\n" in fields
-    assert "\nRequires-Dist: hiredis>=3.0\n" in fields
+    assert "\nRequires-Dist: hiredis>=3.2\n" in fields
 
 
 def assert_sdist_has_no_test_suite(sdist):

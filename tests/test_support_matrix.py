@@ -58,3 +58,26 @@ def test_the_supported_floors_are_the_verified_ones():
         "prometheus-client": Version("0.20")}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.10"
+
+
+def cell_pins(cell):
+    """``{package: pinned version}`` of requirements/<cell>.txt."""
+    pins = {}
+    for line in (ROOT / "requirements" / f"{cell}.txt").read_text().splitlines():
+        name, _, version = line.split("#", 1)[0].strip().partition("==")
+        if version:
+            pins[canonical(name)] = Version(version)
+    return pins
+
+
+def test_the_version_check_knows_the_tested_range():
+    # ratelimit_app.support feeds the E009/W005 checks: its floors are pyproject's, and its
+    # newest tested major.minor is what the current cell installs
+    from ratelimit_app.support import SUPPORTED
+
+    floors, current = declared_floors(), cell_pins("current")
+    for entry in SUPPORTED:
+        name = canonical(entry.distribution)
+        assert Version(entry.floor) == floors[name], name
+        newest = current[name]
+        assert Version(entry.newest_tested) == Version(f"{newest.major}.{newest.minor}"), name
