@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test test-packages test-matrix test-current test-floor postgresql-package bench \
+.PHONY: run test test-packages test-matrix test-current test-django60 test-floor postgresql-package bench \
 	system-packages clean
 
 $(VENV)/.installed: requirements.txt
@@ -35,10 +35,11 @@ test-packages:
 test: $(VENV)/.installed test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The support matrix (docs/reference/support.md): two more cells, each an interpreter, a pinned
+# The support matrix (docs/reference/support.md): three more cells, each an interpreter, a pinned
 # requirements file, a virtualenv of its own and a database. Both run, whatever the first gives;
 # a cell whose interpreter is missing says so in one line and fails.
 CURRENT_PYTHON ?= $(HOME)/.pyenv/versions/3.13.0/bin/python3
+DJANGO60_PYTHON ?= $(HOME)/.pyenv/versions/3.12.1/bin/python3
 FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
 
 test-matrix:
@@ -48,9 +49,10 @@ test-matrix:
 			echo "test-matrix: the $$1 cell cannot run: its interpreter $$2 is missing"; \
 		else $(MAKE) --no-print-directory test-$$1 || failed="$$failed $$1"; fi; }; \
 	run_cell current "$(CURRENT_PYTHON)"; \
+	run_cell django60 "$(DJANGO60_PYTHON)"; \
 	run_cell floor "$(FLOOR_PYTHON)"; \
 	if [ -n "$$failed" ]; then echo "test-matrix: failed cell(s):$$failed"; exit 1; fi; \
-	echo "test-matrix: both cells passed"
+	echo "test-matrix: every cell passed"
 
 # $(call cell_venv,cell,interpreter,venv,requirements): a fresh virtualenv from pinned requirements
 define cell_venv
@@ -65,6 +67,9 @@ endef
 .venv-current/.installed: requirements/current.txt
 	$(call cell_venv,current,$(CURRENT_PYTHON),.venv-current,requirements/current.txt)
 
+.venv-django60/.installed: requirements/django60.txt
+	$(call cell_venv,django60,$(DJANGO60_PYTHON),.venv-django60,requirements/django60.txt)
+
 .venv-floor/.installed: requirements/floor.txt
 	$(call cell_venv,floor,$(FLOOR_PYTHON),.venv-floor,requirements/floor.txt)
 
@@ -75,6 +80,10 @@ postgresql-package:
 # The newest Python, Django, DRF, django-redis, redis-py and hiredis, on PostgreSQL.
 test-current: .venv-current/.installed test-packages postgresql-package
 	RATELIMIT_TEST_DATABASE=postgresql .venv-current/bin/python -m pytest $(PYTEST_ARGS)
+
+# Django 6.0 (the other supported 6.x) on its oldest Python, on SQLite.
+test-django60: .venv-django60/.installed test-packages
+	.venv-django60/bin/python -m pytest $(PYTEST_ARGS)
 
 # Exactly the floors pyproject.toml declares, on the oldest supported Python, on SQLite.
 test-floor: .venv-floor/.installed test-packages
@@ -89,4 +98,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-current .venv-floor db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor db.sqlite3 staticfiles

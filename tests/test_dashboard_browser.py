@@ -6,6 +6,7 @@ Screenshots go to the git-ignored ``screenshots/`` folder.
 """
 
 import io
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from playwright.sync_api import expect
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.keys import scope_token
 
-from .helpers import breadcrumbs_of, limiter
+from .helpers import breadcrumbs_of, limiter, poll_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -70,6 +71,11 @@ def dashboard(live_server, page, settings):
     page.reload()
     SCREENSHOTS.mkdir(exist_ok=True)
     yield page, errors
+    # Stop the page's live refresh and let the live server finish a refresh it is serving: the
+    # test database is flushed next, and SQLite refuses that while a request thread reads it
+    page.context.close()  # (its connections too, which keep request threads alive)
+    poll_until(lambda: not any("process_request_thread" in thread.name
+                               for thread in threading.enumerate()), timeout_s=TIMEOUT_MS / 1000)
 
 
 def test_dashboard_shows_real_data_without_console_errors(dashboard):
