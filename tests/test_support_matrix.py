@@ -81,3 +81,22 @@ def test_the_version_check_knows_the_tested_range():
         assert Version(entry.floor) == floors[name], name
         newest = current[name]
         assert Version(entry.newest_tested) == Version(f"{newest.major}.{newest.minor}"), name
+
+
+def test_the_readme_states_the_declared_support():
+    # the front page's support table, pyproject's classifiers and floors say the same thing
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Supported versions"):]
+    table = table[:table.index("\n## ")]
+    labels = {"djangorestframework": "Django REST framework", "django-redis": "django-redis",
+              "redis": "redis-py", "hiredis": "hiredis"}
+    for name, floor in declared_floors().items():
+        if name in labels:
+            assert f"| {labels[name]} | ≥ {floor}" in table, name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pythons = [c.rsplit(" :: ", 1)[1] for c in project["classifiers"]
+               if c.startswith("Programming Language :: Python :: 3.")]
+    djangos = [c.rsplit(" :: ", 1)[1] for c in project["classifiers"]
+               if c.startswith("Framework :: Django :: ")]
+    assert f"| Python | {', '.join(pythons)} |" in table
+    assert all(version in table.split("| Django |")[1].split("\n")[0] for version in djangos)
