@@ -51,6 +51,10 @@ class SystemClock:
     def monotonic(self):
         return time.monotonic()
 
+    def wall_time(self):
+        """Return the wall-clock time (epoch s): when dated overrides start and end."""
+        return time.time()
+
 
 class LimiterStats:
     """This process's counters of store trouble, read by the dashboard and Prometheus.
@@ -137,7 +141,8 @@ class Limiter:
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
                                     clock=monotonic,
                                     reload_interval_s=reload_interval_s(config),
-                                    announce=self.bump_config_version)
+                                    announce=self.bump_config_version,
+                                    wall_clock=getattr(self.clock, "wall_time", time.time))
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(config=lambda: self.config)

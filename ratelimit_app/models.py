@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "Dashboard", "Counts", "Kind", "CalendarPeriod"]
+           "Dashboard", "Counts", "Kind", "CalendarPeriod", "Schedule", "AuditEntry"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -64,8 +64,70 @@ class Plan(models.Model):
                     )
 
 
-class PlanAssignment(models.Model):
-    """Which plan (and tenant) a user is on."""
+class Schedule(models.TextChoices):
+    """Where a row with an optional start and end stands at a moment (see ``Scheduled``)."""
+
+    PERMANENT = "permanent", "Permanent"
+    SCHEDULED = "scheduled", "Scheduled"
+    ACTIVE = "active", "Active (temporary)"
+    EXPIRED = "expired", "Expired"
+
+
+def schedule_fields():
+    """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row that applies
+    only between its start and end (either may be empty), and why. Declared last in each model,
+    so exports list them after the model's own fields."""
+    return (
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text="Empty: from now on. Otherwise the row applies from this moment."),
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text="Empty: until removed. Otherwise the row stops applying at this moment "
+                      "(it is kept, listed as expired)."),
+        models.CharField(
+            max_length=200, blank=True,
+            help_text="Why, for the next operator: “launch week”, “ticket 4711”."),
+    )
+
+
+class Scheduled:
+    """What a model with ``schedule_fields()`` can say about its dates.
+
+    The policy snapshot holds only the rows active when it was compiled and the next moment a
+    row starts or ends; every worker recompiles at that moment (``policy.PolicyCache``).
+    """
+
+    def schedule_at(self, now):
+        """Return the Schedule value of this row at the datetime ``now``."""
+        if self.ends_at is not None and self.ends_at <= now:
+            return Schedule.EXPIRED
+        if self.starts_at is not None and self.starts_at > now:
+            return Schedule.SCHEDULED
+        if self.starts_at is None and self.ends_at is None:
+            return Schedule.PERMANENT
+        return Schedule.ACTIVE
+
+    def is_active_at(self, now):
+        """Return True if the row applies at the datetime ``now``."""
+        return self.schedule_at(now) in (Schedule.PERMANENT, Schedule.ACTIVE)
+
+    def clean_schedule(self):
+        """Raise ValidationError if the end is not after the start."""
+        if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            raise ValidationError({"ends_at": "The end must be after the start: set a later "
+                                              "end, or clear one of the two."})
+
+    @classmethod
+    def active_q(cls, now):
+        """Return the Q of the rows that apply at the datetime ``now``."""
+        return (Q(starts_at__isnull=True) | Q(starts_at__lte=now)) & \
+            (Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+
+
+class PlanAssignment(Scheduled, models.Model):
+    """Which plan (and tenant) a user is on; with a start or an end, only between them (the
+    user is on the default plan for signed-in users outside them)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_plan"
@@ -74,9 +136,13 @@ class PlanAssignment(models.Model):
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Organisation the user belongs to, if any."
     )
+    starts_at, ends_at, reason = schedule_fields()
 
     def __str__(self):
         return f"{self.user} → {self.plan}"
+
+    def clean(self):
+        self.clean_schedule()
 
 
 def hash_api_key(raw_key):
@@ -430,8 +496,9 @@ class EndpointCost(models.Model):
             raise ValidationError(errors)
 
 
-class IdentityOverride(models.Model):
-    """Special treatment for one caller: exempt from limits, or its own numbers."""
+class IdentityOverride(Scheduled, models.Model):
+    """Special treatment for one caller: exempt from limits, or its own numbers; with a start
+    or an end, only between them (a dated override wins over a permanent one meanwhile)."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
@@ -450,12 +517,14 @@ class IdentityOverride(models.Model):
     )
     burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     note = models.CharField(max_length=200, blank=True)
+    starts_at, ends_at, reason = schedule_fields()
 
     def __str__(self):
         who = self.user or self.api_key or self.ip
         return f"{who}: " + ("exempt" if self.exempt else f"{self.rate} per {self.period_s} s, burst {self.burst}")
 
     def clean(self):
+        self.clean_schedule()
         chosen = [f for f in ("user", "api_key", "ip") if getattr(self, f if f == "ip" else f + "_id")]
         if len(chosen) != 1:
             raise ValidationError("Choose exactly one of user, API key or client IP.")
