@@ -1,4 +1,5 @@
-"""Model admins for plans, rules, endpoint costs, API keys and overrides, and the simulator.
+"""Model admins for plans, rules, endpoint costs, API keys and overrides, and the simulator
+(the audit trail's admin: ``audit_admin.py``).
 
 Validation lives in the models' ``clean()`` and in ``forms.py``; the simulator's logic in
 ``simulator.py``. This module wires them into the admin.
@@ -12,6 +13,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .audit_admin import AuditedAdminMixin
 from .conf import get_config
 from .endpoints import endpoint_names
 from .forms import (
@@ -208,7 +210,7 @@ class EndpointCostInline(admin.TabularInline):
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
+class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "rule_count", "cost_count", "default_for_authenticated",
                     "default_for_anonymous"]
     list_filter = ["default_for_authenticated", "default_for_anonymous"]
@@ -249,7 +251,7 @@ class PlanAdmin(admin.ModelAdmin):
 
 
 @admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
+class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = RuleForm
     list_display = ["name", "plan", "scope", "endpoint_cell", "kind", "summary", "mode",
                     "enabled"]
@@ -324,7 +326,7 @@ class RuleAdmin(admin.ModelAdmin):
 
 
 @admin.register(EndpointCost)
-class EndpointCostAdmin(admin.ModelAdmin):
+class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
     list_display = ["endpoint_cell", "method", "plan", "cost"]
     list_filter = ["plan", "method", EndpointFilter]
@@ -337,7 +339,7 @@ class EndpointCostAdmin(admin.ModelAdmin):
 
 
 @admin.register(PlanAssignment)
-class PlanAssignmentAdmin(admin.ModelAdmin):
+class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
     list_filter = ["plan", ScheduleFilter]
     list_select_related = ["user", "plan"]
@@ -346,7 +348,7 @@ class PlanAssignmentAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["prefix", "name", "user", "plan", "tenant", "active", "created"]
     list_filter = ["plan", "active"]
     list_select_related = ["user", "plan"]
@@ -387,7 +389,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(IdentityOverride)
-class IdentityOverrideAdmin(admin.ModelAdmin):
+class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["__str__", "rule", "exempt", schedule_cell, "reason", "note"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]

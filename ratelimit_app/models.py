@@ -14,9 +14,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "Dashboard", "Counts", "Kind", "CalendarPeriod", "Schedule", "AuditEntry"]
+           "Dashboard", "Counts", "Kind", "CalendarPeriod", "Schedule", "AuditEntry",
+           "AuditSource"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -541,6 +543,50 @@ class IdentityOverride(Scheduled, models.Model):
             raise ValidationError({"rule": "A calendar quota has no rate, period and burst to "
                                            "override; choose a token-bucket rule (or tick "
                                            "“exempt”)."})
+
+
+class AuditSource(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    IMPORT = "import", "Import"
+    RESTORE = "restore", "Restore"
+    CODE = "code", "Application code"
+    OUTSIDE = "outside", "Changed outside the app"
+    MIGRATE = "migrate", "Migration"
+
+
+class AuditEntry(models.Model):
+    """One recorded change of the quota configuration (see ``audit.py``): who made it, when, the
+    field-by-field ``diff`` against the previous entry, and the whole configuration after it
+    (``snapshot``, the quotas-as-code document) so that any entry can be restored."""
+
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                             on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=150, help_text="Who: a user name, a command, or "
+                                                      "“outside the app”.")
+    source = models.CharField(max_length=10, choices=AuditSource.choices)
+    summary = models.CharField(max_length=300)
+    diff = models.JSONField(default=list)
+    snapshot = models.JSONField()
+    # one "\n<section>|<key>\n" line per item the change touched: per-object history
+    touched = models.TextField(blank=True, editable=False)
+    # the entry this one's diff is against; unique, so two processes recording at once cannot
+    # both follow the same entry (the second one retries against the first)
+    previous = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="following", editable=False)
+    restored_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit trail"
+        default_permissions = ("view",)
+        permissions = [("restore_configuration",
+                        "Can restore the quota configuration of an audit entry")]
+
+    def __str__(self):
+        return f"#{self.pk} {self.actor}: {self.summary}"
 
 
 class Dashboard(models.Model):

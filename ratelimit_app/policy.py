@@ -316,7 +316,8 @@ class PolicyCache:
     With ``reload_interval_s`` (None: off), the rows are also compared with the snapshot once
     per interval through ``fingerprint`` (a callable returning a digest of the rows, one
     query); on a difference the snapshot is reloaded and ``announce`` (a callable writing a new
-    version for every worker) is called, unless the store's version has already moved on.
+    version for every worker) is called, unless the store's version has already moved on; then
+    ``noticed`` (the audit trail's record of the change) is called too.
 
     Where that comparison runs, and why: in the one request that finds it due (the others keep
     serving the snapshot meanwhile), like the version poll and the reload themselves; on an
@@ -329,7 +330,7 @@ class PolicyCache:
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
-                 wall_clock=time.time):
+                 wall_clock=time.time, noticed=None):
         self._read_version = read_version
         self._wall_clock = wall_clock
         self._load = load or self._compile
@@ -337,6 +338,7 @@ class PolicyCache:
         self.reload_interval_s = reload_interval_s
         self._fingerprint = fingerprint or config_fingerprint
         self._announce = announce
+        self._noticed = noticed  # called once this worker announced rows changed unannounced
         self._clock = clock
         self._lock = threading.Lock()
         self._compare_lock = threading.Lock()
@@ -447,6 +449,8 @@ class PolicyCache:
                         "queryset update(), bulk_create, raw SQL, a migration); reloading and "
                         "announcing a new version to every worker")
             self._announce_new_version()
+            if self._noticed is not None:
+                self._noticed()
         finally:
             self._compare_lock.release()
 

@@ -1,12 +1,13 @@
-"""Dated overrides in Debian's Chromium: the admin's list says which are scheduled, active and
-expired (and filters them), and the dashboard's panel shows who is on one now."""
+"""Dated overrides and the audit trail in Debian's Chromium: the admin's list says which
+overrides are scheduled, active and expired (and filters them), the dashboard's panel shows who
+is on one now, and an entry of the audit trail is restored through its dry-run page."""
 
 import datetime
 
 import pytest
 from django.utils import timezone
 
-from ratelimit_app.models import IdentityOverride, Rule
+from ratelimit_app.models import AuditEntry, IdentityOverride, Rule
 from tests.test_admin_browser import (  # noqa: F401  (fixtures)
     SCREENSHOTS,
     _orm_beside_playwright,
@@ -71,4 +72,45 @@ def test_the_admin_lists_dated_overrides_and_the_dashboard_shows_the_active_one(
     until = timezone.localtime(IdentityOverride.objects.get(ip="198.51.100.1").ends_at)
     assert until.strftime("%Y-%m-%d %H:%M") in text
     page.screenshot(path=str(SCREENSHOTS / "dashboard-temporary.png"), full_page=True)
+    assert page.problems == []
+
+
+def test_a_rule_edited_in_the_admin_is_restored_from_the_audit_trail(signed_in_page):
+    """Edit a rule, then restore the entry before the edit: the dry-run page lists the change,
+    the confirmation applies it, and the rule's numbers are back."""
+    page = signed_in_page
+    rule = Rule.objects.get(name="free-user")
+    before = AuditEntry.objects.order_by("-id").first()
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/{rule.pk}/change/")
+    page.fill("#id_burst", str(rule.burst + 5))
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    assert Rule.objects.get(pk=rule.pk).burst == rule.burst + 5
+    edit = AuditEntry.objects.order_by("-id").first()
+    assert edit.actor == "admin" and edit.summary == (
+        f"rule “free-user”: burst {rule.burst} → {rule.burst + 5}")
+
+    # the rule's own history, from its change page
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/{rule.pk}/change/")
+    page.click("a.ratelimit-audit-history")
+    page.wait_for_url("**/auditentry/?touched=*")
+    assert page.locator("#result_list tbody tr").first.inner_text().count(edit.summary) == 1
+
+    page.goto(f"{page.base}/admin/ratelimit_app/auditentry/")
+    row = page.locator("#result_list tbody tr",
+                       has=page.locator(f"a[href$='/{before.pk}/change/']"))
+    row.locator("a.ratelimit-restore").click()
+    page.wait_for_selector("[data-restore=diff]")
+    diff = page.locator("[data-restore=diff]").inner_text()
+    assert "~ rule “free-user”" in diff and f"burst: {rule.burst + 5} → {rule.burst}" in diff
+    page.screenshot(path=str(SCREENSHOTS / "audit-restore-dry-run.png"), full_page=True)
+    assert Rule.objects.get(pk=rule.pk).burst == rule.burst + 5  # nothing changed yet
+
+    page.click("input[type=submit][value=Restore]")
+    page.wait_for_selector(".messagelist .success")
+    assert f"Restored the configuration of entry #{before.pk}" in page.inner_text(".messagelist")
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/{rule.pk}/change/")
+    assert page.input_value("#id_burst") == str(rule.burst)
+    restored = AuditEntry.objects.order_by("-id").first()
+    assert restored.source == "restore" and restored.restored_from == before
     assert page.problems == []
