@@ -497,8 +497,11 @@ class PolicyCache:
     def _schedule(self, snapshot, now):
         """Set the monotonic deadline of ``snapshot.next_change_at`` (a wall-clock time), at
         most SCHEDULE_RECHECK_S ahead of ``now``."""
-        remaining = snapshot.next_change_at - self._wall_clock()
-        self.switch_at = now + min(max(remaining, 0.0), SCHEDULE_RECHECK_S)
+        if snapshot.next_change_at == math.inf:
+            self.switch_at = math.inf  # no dated row ahead: nothing to recheck
+        else:
+            remaining = snapshot.next_change_at - self._wall_clock()
+            self.switch_at = now + min(max(remaining, 0.0), SCHEDULE_RECHECK_S)
         self.due_at = min(self.compare_at, self.switch_at)
 
     def _check_schedule(self, snapshot, now):

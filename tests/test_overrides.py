@@ -132,3 +132,24 @@ def test_a_permanent_and_a_dated_override_of_one_caller_export_and_import_unchan
     dated = document["identity_overrides"][1]
     assert dated["reason"] == "maintenance" and dated["starts_at"] and dated["ends_at"]
     assert quotas_as_code.plan_import(document).changes == []
+
+
+def test_a_wall_clock_stepped_forward_is_caught_within_a_minute():
+    """The switch moment is kept on the monotonic clock, but the wall clock is read again at
+    least every SCHEDULE_RECHECK_S: a clock stepped past the moment switches by then."""
+    from ratelimit_app.policy import SCHEDULE_RECHECK_S, PolicyCache, Snapshot
+
+    monotonic, wall, loads = [0.0], [1_000.0], []
+
+    def load(version):
+        loads.append(wall[0])
+        return Snapshot(version, next_change_at=wall[0] + 3600)  # a row starts in an hour
+
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: monotonic[0],
+                        load=load, wall_clock=lambda: wall[0])
+    first = cache.get()
+    wall[0] += 7200  # NTP steps the wall clock two hours ahead; the monotonic clock does not
+    monotonic[0] = SCHEDULE_RECHECK_S - 1
+    assert cache.get() is first and len(loads) == 1  # not rechecked yet: no wall-clock read
+    monotonic[0] = SCHEDULE_RECHECK_S
+    assert cache.get() is not first and len(loads) == 2
