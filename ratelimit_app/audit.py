@@ -73,6 +73,9 @@ def note_change(using=None):
     """Note that a quota row changed: record an entry when the surrounding transaction commits
     (at once outside a transaction), one per transaction however many rows it changed."""
     connection = transaction.get_connection(using)
+    # the connection's pending on-commit callbacks, (savepoint ids, callback, robust) each: a
+    # callback registered in a savepoint that rolled back is gone from it, so the next change
+    # registers again
     if connection.in_atomic_block and any(
             getattr(entry[1], "ratelimit_audit", False) for entry in connection.run_on_commit):
         return  # this transaction records already
