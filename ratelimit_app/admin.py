@@ -1,4 +1,5 @@
-"""Model admins for plans, rules, endpoint costs, API keys and overrides, and the simulator.
+"""Model admins for plans, rules, endpoint costs, API keys and overrides, and the simulator
+(the audit trail's admin: ``audit_admin.py``).
 
 Validation lives in the models' ``clean()`` and in ``forms.py``; the simulator's logic in
 ``simulator.py``. This module wires them into the admin.
@@ -9,8 +10,10 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.template.response import TemplateResponse
 from django.urls import path
+from django.utils import timezone
 from django.utils.html import format_html
 
+from .audit_admin import AuditedAdminMixin
 from .conf import get_config
 from .endpoints import endpoint_names
 from .forms import (
@@ -33,6 +36,8 @@ from .models import (
     Plan,
     PlanAssignment,
     Rule,
+    Schedule,
+    Scheduled,
     Scope,
 )
 from .simulator import simulate
@@ -132,6 +137,52 @@ class EndpointFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ScheduleFilter(admin.SimpleListFilter):
+    """Rows with a start or an end, by where they stand now: active, scheduled or expired."""
+
+    title = "schedule"
+    parameter_name = "schedule"
+
+    def lookups(self, request, model_admin):
+        return [(Schedule.ACTIVE, "Active (temporary)"), (Schedule.SCHEDULED, "Scheduled"),
+                (Schedule.EXPIRED, "Expired"), (Schedule.PERMANENT, "Permanent")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        dated = queryset.exclude(starts_at__isnull=True, ends_at__isnull=True)
+        if self.value() == Schedule.ACTIVE:
+            return dated.filter(Scheduled.active_q(now))
+        if self.value() == Schedule.SCHEDULED:
+            return queryset.filter(starts_at__gt=now)
+        if self.value() == Schedule.EXPIRED:
+            return queryset.filter(ends_at__lte=now)
+        if self.value() == Schedule.PERMANENT:
+            return queryset.filter(starts_at__isnull=True, ends_at__isnull=True)
+        return queryset
+
+
+def local_time(moment):
+    """Return ``moment`` as the admin shows it: '28 Nov 2026 18:00' in the current zone."""
+    return timezone.localtime(moment).strftime("%d %b %Y %H:%M")
+
+
+@admin.display(description="schedule")
+def schedule_cell(row):
+    """Where a dated row stands now, with its start or end: 'active until 28 Nov 18:00'."""
+    now = timezone.now()
+    state = row.schedule_at(now)
+    if state == Schedule.ACTIVE and row.ends_at:
+        text = f"active until {local_time(row.ends_at)}"
+    elif state == Schedule.SCHEDULED:
+        text = f"scheduled from {local_time(row.starts_at)}"
+    elif state == Schedule.EXPIRED:
+        text = f"expired {local_time(row.ends_at)}"
+    else:
+        text = str(Schedule(state).label).lower()
+    return format_html('<span class="ratelimit-schedule" data-schedule="{}">{}</span>',
+                       state, text)
+
+
 class RuleInline(admin.TabularInline):
     model = Rule
     form = RuleForm
@@ -159,7 +210,7 @@ class EndpointCostInline(admin.TabularInline):
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
+class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "rule_count", "cost_count", "default_for_authenticated",
                     "default_for_anonymous"]
     list_filter = ["default_for_authenticated", "default_for_anonymous"]
@@ -200,7 +251,7 @@ class PlanAdmin(admin.ModelAdmin):
 
 
 @admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
+class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = RuleForm
     list_display = ["name", "plan", "scope", "endpoint_cell", "kind", "summary", "mode",
                     "enabled"]
@@ -275,7 +326,7 @@ class RuleAdmin(admin.ModelAdmin):
 
 
 @admin.register(EndpointCost)
-class EndpointCostAdmin(admin.ModelAdmin):
+class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
     list_display = ["endpoint_cell", "method", "plan", "cost"]
     list_filter = ["plan", "method", EndpointFilter]
@@ -288,16 +339,16 @@ class EndpointCostAdmin(admin.ModelAdmin):
 
 
 @admin.register(PlanAssignment)
-class PlanAssignmentAdmin(admin.ModelAdmin):
-    list_display = ["user", "plan", "tenant"]
-    list_filter = ["plan"]
+class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
+    list_filter = ["plan", ScheduleFilter]
     list_select_related = ["user", "plan"]
     search_fields = ["user__username", "tenant"]
     raw_id_fields = ["user"]
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["prefix", "name", "user", "plan", "tenant", "active", "created"]
     list_filter = ["plan", "active"]
     list_select_related = ["user", "plan"]
@@ -338,11 +389,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(IdentityOverride)
-class IdentityOverrideAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "rule", "exempt", "note"]
-    list_filter = ["exempt", "rule"]
+class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    list_display = ["__str__", "rule", "exempt", schedule_cell, "reason", "note"]
+    list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
-    search_fields = ["user__username", "api_key__prefix", "ip", "note"]
+    search_fields = ["user__username", "api_key__prefix", "ip", "note", "reason"]
     raw_id_fields = ["user", "api_key"]
 
     def save_model(self, request, obj, form, change):

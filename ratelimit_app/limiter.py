@@ -37,6 +37,12 @@ __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
 logger = logging.getLogger("ratelimit_app")
 
 
+def _record_outside_change():
+    from .audit import record_outside_change  # the audit trail reads models: imported late
+
+    record_outside_change()
+
+
 class SystemClock:
     """Real time: buckets follow the Redis server clock, local state ``time.monotonic``.
 
@@ -50,6 +56,10 @@ class SystemClock:
 
     def monotonic(self):
         return time.monotonic()
+
+    def wall_time(self):
+        """Return the wall-clock time (epoch s): when dated overrides start and end."""
+        return time.time()
 
 
 class LimiterStats:
@@ -137,7 +147,9 @@ class Limiter:
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
                                     clock=monotonic,
                                     reload_interval_s=reload_interval_s(config),
-                                    announce=self.bump_config_version)
+                                    announce=self.bump_config_version,
+                                    wall_clock=getattr(self.clock, "wall_time", time.time),
+                                    noticed=_record_outside_change)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(config=lambda: self.config)

@@ -14,9 +14,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "Dashboard", "Counts", "Kind", "CalendarPeriod"]
+           "Dashboard", "Counts", "Kind", "CalendarPeriod", "Schedule", "AuditEntry",
+           "AuditSource"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -64,8 +66,70 @@ class Plan(models.Model):
                     )
 
 
-class PlanAssignment(models.Model):
-    """Which plan (and tenant) a user is on."""
+class Schedule(models.TextChoices):
+    """Where a row with an optional start and end stands at a moment (see ``Scheduled``)."""
+
+    PERMANENT = "permanent", "Permanent"
+    SCHEDULED = "scheduled", "Scheduled"
+    ACTIVE = "active", "Active (temporary)"
+    EXPIRED = "expired", "Expired"
+
+
+def schedule_fields():
+    """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row that applies
+    only between its start and end (either may be empty), and why. Declared last in each model,
+    so exports list them after the model's own fields."""
+    return (
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text="Empty: from now on. Otherwise the row applies from this moment."),
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text="Empty: until removed. Otherwise the row stops applying at this moment "
+                      "(it is kept, listed as expired)."),
+        models.CharField(
+            max_length=200, blank=True,
+            help_text="Why, for the next operator: “launch week”, “ticket 4711”."),
+    )
+
+
+class Scheduled:
+    """What a model with ``schedule_fields()`` can say about its dates.
+
+    The policy snapshot holds only the rows active when it was compiled and the next moment a
+    row starts or ends; every worker recompiles at that moment (``policy.PolicyCache``).
+    """
+
+    def schedule_at(self, now):
+        """Return the Schedule value of this row at the datetime ``now``."""
+        if self.ends_at is not None and self.ends_at <= now:
+            return Schedule.EXPIRED
+        if self.starts_at is not None and self.starts_at > now:
+            return Schedule.SCHEDULED
+        if self.starts_at is None and self.ends_at is None:
+            return Schedule.PERMANENT
+        return Schedule.ACTIVE
+
+    def is_active_at(self, now):
+        """Return True if the row applies at the datetime ``now``."""
+        return self.schedule_at(now) in (Schedule.PERMANENT, Schedule.ACTIVE)
+
+    def clean_schedule(self):
+        """Raise ValidationError if the end is not after the start."""
+        if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            raise ValidationError({"ends_at": "The end must be after the start: set a later "
+                                              "end, or clear one of the two."})
+
+    @classmethod
+    def active_q(cls, now):
+        """Return the Q of the rows that apply at the datetime ``now``."""
+        return (Q(starts_at__isnull=True) | Q(starts_at__lte=now)) & \
+            (Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+
+
+class PlanAssignment(Scheduled, models.Model):
+    """Which plan (and tenant) a user is on; with a start or an end, only between them (the
+    user is on the default plan for signed-in users outside them)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_plan"
@@ -74,9 +138,13 @@ class PlanAssignment(models.Model):
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Organisation the user belongs to, if any."
     )
+    starts_at, ends_at, reason = schedule_fields()
 
     def __str__(self):
         return f"{self.user} → {self.plan}"
+
+    def clean(self):
+        self.clean_schedule()
 
 
 def hash_api_key(raw_key):
@@ -430,8 +498,9 @@ class EndpointCost(models.Model):
             raise ValidationError(errors)
 
 
-class IdentityOverride(models.Model):
-    """Special treatment for one caller: exempt from limits, or its own numbers."""
+class IdentityOverride(Scheduled, models.Model):
+    """Special treatment for one caller: exempt from limits, or its own numbers; with a start
+    or an end, only between them (a dated override wins over a permanent one meanwhile)."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
@@ -450,12 +519,14 @@ class IdentityOverride(models.Model):
     )
     burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     note = models.CharField(max_length=200, blank=True)
+    starts_at, ends_at, reason = schedule_fields()
 
     def __str__(self):
         who = self.user or self.api_key or self.ip
         return f"{who}: " + ("exempt" if self.exempt else f"{self.rate} per {self.period_s} s, burst {self.burst}")
 
     def clean(self):
+        self.clean_schedule()
         chosen = [f for f in ("user", "api_key", "ip") if getattr(self, f if f == "ip" else f + "_id")]
         if len(chosen) != 1:
             raise ValidationError("Choose exactly one of user, API key or client IP.")
@@ -472,6 +543,50 @@ class IdentityOverride(models.Model):
             raise ValidationError({"rule": "A calendar quota has no rate, period and burst to "
                                            "override; choose a token-bucket rule (or tick "
                                            "“exempt”)."})
+
+
+class AuditSource(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    IMPORT = "import", "Import"
+    RESTORE = "restore", "Restore"
+    CODE = "code", "Application code"
+    OUTSIDE = "outside", "Changed outside the app"
+    MIGRATE = "migrate", "Migration"
+
+
+class AuditEntry(models.Model):
+    """One recorded change of the quota configuration (see ``audit.py``): who made it, when, the
+    field-by-field ``diff`` against the previous entry, and the whole configuration after it
+    (``snapshot``, the quotas-as-code document) so that any entry can be restored."""
+
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                             on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=150, help_text="Who: a user name, a command, or "
+                                                      "“outside the app”.")
+    source = models.CharField(max_length=10, choices=AuditSource.choices)
+    summary = models.CharField(max_length=300)
+    diff = models.JSONField(default=list)
+    snapshot = models.JSONField()
+    # one "\n<section>|<key>\n" line per item the change touched: per-object history
+    touched = models.TextField(blank=True, editable=False)
+    # the entry this one's diff is against; unique, so two processes recording at once cannot
+    # both follow the same entry (the second one retries against the first)
+    previous = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="following", editable=False)
+    restored_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit trail"
+        default_permissions = ("view",)
+        permissions = [("restore_configuration",
+                        "Can restore the quota configuration of an audit entry")]
+
+    def __str__(self):
+        return f"#{self.pk} {self.actor}: {self.summary}"
 
 
 class Dashboard(models.Model):

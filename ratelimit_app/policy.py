@@ -10,6 +10,11 @@ migration) announce nothing: for them each worker compares a digest of the rows 
 snapshot's once every ``CONFIG_RELOAD_INTERVAL_S`` (one query, ``config_fingerprint``), and the
 first to see a difference reloads and announces a new version, so the others follow within
 about a second.
+
+Plan assignments and identity overrides may have a start and an end (``models.Scheduled``):
+a snapshot holds only the rows active when it was compiled, and the next moment one starts or
+ends (``Snapshot.next_change_at``); each worker recompiles at that moment by itself, with no
+announcement and no query before it (``PolicyCache``).
 """
 
 import functools
@@ -19,12 +24,17 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from .conf import get_config
 
 __all__ = ["CompiledRule", "Snapshot", "PolicyCache", "compile_snapshot", "config_fingerprint"]
 
 logger = logging.getLogger("ratelimit_app")
+
+# The longest a worker trusts its monotonic clock to say when a dated row starts or ends: the
+# wall clock is read again after this long (it may have been stepped meanwhile).
+SCHEDULE_RECHECK_S = 60.0
 
 # The hierarchy, from the widest scope to the narrowest: the order buckets are reported in.
 SCOPE_ORDER = {"global": 0, "plan": 1, "tenant": 2, "user": 3, "ip": 3}
@@ -100,6 +110,9 @@ class Snapshot:
     assignments: dict = field(default_factory=dict)   # str(user pk) -> (plan slug, tenant)
     overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
     costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
+    # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
+    # snapshot is out of date from then on
+    next_change_at: float = math.inf
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -143,8 +156,19 @@ class Snapshot:
 _COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 
 
-def compile_snapshot(version):
+def _next_change(rows, now):
+    """Return the earliest start or end after the datetime ``now`` among ``rows`` (epoch s),
+    or ``math.inf`` when none lies ahead."""
+    moments = [moment for row in rows for moment in (row.starts_at, row.ends_at)
+               if moment is not None and moment > now]
+    return min(moments).timestamp() if moments else math.inf
+
+
+def compile_snapshot(version, now=None):
     """Read every configuration row and return a Snapshot (the only DB access of the app).
+
+    ``now`` (epoch s; default: the wall clock) picks the dated assignments and overrides
+    that are active; the snapshot records when the next one starts or ends.
 
     The reads run in an atomic block of their own: inside a caller's transaction (a view under
     ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
@@ -155,13 +179,15 @@ def compile_snapshot(version):
     from .models import Rule
 
     with transaction.atomic(using=router.db_for_read(Rule)):
-        return _read_snapshot(version)
+        return _read_snapshot(version, now)
 
 
-def _read_snapshot(version):
+def _read_snapshot(version, now):
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
                          Plan, PlanAssignment, Rule)
+
+    moment = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
 
     plans = list(Plan.objects.all())
     rules = tuple(
@@ -177,9 +203,10 @@ def _read_snapshot(version):
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
+    assignment_rows = list(PlanAssignment.objects.select_related("plan"))
     assignments = {
         str(a.user_id): (a.plan.slug, a.tenant)
-        for a in PlanAssignment.objects.select_related("plan")
+        for a in assignment_rows if a.is_active_at(moment)
     }
     api_keys = {
         k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id), k.plan.slug if k.plan_id else None,
@@ -187,7 +214,11 @@ def _read_snapshot(version):
         for k in ApiKey.objects.filter(active=True).select_related("plan")
     }
     overrides = {}
-    for o in IdentityOverride.objects.all():
+    override_rows = list(IdentityOverride.objects.order_by("id"))
+    # the dated ones after the permanent ones: the engine applies them in order, the last wins
+    active = sorted((o for o in override_rows if o.is_active_at(moment)),
+                    key=lambda o: o.starts_at is not None or o.ends_at is not None)
+    for o in active:
         if o.user_id:
             who = ("user", str(o.user_id))
         elif o.api_key_id:
@@ -213,6 +244,8 @@ def _read_snapshot(version):
         assignments=assignments,
         overrides={k: tuple(v) for k, v in overrides.items()},
         costs=costs,
+        next_change_at=min(_next_change(assignment_rows, moment),
+                           _next_change(override_rows, moment)),
     )
 
 
@@ -287,10 +320,17 @@ class PolicyCache:
     when the store cannot answer); ``load`` compiles a Snapshot for a version (the database);
     ``clock`` is monotonic seconds. The Limiter owns one.
 
+    ``wall_clock`` (epoch seconds) is read only when a snapshot is compiled and when its
+    ``next_change_at`` (a dated assignment or override starting or ending) may be due: that
+    moment is turned into a monotonic deadline folded into the one the request path already
+    compares with, so a dated row costs a request nothing, and the worker recompiles at the
+    first request after the moment.
+
     With ``reload_interval_s`` (None: off), the rows are also compared with the snapshot once
     per interval through ``fingerprint`` (a callable returning a digest of the rows, one
     query); on a difference the snapshot is reloaded and ``announce`` (a callable writing a new
-    version for every worker) is called, unless the store's version has already moved on.
+    version for every worker) is called, unless the store's version has already moved on; then
+    ``noticed`` (the audit trail's record of the change) is called too.
 
     Where that comparison runs, and why: in the one request that finds it due (the others keep
     serving the snapshot meanwhile), like the version poll and the reload themselves; on an
@@ -302,13 +342,16 @@ class PolicyCache:
     """
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
-                 load=None, reload_interval_s=None, fingerprint=None, announce=None):
+                 load=None, reload_interval_s=None, fingerprint=None, announce=None,
+                 wall_clock=time.time, noticed=None):
         self._read_version = read_version
-        self._load = load or compile_snapshot
+        self._wall_clock = wall_clock
+        self._load = load or self._compile
         self.check_interval_s = check_interval_s
         self.reload_interval_s = reload_interval_s
         self._fingerprint = fingerprint or config_fingerprint
         self._announce = announce
+        self._noticed = noticed  # called once this worker announced rows changed unannounced
         self._clock = clock
         self._lock = threading.Lock()
         self._compare_lock = threading.Lock()
@@ -318,6 +361,11 @@ class PolicyCache:
         self.checked_at = 0.0  # clock time the version was last confirmed
         self.retry_at = 0.0    # after a failed load: clock time the DB may be tried again
         self.compare_at = math.inf  # clock time the rows are next compared with the snapshot
+        self.switch_at = math.inf   # clock time a dated row may start or end (see _schedule)
+        self.due_at = math.inf      # the earlier of the two: the request path compares only it
+
+    def _compile(self, version):
+        return compile_snapshot(version, self._wall_clock())
 
     def invalidate(self):
         """Reload at the next request, keeping the current rules if the reload fails."""
@@ -347,9 +395,11 @@ class PolicyCache:
         snapshot = self.snapshot
         if snapshot is not None and not self.stale:
             now = self._clock()
-            if now - self.checked_at < self.check_interval_s and now < self.compare_at:
+            if now - self.checked_at < self.check_interval_s and now < self.due_at:
                 return snapshot
-            if now >= self.compare_at:
+            if now >= self.switch_at:
+                self._check_schedule(snapshot, now)
+            if not self.stale and now >= self.compare_at:
                 self._compare_rows(snapshot, now)
             if not self.stale and now - self.checked_at >= self.check_interval_s:
                 self._poll_version(snapshot)
@@ -367,7 +417,7 @@ class PolicyCache:
             return None
         now = self._clock()
         if not self.stale:
-            if now - self.checked_at < self.check_interval_s and now < self.compare_at:
+            if now - self.checked_at < self.check_interval_s and now < self.due_at:
                 return snapshot
             return None
         return snapshot if now < self.retry_at else None
@@ -396,6 +446,7 @@ class PolicyCache:
             if now < self.compare_at or snapshot is not self.snapshot:
                 return  # another thread compared (or reloaded) while this one got here
             self.compare_at = now + self.reload_interval_s
+            self.due_at = min(self.compare_at, self.switch_at)
             try:
                 fingerprint = self._fingerprint()
             except Exception:  # a DB outage must not turn into 500s: keep the rules we have
@@ -411,6 +462,8 @@ class PolicyCache:
                         "queryset update(), bulk_create, raw SQL, a migration); reloading and "
                         "announcing a new version to every worker")
             self._announce_new_version()
+            if self._noticed is not None:
+                self._noticed()
         finally:
             self._compare_lock.release()
 
@@ -451,4 +504,25 @@ class PolicyCache:
             self.checked_at = self._clock()
             self.compare_at = (self.checked_at + self.reload_interval_s
                                if self.reload_interval_s else math.inf)
+            self._schedule(snapshot, self.checked_at)
             return snapshot
+
+    def _schedule(self, snapshot, now):
+        """Set the monotonic deadline of ``snapshot.next_change_at`` (a wall-clock time), at
+        most SCHEDULE_RECHECK_S ahead of ``now``."""
+        if snapshot.next_change_at == math.inf:
+            self.switch_at = math.inf  # no dated row ahead: nothing to recheck
+        else:
+            remaining = snapshot.next_change_at - self._wall_clock()
+            self.switch_at = now + min(max(remaining, 0.0), SCHEDULE_RECHECK_S)
+        self.due_at = min(self.compare_at, self.switch_at)
+
+    def _check_schedule(self, snapshot, now):
+        """At ``switch_at``: mark the snapshot stale if a dated row started or ended, else set
+        the deadline again from the wall clock (it was only a recheck)."""
+        if self._wall_clock() >= snapshot.next_change_at:
+            logger.info("ratelimit_app: a dated plan assignment or identity override starts or "
+                        "ends now; reloading the rules")
+            self.stale = True
+        else:
+            self._schedule(snapshot, now)

@@ -68,7 +68,8 @@ SECTIONS = (
     Section("rules", Rule, ("name",), "rule"),
     Section("endpoint_costs", EndpointCost, ("endpoint", "method", "plan"), "endpoint cost"),
     Section("plan_assignments", PlanAssignment, ("user",), "plan assignment"),
-    Section("identity_overrides", IdentityOverride, ("user", "api_key", "ip", "rule"),
+    # with its start: a caller may have a permanent override and a dated one for the same rule
+    Section("identity_overrides", IdentityOverride, ("user", "api_key", "ip", "rule", "starts_at"),
             "identity override"),
 )
 

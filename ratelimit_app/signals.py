@@ -16,7 +16,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.db import transaction
 from django.db.models.signals import post_delete, post_migrate, post_save
 
-from . import guard
+from . import audit, guard
 from .limiter import default_limiter
 from .policy import config_models
 from .stores import StoreUnavailable
@@ -64,7 +64,8 @@ def one_config_bump():
         transaction.on_commit(bump_config_version)
 
 
-def _on_change(sender, **kwargs):
+def _on_change(sender, using=None, **kwargs):
+    audit.note_change(using)  # an audit entry at the commit, one per transaction
     batch = _batched_changes.get()
     if batch is not None:
         batch.append(sender)
@@ -83,6 +84,19 @@ def _on_migrate(sender, app_config=None, plan=None, **kwargs):
     # ``flush`` sends it with no plan)
     if app_config is not None and app_config.name == "ratelimit_app" and plan:
         bump_config_version()
+        _record_baseline(kwargs.get("using"))
+
+
+def _record_baseline(using):
+    """Give an empty audit trail its first entry: the configuration as the migrations left it,
+    so the first real change shows only itself."""
+    from .models import AuditEntry, AuditSource
+
+    try:
+        if not AuditEntry.objects.using(using).exists():
+            audit.record(audit.Actor("migrate", AuditSource.MIGRATE), baseline=True)
+    except Exception:  # e.g. migrated backwards past the table: nothing to record into
+        logger.exception("ratelimit_app: could not record the audit trail's first entry")
 
 
 post_migrate.connect(_on_migrate, dispatch_uid="ratelimit_app.migrated")

@@ -45,6 +45,9 @@ class FakeClock:
     def monotonic(self):
         return self.now_ms / 1000
 
+    def wall_time(self):
+        return self.now_ms / 1000
+
 
 def use_fake_clock(monkeypatch=None, now_ms=1_700_000_000_000):
     """Make the process's Limiter run at ``clock.now_ms`` (Redis time, deny cache, breaker) and

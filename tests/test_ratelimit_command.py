@@ -112,14 +112,19 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
         "burst", "counts", "lease", "mode", "on_redis_failure", "enabled"]
     assert item(document, "rules", name="free-user")["plan"] == "free"
     assert item(document, "plan_assignments", user="carol") == {
-        "user": "carol", "plan": "enterprise", "tenant": "acme"}
+        "user": "carol", "plan": "enterprise", "tenant": "acme", "starts_at": None,
+        "ends_at": None, "reason": ""}
+    # the start is part of an override's key: a caller may have a permanent and a dated one
+    undated = {"ends_at": None, "reason": ""}
     assert document["identity_overrides"] == [
-        {"user": None, "api_key": None, "ip": "203.0.113.9", "rule": None, "exempt": True,
-         "rate": None, "period_s": None, "burst": None, "note": "monitoring"},
-        {"user": None, "api_key": "rk_alice", "ip": None, "rule": None, "exempt": True,
-         "rate": None, "period_s": None, "burst": None, "note": ""},
-        {"user": "alice", "api_key": None, "ip": None, "rule": "free-user", "exempt": False,
-         "rate": 120, "period_s": 60, "burst": 60, "note": "partner"},
+        {"user": None, "api_key": None, "ip": "203.0.113.9", "rule": None, "starts_at": None,
+         "exempt": True, "rate": None, "period_s": None, "burst": None, "note": "monitoring",
+         **undated},
+        {"user": None, "api_key": "rk_alice", "ip": None, "rule": None, "starts_at": None,
+         "exempt": True, "rate": None, "period_s": None, "burst": None, "note": "", **undated},
+        {"user": "alice", "api_key": None, "ip": None, "rule": "free-user", "starts_at": None,
+         "exempt": False, "rate": 120, "period_s": 60, "burst": 60, "note": "partner",
+         **undated},
     ]
     # natural keys only: no ids, no API key secrets or digests, no timestamps
     for section in document.values():

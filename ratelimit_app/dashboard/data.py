@@ -11,6 +11,7 @@ import time
 from urllib.parse import urlencode
 
 from django.template.loader import render_to_string
+from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -18,7 +19,7 @@ from .. import metrics
 from ..limiter import default_limiter
 from ..stores.base import READ_ERRORS
 from ..conf import get_config
-from ..models import ApiKey
+from ..models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
 from .charts import requests_chart
 
 __all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id"]
@@ -30,6 +31,7 @@ FRAGMENTS = {
     "rates": "ratelimit_app/dashboard_rates.html",
     "hot_keys": "ratelimit_app/dashboard_hot_keys.html",
     "near_limit": "ratelimit_app/dashboard_near_limit.html",
+    "temporary": "ratelimit_app/dashboard_temporary.html",
     "health": "ratelimit_app/dashboard_health.html",
 }
 HOT_KEYS_SHOWN = 10
@@ -156,6 +158,32 @@ def _health(now):
     return health
 
 
+def temporary_rows(now):
+    """Return who is on a temporary override or plan assignment at the datetime ``now``: one
+    dict per row (identity, what it changes, until when, reason), the soonest to end first."""
+    rows = []
+    dated = ~(Q(starts_at__isnull=True) & Q(ends_at__isnull=True))
+    overrides = IdentityOverride.objects.filter(dated, Scheduled.active_q(now)).select_related(
+        "user", "api_key", "rule")
+    for o in overrides:
+        numbers = "exempt" if o.exempt else f"{o.rate} per {o.period_s} s, burst {o.burst}"
+        rows.append({"kind": "override", "identity": str(o.user or o.api_key or o.ip),
+                     "what": f"{o.rule or 'every user/IP rule'}: {numbers}",
+                     "ends_at": o.ends_at, "reason": o.reason or o.note})
+    assignments = PlanAssignment.objects.filter(dated, Scheduled.active_q(now)).select_related(
+        "user", "plan")
+    for a in assignments:
+        rows.append({"kind": "plan", "identity": str(a.user), "what": f"plan {a.plan}",
+                     "ends_at": a.ends_at, "reason": a.reason})
+    far = datetime.datetime.max.replace(tzinfo=datetime.timezone.utc)
+    rows.sort(key=lambda row: (row["ends_at"] or far, row["identity"]))
+    for row in rows:
+        row["until_text"] = (timezone.localtime(row["ends_at"]).strftime("%Y-%m-%d %H:%M")
+                             if row["ends_at"] else "no end")
+        row["ends_at"] = row["ends_at"].timestamp() if row["ends_at"] else None  # JSON-ready
+    return rows
+
+
 def _shadow_rules(rule_rows):
     try:
         rules = default_limiter().snapshot().rules
@@ -208,6 +236,8 @@ def dashboard_data(window="1h", now=None, with_html=True):
         "hot_keys": {metric: _decorate(rows, labels) for metric, rows in hot.items()},
         "near_limit": _decorate(near, labels),
         "health": health,
+        "temporary": temporary_rows(datetime.datetime.fromtimestamp(now,
+                                                                   tz=datetime.timezone.utc)),
     }
     if with_html:
         context = {**data, "chart_svg": requests_chart(series) if series else ""}

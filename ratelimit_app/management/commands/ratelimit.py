@@ -20,11 +20,13 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import metrics
+from ...audit import Actor, acting_as
 from ...dashboard.admin import RESET_PERMISSION
 from ...dashboard.data import dashboard_data
 from ...dashboard.inspector import bucket_rows, find_identity, reset_and_record
 from ...dashboard.text import bucket_lines, counted, top_lines
 from ...limiter import default_limiter
+from ...models import AuditSource
 from ...operator_checks import FAIL, OK, run_operator_checks
 from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
                                export_document, plan_import)
@@ -148,7 +150,8 @@ class Command(BaseCommand):
         except StoreUnavailable as exc:
             raise _redis_down("nothing imported (workers could not be told to reload)", exc)
         try:
-            apply_import(plan.changes)
+            with acting_as(Actor("manage.py ratelimit import", AuditSource.IMPORT)):
+                apply_import(plan.changes)  # one audit entry, at the commit
         except QuotaFileError as exc:
             raise self._invalid(file, exc)
         try:
