@@ -230,6 +230,9 @@ class RuleAdmin(admin.ModelAdmin):
                            "every rule that applies holds its cost.",
         }),
         ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
+        ("Alerts", {"fields": ["alert_thresholds"],
+                    "description": "Webhook endpoints and the deliveries sent are under "
+                                   "“Webhook endpoints” and “Webhook deliveries”."}),
     ]
 
     @admin.display(description="endpoint", ordering="endpoint")
@@ -352,4 +355,5 @@ class IdentityOverrideAdmin(admin.ModelAdmin):
             messages.warning(request, warning)
 
 
+from .alerts_admin import WebhookEndpointAdmin  # noqa: E402,F401  (alerts and webhooks)
 from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)

@@ -54,6 +54,8 @@ class CompiledRule:
     # a concurrency limit: at most ``rate`` requests in flight, each slot freed after
     # ``period_s`` at the latest (see buckets.ConcurrencySlot)
     concurrency: bool = False
+    # alert thresholds, percent of the quota used, ascending (see alerts.py); (): no alerts
+    alerts: tuple = ()
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -63,7 +65,7 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar, self.concurrency)
+                            self.lease, self.calendar, self.concurrency, self.alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class Snapshot:
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     has_leases: bool = False       # a rule leases tokens to workers (see leases.py)
     has_concurrency: bool = False  # a rule limits requests in flight (see buckets.py)
+    has_alerts: bool = False       # a rule has alert thresholds (see alerts.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -147,7 +150,7 @@ def compile_snapshot(version):
     """Read every configuration row and return a Snapshot (the only DB access of the app)."""
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
-                         Plan, PlanAssignment, Rule)
+                         Plan, PlanAssignment, Rule, parse_alert_thresholds)
 
     plans = list(Plan.objects.all())
     rules = tuple(
@@ -160,6 +163,7 @@ def compile_snapshot(version):
             lease=r.lease,
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
             concurrency=r.kind == Kind.CONCURRENCY,
+            alerts=parse_alert_thresholds(r.alert_thresholds) if r.alert_thresholds else (),
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
@@ -192,6 +196,7 @@ def compile_snapshot(version):
         failed_auth_rules=tuple(r for r in rules if r.failed_auth),
         has_leases=any(r.lease for r in rules),
         has_concurrency=any(r.concurrency for r in rules),
+        has_alerts=any(r.alerts for r in rules),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
         default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),

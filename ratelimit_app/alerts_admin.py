@@ -1,0 +1,90 @@
+"""The admin of quota alerts and webhooks: endpoints (secret shown once), deliveries (status,
+attempts, last error, a re-send action), and the alerts stored (read only)."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+
+from .alert_models import Event, QuotaAlert, WebhookDelivery, WebhookEndpoint
+from .webhooks import resend
+
+__all__ = ["WebhookEndpointAdmin", "WebhookDeliveryAdmin", "QuotaAlertAdmin"]
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    url = forms.URLField(label="URL", max_length=500, assume_scheme="https",
+                         help_text=WebhookEndpoint._meta.get_field("url").help_text)
+    events = forms.MultipleChoiceField(choices=Event.choices, widget=forms.CheckboxSelectMultiple,
+                                       help_text="The events this endpoint receives.")
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["name", "url", "events", "enabled"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.initial["events"] = self.instance.event_list()
+
+    def clean_events(self):
+        return ",".join(self.cleaned_data["events"])
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ["name", "url", "events", "enabled", "created"]
+    list_filter = ["enabled"]
+    search_fields = ["name", "url"]
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """Show the new endpoint's secret once, in the response to the POST that created it
+        (never in a message, a redirect or a URL), with no-store so no cache keeps it."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Copy the endpoint's signing secret now",
+            "opts": self.opts,
+            "endpoint": obj,
+            "secret": obj.secret,
+        }
+        response = TemplateResponse(
+            request, "admin/ratelimit_app/webhookendpoint/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["id", "event", "endpoint", "status", "attempts", "last_status_code",
+                    "last_error", "next_attempt_at", "created", "sent_at"]
+    list_filter = ["status", "event", "endpoint"]
+    list_select_related = ["endpoint"]
+    actions = ["resend_deliveries"]
+    readonly_fields = ["endpoint", "alert", "event", "body", "status", "attempts", "last_error",
+                       "last_status_code", "next_attempt_at", "give_up_at", "created", "sent_at"]
+
+    def has_add_permission(self, request):
+        return False  # deliveries are made by alerts
+
+    @admin.action(description="Re-send the selected deliveries", permissions=["change"])
+    def resend_deliveries(self, request, queryset):
+        count = resend(queryset)
+        self.message_user(request, f"{count} deliver{'y' if count == 1 else 'ies'} queued to be "
+                                   f"sent again (by `manage.py ratelimit deliver`).",
+                          messages.SUCCESS)
+
+
+@admin.register(QuotaAlert)
+class QuotaAlertAdmin(admin.ModelAdmin):
+    list_display = ["rule", "identity", "threshold", "used", "limit", "period_start", "created"]
+    list_filter = ["threshold", "rule"]
+    list_select_related = ["rule"]
+    search_fields = ["identity", "identity_key", "rule__name"]
+    readonly_fields = ["rule", "identity", "identity_key", "threshold", "used", "limit",
+                       "period_start", "created"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
