@@ -4,8 +4,9 @@ attempts, last error, a re-send action), and the alerts stored (read only)."""
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
-from .alert_models import Event, QuotaAlert, WebhookDelivery, WebhookEndpoint
+from .alert_models import DeliveryStatus, Event, QuotaAlert, WebhookDelivery, WebhookEndpoint
 from .webhooks import resend
 
 __all__ = ["WebhookEndpointAdmin", "WebhookDeliveryAdmin", "QuotaAlertAdmin"]
@@ -23,8 +24,8 @@ class WebhookEndpointForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.instance.pk:
-            self.initial["events"] = self.instance.event_list()
+        # the stored "a,b" as the boxes to tick (a new endpoint: the model's default, all)
+        self.initial["events"] = self.instance.event_list()
 
     def clean_events(self):
         return ",".join(self.cleaned_data["events"])
@@ -55,8 +56,8 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
-    list_display = ["id", "event", "endpoint", "status", "attempts", "last_status_code",
-                    "last_error", "next_attempt_at", "created", "sent_at"]
+    # few columns: the list must fit beside the admin's sidebar (the rest is on the row's page)
+    list_display = ["event", "endpoint", "status_cell", "last_error_cell", "next_attempt_cell"]
     list_filter = ["status", "event", "endpoint"]
     list_select_related = ["endpoint"]
     actions = ["resend_deliveries"]
@@ -65,6 +66,22 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # deliveries are made by alerts
+
+    @admin.display(description="status", ordering="status")
+    def status_cell(self, delivery):
+        attempts = f"{delivery.attempts} attempt{'' if delivery.attempts == 1 else 's'}"
+        return f"{delivery.get_status_display()}, {attempts}"
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt_cell(self, delivery):
+        if delivery.status in (DeliveryStatus.SENT, DeliveryStatus.FAILED):
+            return "—"
+        return timezone.localtime(delivery.next_attempt_at).strftime("%d %b %H:%M:%S")
+
+    @admin.display(description="last error")
+    def last_error_cell(self, delivery):
+        error = delivery.last_error
+        return error if len(error) <= 80 else error[:79] + "…"
 
     @admin.action(description="Re-send the selected deliveries", permissions=["change"])
     def resend_deliveries(self, request, queryset):

@@ -25,8 +25,9 @@ import json
 import logging
 import random
 import time
-import urllib.error
-import urllib.request
+import http.client
+import urllib.parse
+from http import HTTPStatus
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -43,6 +44,7 @@ SIGNATURE_HEADER = "X-Ratelimit-Signature"
 CLAIM_MARGIN_S = 30
 # deliveries claimed per round
 BATCH_SIZE = 20
+_PHRASES = {status.value for status in HTTPStatus}
 
 
 def sign(secret, timestamp, body):
@@ -110,13 +112,25 @@ def backoff_s(attempts, config, rng=random.random):
     return min(most, base * 2 ** max(0, attempts - 1)) * (0.5 + rng() / 2)
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    # a redirect is an answer (3xx: not delivered), never followed to another host
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirects)
+def post(url, body, headers, timeout_s):
+    """POST ``body`` to ``url``; return the answer's status code. Redirects are answers, never
+    followed. Raises OSError (refused, timed out, DNS) or ValueError (a URL it cannot use); the
+    connection is closed either way."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" \
+        else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        path = parts.path or "/"
+        connection.request("POST", f"{path}?{parts.query}" if parts.query else path, body=body,
+                           headers=headers)
+        response = connection.getresponse()
+        response.read(64 * 1024)  # what a receiver says is not used; bounded
+        return response.status
+    finally:
+        connection.close()
 
 
 class Sender:
@@ -170,21 +184,17 @@ class Sender:
         config = self.config()
         body = delivery.body.encode()
         now = self.clock()
-        request = urllib.request.Request(delivery.endpoint.url, data=body, method="POST", headers={
+        headers = {
             "Content-Type": "application/json",
             "User-Agent": "ratelimit_app-webhooks",
             "X-Ratelimit-Event": delivery.event,
             "X-Ratelimit-Delivery": str(delivery.pk),
             SIGNATURE_HEADER: signature_header(delivery.endpoint.secret, now, body),
-        })
+        }
         code, error = None, ""
         try:
-            with _opener.open(request, timeout=float(config["WEBHOOK_TIMEOUT_S"])) as response:
-                code = response.status
-        except urllib.error.HTTPError as exc:
-            code, error = exc.code, f"HTTP {exc.code} {exc.reason}"
-            exc.close()
-        except (OSError, ValueError) as exc:  # refused, timed out, DNS, a bad URL
+            code = post(delivery.endpoint.url, body, headers, float(config["WEBHOOK_TIMEOUT_S"]))
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             error = f"{type(exc).__name__}: {exc}"
         attempts = delivery.attempts + 1
         update = {"attempts": F("attempts") + 1, "last_status_code": code}
@@ -193,7 +203,9 @@ class Sender:
                           last_error="")
             delivered = True
         else:
-            error = error or f"HTTP {code}"
+            if not error:
+                error = f"HTTP {code} {HTTPStatus(code).phrase}" if code in _PHRASES \
+                    else f"HTTP {code}"
             retry_at = now + backoff_s(attempts, config, self.rng)
             gave_up = _now_dt(retry_at) > delivery.give_up_at
             update.update(last_error=error[:500],
