@@ -146,6 +146,19 @@ class Snapshot:
 _COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 
 
+def _alert_thresholds(rule, parse):
+    """Return a rule row's alert thresholds, or () (logged) for a value clean() would refuse,
+    written without it (a queryset's update(), raw SQL): alerts are not worth a failed reload."""
+    if not rule.alert_thresholds:
+        return ()
+    try:
+        return parse(rule.alert_thresholds)
+    except ValueError as exc:
+        logger.warning("ratelimit_app: rule %s: alert thresholds %r ignored: %s", rule.name,
+                       rule.alert_thresholds, exc)
+        return ()
+
+
 def compile_snapshot(version):
     """Read every configuration row and return a Snapshot (the only DB access of the app)."""
     from .identity import limited_ip
@@ -163,7 +176,7 @@ def compile_snapshot(version):
             lease=r.lease,
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
             concurrency=r.kind == Kind.CONCURRENCY,
-            alerts=parse_alert_thresholds(r.alert_thresholds) if r.alert_thresholds else (),
+            alerts=_alert_thresholds(r, parse_alert_thresholds),
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )

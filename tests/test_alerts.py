@@ -179,3 +179,15 @@ def test_a_full_queue_drops_and_counts(settings):
     queue.put((one,))
     queue.put((one._replace(threshold=100),))
     assert queue.pending() == 1 and queue.dropped == 1
+
+
+@pytest.mark.django_db
+def test_thresholds_written_without_clean_are_ignored_not_fatal(caplog):
+    use_fake_clock(now_ms=HOUR_START_MS)
+    rule = calendar_rule()
+    Rule.objects.filter(pk=rule.pk).update(alert_thresholds="80,lots")  # no clean(), no signal
+    snapshot = limiter().snapshot()
+    compiled = next(r for r in snapshot.rules if r.id == rule.id)
+    assert compiled.alerts == () and not snapshot.has_alerts
+    assert "alert thresholds '80,lots' ignored" in caplog.text
+    assert Client().get("/hello/").status_code == 200  # the rule itself still applies

@@ -62,6 +62,30 @@ def verified_by_hand(secret, headers, body):
     return hmac.compare_digest(expected, fields["v1"]) and abs(time.time() - int(fields["t"])) < 60
 
 
+def docs_verify():
+    """The receiver's ``verify`` function from docs/howto/alerts.md, run as printed."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "howto" / "alerts.md").read_text()
+    code = next(block for block in text.split("```python")[1:] if "def verify(" in block)
+    namespace = {}
+    exec(code.split("```")[0], namespace)  # noqa: S102  (our own docs)
+    return namespace["verify"]
+
+
+def test_the_docs_receiver_snippet_accepts_a_real_delivery_and_rejects_a_forgery(receiver):
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    assert Sender().send_due() == (1, 0)
+    [got] = receiver.received
+    verify = docs_verify()
+    signature = got.headers["X-Ratelimit-Signature"]
+    assert verify(endpoint.secret, signature, got.body)
+    assert not verify(endpoint.secret, signature, got.body.replace(b"100", b"101"))
+    assert not verify("whsec_wrong", signature, got.body)
+    stale = signature_header(endpoint.secret, time.time() - 3600, got.body)
+    assert not verify(endpoint.secret, stale, got.body)  # a replay an hour later
+
+
 def test_a_signature_verifies_and_a_replay_or_a_changed_body_does_not():
     header = signature_header("whsec_x", 1_000_000, b'{"a":1}')
     assert verify_signature("whsec_x", header, b'{"a":1}', now=1_000_100)
