@@ -154,3 +154,36 @@ def test_one_alert_and_one_delivery_per_crossing_under_concurrent_traffic(site, 
     assert sorted(thresholds) == list(THRESHOLDS)  # one delivery per crossing
     assert set(rows(db, "SELECT status, attempts FROM ratelimit_app_webhookdelivery")) == \
         {("sent", 1)}
+
+
+RACE = """
+import django
+django.setup()
+from ratelimit_app.alert_models import QuotaAlert
+from ratelimit_app.alerts import Crossing, quota_threshold_crossed, store_crossings
+from ratelimit_app.models import Rule
+signals = []
+quota_threshold_crossed.connect(lambda sender, alert, **kw: signals.append(alert.pk), weak=False)
+rule = Rule.objects.get(name="daily")
+stored = store_crossings([Crossing(rule.id, "rl:{ip.race}", "ip:10.8.0.1", 90,
+                                   1_700_000_000_000, 36, 40)])
+print(len(stored), len(signals))
+"""
+
+
+def test_processes_storing_the_same_crossing_at_once_store_one_row_and_send_one_signal(site):
+    port, env, db = site
+    racers = [subprocess.Popen([sys.executable, "-c", RACE], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(4)]
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        outcomes.append(tuple(map(int, out.split())))
+    assert sorted(outcomes) == [(0, 0), (0, 0), (0, 0), (1, 1)]
+    assert rows(db, "SELECT COUNT(*) FROM ratelimit_app_quotaalert WHERE threshold = 90") == \
+        [(1,)]
+    assert rows(db, "SELECT COUNT(*) FROM ratelimit_app_webhookdelivery d JOIN "
+                    "ratelimit_app_quotaalert a ON d.alert_id = a.id WHERE a.threshold = 90") == \
+        [(1,)]
