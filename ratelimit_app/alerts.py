@@ -18,9 +18,11 @@ Periods: a calendar quota's day or month; a token bucket's window of one period 
 epoch (a bucket of period 1 h alerts at most once per threshold per clock hour, UTC).
 """
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -92,7 +94,7 @@ class AlertQueue:
     counted in ``dropped``.
     """
 
-    def __init__(self, now_ms, config, *, autostart=True):
+    def __init__(self, now_ms, config, *, autostart=True, drain_at_exit=None):
         self.now_ms = now_ms      # callable: the decision's clock in ms
         self.config = config      # callable: the RATELIMIT_APP mapping
         self.autostart = autostart
@@ -104,6 +106,10 @@ class AlertQueue:
         self._thread = None
         self._start_lock = threading.Lock()
         self._drain_lock = threading.Lock()
+        if autostart if drain_at_exit is None else drain_at_exit:
+            # a worker stopped gracefully (a deploy, gunicorn's max_requests) stores what it
+            # holds; a weak reference, so a replaced Limiter's queue can still be collected
+            atexit.register(_drain_at_exit, weakref.ref(self))
 
     def note(self, buckets, statuses, identity):
         """Queue the crossings of an allowed decision (see ``crossings``)."""
@@ -173,6 +179,18 @@ class AlertQueue:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
+
+
+def _drain_at_exit(queue_ref):
+    queue = queue_ref()
+    if queue is None or not queue.pending():
+        return
+    queue.stop()
+    try:
+        queue.drain()
+    except Exception as exc:
+        logger.error("ratelimit_app: %d alert crossing(s) lost at exit (%s: %s)",
+                     queue.pending(), type(exc).__name__, exc)
 
 
 def store_crossings(found):

@@ -187,3 +187,27 @@ def test_processes_storing_the_same_crossing_at_once_store_one_row_and_send_one_
     assert rows(db, "SELECT COUNT(*) FROM ratelimit_app_webhookdelivery d JOIN "
                     "ratelimit_app_quotaalert a ON d.alert_id = a.id WHERE a.threshold = 90") == \
         [(1,)]
+
+
+AT_EXIT = """
+import django
+django.setup()
+from ratelimit_app.alerts import AlertQueue, Crossing
+from ratelimit_app.conf import get_config
+from ratelimit_app.models import Rule
+rule = Rule.objects.get(name="daily")
+# no thread: only the exit stores what is queued
+queue = AlertQueue(lambda: 0, get_config, autostart=False, drain_at_exit=True)
+queue.put([Crossing(rule.id, "rl:{ip.exit}", "ip:10.9.0.1", 75, 1_700_000_000_000, 30, 40)])
+print(queue.pending())
+"""
+
+
+def test_a_worker_stopping_stores_the_crossings_it_still_holds(site):
+    port, env, db = site
+    done = subprocess.run([sys.executable, "-c", AT_EXIT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1\n"  # queued when the script ended
+    assert rows(db, "SELECT identity_key, threshold FROM ratelimit_app_quotaalert "
+                    "WHERE threshold = 75") == [("rl:{ip.exit}", 75)]
