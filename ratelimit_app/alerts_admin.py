@@ -6,7 +6,8 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from .alert_models import DeliveryStatus, Event, QuotaAlert, WebhookDelivery, WebhookEndpoint
+from .alert_models import (DeliveryStatus, Event, QuotaAlert, WebhookDelivery, WebhookEndpoint,
+                           new_webhook_secret)
 from .webhooks import resend
 
 __all__ = ["WebhookEndpointAdmin", "WebhookDeliveryAdmin", "QuotaAlertAdmin"]
@@ -37,16 +38,32 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     list_display = ["name", "url", "events", "enabled", "created"]
     list_filter = ["enabled"]
     search_fields = ["name", "url"]
+    actions = ["rotate_secret"]
 
     def response_add(self, request, obj, post_url_continue=None):
         """Show the new endpoint's secret once, in the response to the POST that created it
         (never in a message, a redirect or a URL), with no-store so no cache keeps it."""
+        return self._secret_page(request, obj, rotated=False)
+
+    @admin.action(description="Replace the signing secret (shown once)", permissions=["change"])
+    def rotate_secret(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "Select one endpoint: its new secret is shown once.",
+                              messages.ERROR)
+            return None
+        endpoint = queryset.get()
+        endpoint.secret = new_webhook_secret()
+        endpoint.save(update_fields=["secret"])
+        return self._secret_page(request, endpoint, rotated=True)
+
+    def _secret_page(self, request, endpoint, *, rotated):
         context = {
             **self.admin_site.each_context(request),
             "title": "Copy the endpoint's signing secret now",
             "opts": self.opts,
-            "endpoint": obj,
-            "secret": obj.secret,
+            "endpoint": endpoint,
+            "secret": endpoint.secret,
+            "rotated": rotated,
         }
         response = TemplateResponse(
             request, "admin/ratelimit_app/webhookendpoint/created.html", context)

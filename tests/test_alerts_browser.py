@@ -42,6 +42,17 @@ def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):  # noq
     assert endpoint.secret not in page.content()  # never shown again
     page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/")
     assert endpoint.secret not in page.content()
+
+    # a lost secret is replaced, and the new one shown once
+    page.locator("#result_list input.action-select").first.check()
+    page.select_option("select[name=action]", "rotate_secret")
+    page.click("button[name=index]")
+    rotated = page.locator("#new-webhook-secret").inner_text()
+    endpoint.refresh_from_db()
+    assert rotated == endpoint.secret and rotated != shown
+    assert "was replaced" in page.locator(".messagelist").inner_text()
+    page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/")
+    assert rotated not in page.content()
     assert page.problems == []
 
 
