@@ -191,3 +191,30 @@ def test_thresholds_written_without_clean_are_ignored_not_fatal(caplog):
     assert compiled.alerts == () and not snapshot.has_alerts
     assert "alert thresholds '80,lots' ignored" in caplog.text
     assert Client().get("/hello/").status_code == 200  # the rule itself still applies
+
+
+def test_a_request_holding_a_concurrency_slot_on_the_async_path_detects_crossings(db):
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth.models import AnonymousUser
+    from django.test import RequestFactory
+
+    use_fake_clock(now_ms=HOUR_START_MS)
+    calendar_rule(rate=4, alert_thresholds="50")  # crossed by the 2nd request
+    Rule.objects.create(name="inflight", scope="ip", kind="concurrency", rate=5, period_s=30,
+                        burst=5)
+
+    def adecide():
+        async def run():
+            try:
+                return await limiter().adecide(RequestFactory().get("/", REMOTE_ADDR="192.0.2.1"),
+                                               AnonymousUser(), "hello")
+            finally:
+                await limiter().async_store().aclose()
+        return async_to_sync(run)()
+
+    first, second = adecide(), adecide()
+    assert first.allowed and second.allowed and second.slot is not None  # the slot path
+    assert [c.threshold for c in limiter().alerts._queue] == [50]
+    assert [(a.threshold, a.used) for a in limiter().alerts.drain()] == [(50, 2)]
+    for decision in (first, second):
+        limiter().release_slot(decision)
