@@ -1,7 +1,8 @@
 """``Limiter``: the request path, and every piece of per-process state it needs.
 
 A Limiter owns the policy snapshot cache, the local deny cache, the leases of hot buckets, the
-circuit breaker, its error counters, the metrics recorder and flusher, and the store. The
+circuit breaker, its error counters, the metrics recorder and flusher, the queue of quota-alert
+crossings, and the store. The
 adapters (throttle, middleware), the simulator, the inspector and the benchmarks all call it;
 the steps it runs are the pure functions of ``engine`` and the store's scripts. The request
 path reads one way: adapter → Limiter → pure modules → store.

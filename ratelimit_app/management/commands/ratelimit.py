@@ -208,8 +208,9 @@ class Command(BaseCommand):
         sender = Sender()
         if once:
             sent, failed = sender.send_due()
-            self.stdout.write(f"{counted(sent, 'delivery', 'deliveries')} sent, {counted(failed, 'attempt')} "
-                              f"failed (retried later).")
+            sent_text = counted(sent, "delivery", "deliveries")
+            self.stdout.write(f"{sent_text} sent, {counted(failed, 'attempt')} failed (retried "
+                              f"later).")
             return
         stop = threading.Event()
         for number in (signal.SIGINT, signal.SIGTERM):
