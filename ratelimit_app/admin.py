@@ -281,6 +281,9 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
                            "every rule that applies holds its cost.",
         }),
         ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
+        ("Alerts", {"fields": ["alert_thresholds"],
+                    "description": "Webhook endpoints and the deliveries sent are under "
+                                   "“Webhook endpoints” and “Webhook deliveries”."}),
     ]
 
     @admin.display(description="endpoint", ordering="endpoint")
@@ -403,4 +406,5 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
             messages.warning(request, warning)
 
 
+from .alerts_admin import WebhookEndpointAdmin  # noqa: E402,F401  (alerts and webhooks)
 from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)

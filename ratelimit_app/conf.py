@@ -88,6 +88,18 @@ DEFAULTS = {
     # always read it.
     "PROMETHEUS_ENABLED": False,
     "PROMETHEUS_TOKEN": None,
+    # Quota alerts (alerts.py): crossings waiting in a worker for its background thread to store
+    # them (beyond this many, new ones are dropped and counted), and how often it stores them.
+    "ALERTS_QUEUE_SIZE": 10_000,
+    "ALERTS_DRAIN_INTERVAL_S": 1.0,
+    # Webhooks (webhooks.py, `manage.py ratelimit deliver`): seconds a receiver has to answer,
+    # how long a delivery is retried before it is marked failed, the first retry's delay
+    # (doubled each attempt, with jitter, up to the max), and how often the sender looks for work.
+    "WEBHOOK_TIMEOUT_S": 5.0,
+    "WEBHOOK_RETRY_FOR_S": 24 * 3600,
+    "WEBHOOK_BACKOFF_BASE_S": 10.0,
+    "WEBHOOK_BACKOFF_MAX_S": 3600.0,
+    "WEBHOOK_POLL_INTERVAL_S": 1.0,
 }
 
 

@@ -1,7 +1,8 @@
 """``Limiter``: the request path, and every piece of per-process state it needs.
 
 A Limiter owns the policy snapshot cache, the local deny cache, the leases of hot buckets, the
-circuit breaker, its error counters, the metrics recorder and flusher, and the store. The
+circuit breaker, its error counters, the metrics recorder and flusher, the queue of quota-alert
+crossings, and the store. The
 adapters (throttle, middleware), the simulator, the inspector and the benchmarks all call it;
 the steps it runs are the pure functions of ``engine`` and the store's scripts. The request
 path reads one way: adapter → Limiter → pure modules → store.
@@ -19,6 +20,7 @@ from typing import NamedTuple
 from asgiref.sync import sync_to_async
 
 from . import engine, keys, metrics
+from .alerts import AlertQueue, wall_clock_ms
 from .breaker import CircuitBreaker
 from .buckets import ConcurrencySlot, slot_member
 from .conf import get_config, reload_interval_s
@@ -159,6 +161,9 @@ class Limiter:
                                        request_errors=lambda: self.stats.redis_errors)
         self.flusher.autostart = metrics_autostart
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
+        # threshold crossings seen in decisions, stored by a background thread (alerts.py)
+        self.alerts = AlertQueue(lambda: self.clock.redis_now_ms() or wall_clock_ms(),
+                                 config=lambda: self.config, autostart=metrics_autostart)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -170,6 +175,7 @@ class Limiter:
         """Stop this Limiter's background work (the metrics flush thread) and close the
         connections its store opened itself."""
         self.flusher.stop()
+        self.alerts.stop()
         self.store.close()
 
     def record(self, decision):
@@ -247,6 +253,8 @@ class Limiter:
             # the rules these buckets were built from
             pending.deny_cache.learn(pending.buckets, statuses, allowed,
                                      pending.snapshot.version, pending.sent_at)
+        if allowed and pending.snapshot.has_alerts:
+            self.alerts.note(pending.buckets, statuses, pending.identity)
         return engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
                                     pending.endpoint, pending.cost)
 
@@ -265,6 +273,8 @@ class Limiter:
         statuses = engine.statuses_from(buckets, reply)
         decision = engine.decision_from(buckets, statuses, reply.allowed, pending.identity,
                                         pending.endpoint, pending.cost)
+        if reply.allowed and pending.snapshot.has_alerts:
+            self.alerts.note(buckets, statuses, pending.identity)
         if reply.allowed:
             held = tuple(b.key for b, result in zip(buckets, reply.results)
                          if result == 1 and _takes_slot(b))

@@ -18,7 +18,8 @@ from django.utils import timezone
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
            "Dashboard", "Counts", "Kind", "CalendarPeriod", "Schedule", "AuditEntry",
-           "AuditSource"]
+           "AuditSource", "WebhookEndpoint", "QuotaAlert", "WebhookDelivery",
+           "parse_alert_thresholds", "ALERT_MIN_PERIOD_S"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -238,6 +239,25 @@ class FailureMode(models.TextChoices):
     CLOSED = "closed", "Refuse requests"
 
 
+# The shortest period of a token bucket that may carry alert thresholds: a bucket refilling
+# faster crosses them all day long, and the alert (once per period-long window) would be noise.
+ALERT_MIN_PERIOD_S = 3600
+
+
+def parse_alert_thresholds(text):
+    """Return the thresholds of ``text`` ("80,100": percent of the quota used) as a sorted
+    tuple of distinct ints from 1 to 100; raise ValueError with an operator's message."""
+    thresholds = set()
+    for part in text.replace(" ", "").split(","):
+        if not part.isdigit() or not 1 <= int(part) <= 100:
+            raise ValueError(f"“{part}” is not a percent from 1 to 100; write the thresholds "
+                             f"as whole percents separated by commas, e.g. 80,100.")
+        thresholds.add(int(part))
+    if len(thresholds) > 10:
+        raise ValueError("At most 10 thresholds per rule.")
+    return tuple(sorted(thresholds))
+
+
 class Rule(models.Model):
     """One token bucket per scope value: ``rate`` tokens per ``period_s`` up to ``burst``."""
 
@@ -302,6 +322,11 @@ class Rule(models.Model):
         max_length=10, choices=FailureMode.choices, default=FailureMode.DEFAULT
     )
     enabled = models.BooleanField(default=True)
+    alert_thresholds = models.CharField(
+        max_length=64, blank=True,
+        help_text="Percent of the quota used at which to alert, e.g. “80,100”: the signal "
+                  "quota_threshold_crossed and the webhooks, once per identity, threshold and "
+                  "period. Calendar quotas, and token buckets of a period of at least an hour.")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -346,6 +371,7 @@ class Rule(models.Model):
                 errors["lease"] = (f"A lease of {self.lease} tokens could hold more than half "
                                    f"of the burst ({self.burst}) in one worker; use at most "
                                    f"{max(1, self.burst // 2)}.")
+        self._clean_alert_thresholds(errors)
         if self.counts == Counts.FAILED_AUTH:
             if self.scope != Scope.IP:
                 errors["scope"] = ("Failed authentications are counted per client IP (the "
@@ -388,6 +414,28 @@ class Rule(models.Model):
                     errors[field] = [message]
         if errors:
             raise ValidationError(errors)
+
+    def _clean_alert_thresholds(self, errors):
+        """Check ``alert_thresholds`` and write it back normalised ("100,80" -> "80,100")."""
+        if not self.alert_thresholds.strip():
+            self.alert_thresholds = ""
+            return
+        try:
+            thresholds = parse_alert_thresholds(self.alert_thresholds)
+        except ValueError as exc:
+            errors["alert_thresholds"] = str(exc)
+            return
+        if self.kind == Kind.CONCURRENCY or self.counts == Counts.FAILED_AUTH or self.lease:
+            errors["alert_thresholds"] = ("Alerts are for calendar quotas and token buckets "
+                                          "counting requests, without a lease; clear this field.")
+        elif self.kind == Kind.TOKEN_BUCKET and self.period_s and \
+                self.period_s < ALERT_MIN_PERIOD_S:
+            errors["alert_thresholds"] = (
+                f"A token bucket of a {self.period_s} s period refills too fast for an alert to "
+                f"mean much; alerts need a period of at least {ALERT_MIN_PERIOD_S} s (or a "
+                f"calendar quota). Clear this field.")
+        else:
+            self.alert_thresholds = ",".join(map(str, thresholds))
 
     def _clean_calendar(self, errors):
         """Check a calendar quota and give it the burst (N: all of it usable at once) and the
@@ -601,3 +649,7 @@ class Dashboard(models.Model):
         ]
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
+
+
+# the alert and webhook rows (a module of their own: they are not quota configuration)
+from .alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint  # noqa: E402,F401

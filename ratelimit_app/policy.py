@@ -64,6 +64,8 @@ class CompiledRule:
     # a concurrency limit: at most ``rate`` requests in flight, each slot freed after
     # ``period_s`` at the latest (see buckets.ConcurrencySlot)
     concurrency: bool = False
+    # alert thresholds, percent of the quota used, ascending (see alerts.py); (): no alerts
+    alerts: tuple = ()
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -73,7 +75,7 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar, self.concurrency)
+                            self.lease, self.calendar, self.concurrency, self.alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,7 @@ class Snapshot:
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     has_leases: bool = False       # a rule leases tokens to workers (see leases.py)
     has_concurrency: bool = False  # a rule limits requests in flight (see buckets.py)
+    has_alerts: bool = False       # a rule has alert thresholds (see alerts.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -156,6 +159,19 @@ class Snapshot:
 _COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
 
 
+def _alert_thresholds(rule, parse):
+    """Return a rule row's alert thresholds, or () (logged) for a value clean() would refuse,
+    written without it (a queryset's update(), raw SQL): alerts are not worth a failed reload."""
+    if not rule.alert_thresholds:
+        return ()
+    try:
+        return parse(rule.alert_thresholds)
+    except ValueError as exc:
+        logger.warning("ratelimit_app: rule %s: alert thresholds %r ignored: %s", rule.name,
+                       rule.alert_thresholds, exc)
+        return ()
+
+
 def _next_change(rows, now):
     """Return the earliest start or end after the datetime ``now`` among ``rows`` (epoch s),
     or ``math.inf`` when none lies ahead."""
@@ -185,7 +201,7 @@ def compile_snapshot(version, now=None):
 def _read_snapshot(version, now):
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
-                         Plan, PlanAssignment, Rule)
+                         Plan, PlanAssignment, Rule, parse_alert_thresholds)
 
     moment = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
 
@@ -200,6 +216,7 @@ def _read_snapshot(version, now):
             lease=r.lease,
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
             concurrency=r.kind == Kind.CONCURRENCY,
+            alerts=_alert_thresholds(r, parse_alert_thresholds),
         )
         for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
     )
@@ -237,6 +254,7 @@ def _read_snapshot(version, now):
         failed_auth_rules=tuple(r for r in rules if r.failed_auth),
         has_leases=any(r.lease for r in rules),
         has_concurrency=any(r.concurrency for r in rules),
+        has_alerts=any(r.alerts for r in rules),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
         default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),

@@ -12,13 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
-REDIS_PID="" REDIS_DIR="" SERVER_PID="" DEMO_ENV=""
+REDIS_PID="" REDIS_DIR="" SERVER_PID="" SENDER_PID="" DEMO_ENV=""
 
 cleanup() {
   # `set -e` must not cut the cleanup short: kill fails for a process that already exited
   # (the terminal's Ctrl-C reaches redis-server too).
   set +e
   if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
+  if [ -n "$SENDER_PID" ]; then kill "$SENDER_PID" 2>/dev/null; wait "$SENDER_PID" 2>/dev/null; fi
   if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; fi
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
 }
@@ -83,6 +84,10 @@ Operator commands in another terminal, in this checkout ($PWD), on this demo's R
   $PY manage.py ratelimit top --window 5m
 
 MSG
+# The webhook sender (quota alerts' deliveries), its own process, stopped with the rest.
+$PY manage.py ratelimit deliver &
+SENDER_PID=$!
+echo "Webhook sender (pid $SENDER_PID): manage.py ratelimit deliver"
 # In the background so that `wait` returns as soon as a signal arrives (a foreground child
 # would delay the trap until it exits); the trap then stops the server by its PID.
 $PY manage.py runserver "127.0.0.1:$PORT" --noreload &

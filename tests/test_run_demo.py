@@ -131,11 +131,14 @@ def test_the_script_itself_exits_0_when_stopped(tmp_path):
     demo = Demo(tmp_path, [str(ROOT / "scripts" / "run-demo.sh")])
     try:
         redis_pid = demo.wait_until_serving()
+        sender_pid = int(re.search(r"Webhook sender \(pid (\d+)\)", demo.log).group(1))
+        assert is_running(sender_pid)
         demo.process.send_signal(signal.SIGTERM)  # to the script only, not its group
         assert demo.process.wait(30) == 0, demo.log
     finally:
         demo.kill_leftovers()
     demo.assert_all_stopped(redis_pid)
+    assert not is_running(sender_pid)  # the webhook sender was stopped with the rest
 
 
 def test_the_printed_commands_reach_the_demos_redis_from_another_terminal(tmp_path):
@@ -177,7 +180,8 @@ def test_sigterm_to_the_whole_process_group_stops_and_cleans_up(tmp_path, how):
     try:
         redis_pid = demo.wait_until_serving()
         members = group_pids(demo.process.pid)
-        assert redis_pid in members and len(members) >= 3  # (make,) the script, Redis, server
+        # (make,) the script, Redis, the server, the webhook sender
+        assert redis_pid in members and len(members) >= 4
         os.killpg(demo.process.pid, signal.SIGTERM)
         returncode = demo.process.wait(30)
     finally:
@@ -195,8 +199,9 @@ def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(tmp_path):
     demo = Demo(tmp_path, [str(ROOT / "scripts" / "run-demo.sh")])
     try:
         redis_pid = demo.wait_until_serving()
+        sender_pid = int(re.search(r"Webhook sender \(pid (\d+)\)", demo.log).group(1))
         [server_pid] = [pid for pid in group_pids(demo.process.pid)
-                        if pid not in (demo.process.pid, redis_pid)]
+                        if pid not in (demo.process.pid, redis_pid, sender_pid)]
         os.kill(server_pid, signal.SIGSTOP)
         demo.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30

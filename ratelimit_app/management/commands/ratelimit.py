@@ -8,13 +8,16 @@
     inspect IDENTITY [--endpoint E --method M]  a client's buckets, nothing debited
     reset IDENTITY --user STAFF [--yes]         the admin's reset, recorded in the admin history
     top [--window 1h]                           the dashboard's hot keys and 429 rates
+    deliver [--once]                            send the alert webhooks (a long-running sender)
 
 Exit codes: 0 done, 1 a check failed or Redis is unavailable, 2 bad input (an unknown identity,
 an unreadable or invalid file).
 """
 
 import json
+import signal
 import sys
+import threading
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -31,6 +34,7 @@ from ...operator_checks import FAIL, OK, run_operator_checks
 from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
                                export_document, plan_import)
 from ...stores import StoreUnavailable
+from ...webhooks import Sender
 
 FAILED = 1
 BAD_INPUT = 2
@@ -52,7 +56,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         commands = parser.add_subparsers(dest="subcommand", required=True,
-                                         metavar="{export,import,check,reload,inspect,reset,top}")
+                                         metavar="{export,import,check,reload,inspect,reset,top,"
+                                                 "deliver}")
         export = commands.add_parser("export", help="Write the quota rows as JSON.")
         export.add_argument("--output", "-o", metavar="FILE",
                             help="Write to FILE instead of standard output.")
@@ -86,6 +91,11 @@ class Command(BaseCommand):
 
         top = commands.add_parser("top", help="The dashboard's hot keys and 429 rates.")
         top.add_argument("--window", default="1h", choices=list(metrics.WINDOWS))
+
+        deliver = commands.add_parser("deliver", help="Send the alert webhooks in the outbox, "
+                                                      "until stopped (SIGINT or SIGTERM).")
+        deliver.add_argument("--once", action="store_true",
+                             help="Send what is due now, then exit.")
 
     def handle(self, *args, subcommand, **options):
         handler = getattr(self, "handle_" + subcommand)
@@ -196,6 +206,22 @@ class Command(BaseCommand):
         self.stdout.write(f"They now hold {len(snapshot.rules)} enabled rule(s), "
                           f"{len(snapshot.plans)} plan(s), {len(snapshot.costs)} endpoint "
                           f"cost(s), {len(snapshot.api_keys)} active API key(s).")
+
+    def handle_deliver(self, once=False, **options):
+        sender = Sender()
+        if once:
+            sent, failed = sender.send_due()
+            sent_text = counted(sent, "delivery", "deliveries")
+            self.stdout.write(f"{sent_text} sent, {counted(failed, 'attempt')} failed (retried "
+                              f"later).")
+            return
+        stop = threading.Event()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda *args: stop.set())
+        self.stdout.write("Sending webhook deliveries; stop with Ctrl-C.")
+        self.stdout.flush()
+        sender.run(stop)
+        self.stdout.write("Webhook sender stopped.")
 
     def _lookup(self, query):
         snapshot = default_limiter().snapshot()
