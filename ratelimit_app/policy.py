@@ -295,7 +295,12 @@ def _fingerprint_query(using, vendor):
         values += [Value(None, output_field=TextField())] * (width - len(values))
         queries.append(model._default_manager.db_manager(using).order_by()
                        .annotate(**dict(zip(names, values))).values_list(*names))
-    return queries[0].union(*queries[1:], all=True).query.sql_with_params()
+    union = queries[0].union(*queries[1:], all=True).query
+    # no ORDER BY at all: the first model's Meta.ordering would otherwise order the union by a
+    # column it does not select, which Django 6.1 refuses ("ORDER BY term does not match any
+    # column"); ``order_by()`` clears only explicit orderings, not the model's default one
+    union.clear_ordering(force=True, clear_default=True)
+    return union.sql_with_params()
 
 
 def config_fingerprint():
