@@ -184,6 +184,50 @@ def test_a_claimed_delivery_is_not_taken_by_another_sender_until_its_claim_lapse
     assert rescuer.send_due() == (2, 0) and len(receiver.received) == 2
 
 
+def hold_row_locks(pks, locked, release):
+    """In this thread's own connection: lock the rows ``pks`` as a sender's claim does, until
+    ``release`` is set (or 10 s)."""
+    from django.db import connection, transaction
+
+    try:
+        with transaction.atomic():
+            list(WebhookDelivery.objects.select_for_update().filter(pk__in=pks))
+            locked.set()
+            release.wait(10)
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)  # committed rows: the other connection sees them
+def test_rows_another_sender_is_claiming_are_skipped_not_waited_for(receiver):
+    from django.db import connection
+
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip(f"{connection.vendor} has no row locks to skip (the conditional update alone "
+                    f"keeps senders apart there)")
+    from ratelimit_app.webhooks import first_attempt_times
+
+    endpoint = WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
+    next_at, give_up_at = first_attempt_times()
+    pks = [WebhookDelivery.objects.create(endpoint=endpoint, event="e", body="{}",
+                                          next_attempt_at=next_at, give_up_at=give_up_at).pk
+           for _ in range(4)]
+    locked, release = threading.Event(), threading.Event()
+    other = threading.Thread(target=hold_row_locks, args=(pks[:2], locked, release))
+    other.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        claimed = [delivery.pk for delivery in Sender().claim()]
+        waited_s = time.monotonic() - started
+    finally:
+        release.set()
+        other.join(10)
+    assert sorted(claimed) == pks[2:]  # the locked rows skipped...
+    assert waited_s < 5  # ...not waited for (the other claim holds its locks until released)
+    assert sorted(d.pk for d in Sender().claim()) == pks[:2]  # free again: taken now
+
+
 def test_a_receiver_that_does_not_answer_times_out(settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "WEBHOOK_TIMEOUT_S": 0.3}
     answer = threading.Event()
