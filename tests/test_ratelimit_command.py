@@ -397,11 +397,11 @@ DEPRECATIONS_AS_ERRORS = ["-W", "error::DeprecationWarning",
                           "-W", "error::PendingDeprecationWarning"]
 
 
-def test_export_as_a_real_command_raises_no_deprecation_warning(redis_server, tmp_path):
+def test_export_as_a_real_command_raises_no_deprecation_warning(redis_server, tmp_path,
+                                                               database_env):
     """``python -W error::DeprecationWarning manage.py ratelimit export`` on a scratch database:
     migrated, the demo loaded (sections with and without relations), then exported."""
-    env = {**os.environ, "REDIS_URL": redis_server.url,
-           "SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    env = {**os.environ, "REDIS_URL": redis_server.url, **database_env(tmp_path)}
 
     def manage(*args):
         done = subprocess.run([sys.executable, *DEPRECATIONS_AS_ERRORS, "manage.py", *args],

@@ -53,9 +53,10 @@ def python(args, env):
     return done.stdout
 
 
-def environment(workdir, redis_server, reload_interval_s):
+def environment(workdir, redis_server, database_env, reload_interval_s):
+    """The environment of a server on a database of its own, of the suite's kind."""
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.reload_settings",
-            "RELOAD_INTERVAL_S": str(reload_interval_s), "SQLITE_PATH": str(workdir / "db.sqlite3"),
+            "RELOAD_INTERVAL_S": str(reload_interval_s), **database_env(workdir),
             "REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0"}
 
 
@@ -72,21 +73,21 @@ def stop_server(uvicorn):
 
 
 @pytest.fixture(scope="module")
-def comparing_server(tmp_path_factory, redis_server):
+def comparing_server(tmp_path_factory, redis_server, database_env):
     """A server that compares the rows every SHORT_INTERVAL_S; returns (server, env)."""
     workdir = tmp_path_factory.mktemp("reload-compare")
-    env = environment(workdir, redis_server, SHORT_INTERVAL_S)
+    env = environment(workdir, redis_server, database_env, SHORT_INTERVAL_S)
     uvicorn = start_server(workdir, env)
     yield uvicorn, env
     stop_server(uvicorn)
 
 
 @pytest.fixture(scope="module")
-def signal_only_server(tmp_path_factory, redis_server):
+def signal_only_server(tmp_path_factory, redis_server, database_env):
     """A server that never compares the rows (CONFIG_RELOAD_INTERVAL_S 0); returns
     (server, env)."""
     workdir = tmp_path_factory.mktemp("reload-signals")
-    env = environment(workdir, redis_server, 0)
+    env = environment(workdir, redis_server, database_env, 0)
     uvicorn = start_server(workdir, env)
     yield uvicorn, env
     stop_server(uvicorn)
@@ -135,8 +136,8 @@ def test_the_reload_command_applies_at_once(signal_only_server, redis_server):
     assert took_s < 1.0
 
 
-def test_migrate_announces_applied_migrations_only(tmp_path, redis_server):
-    env = environment(tmp_path, redis_server, 0)
+def test_migrate_announces_applied_migrations_only(tmp_path, redis_server, database_env):
+    env = environment(tmp_path, redis_server, database_env, 0)
     client = redis_server.client()
     python(["manage.py", "migrate", "--verbosity", "0"], env)
     announced = client.get(VERSION_KEY)
