@@ -140,13 +140,25 @@ class Limiter:
                                     announce=self.bump_config_version)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
-        self.recorder = metrics.Recorder(config=lambda: self.config)
+        self.recorder = metrics.Recorder(clock=self._recorder_clock(), config=lambda: self.config)
         # the flush goes straight to the store: a failing flush never opens the breaker above
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors)
         self.flusher.autostart = metrics_autostart
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
+
+    def _recorder_clock(self):
+        """Return the unix-seconds clock decisions are counted by: this host's, or a test
+        clock's time while it sets one (so a test's usage lands on the test's day)."""
+        if type(self.clock) is SystemClock:
+            return time.time
+
+        def test_time_s():
+            now_ms = self.clock.redis_now_ms()
+            return time.time() if now_ms is None else now_ms / 1000
+
+        return test_time_s
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):

@@ -1,0 +1,166 @@
+"""Usage records for billing: counted by the metrics recorder, flushed to Redis with the
+metrics, rolled up into UsageRecord rows exactly once (metrics/usage.py, rollup.py), read back
+per day and per month (usage_records.py)."""
+
+import datetime
+import zoneinfo
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from ratelimit_app.metrics import fields
+from ratelimit_app.models import ApiKey, RollupBatch, Rule, UsageRecord
+from ratelimit_app.rollup import UsageRollup
+from ratelimit_app.usage_records import MONTH, usage_rows
+
+from .helpers import limiter, use_fake_clock
+
+BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
+
+
+def berlin_ms(*when):
+    """Milliseconds since the epoch of a Berlin wall-clock time (year, month, day, ...)."""
+    return int(datetime.datetime(*when, tzinfo=BERLIN).timestamp() * 1000)
+
+
+@pytest.fixture
+def in_berlin(settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CALENDAR_TIME_ZONE": "Europe/Berlin"}
+
+
+def billing_rules():
+    """A calendar quota of 10 units a day per key or user, and a roomy tenant bucket."""
+    for fields_ in ({"name": "daily-units", "scope": "user", "kind": "calendar",
+                     "calendar_period": "day", "rate": 10},
+                    {"name": "tenant-rate", "scope": "tenant", "rate": 1000, "period_s": 3600,
+                     "burst": 1000}):
+        rule = Rule(**fields_)
+        rule.full_clean()
+        rule.save()
+
+
+def api_key(username, tenant):
+    """Create a user with an API key in ``tenant``; return ``(ApiKey, raw key)``."""
+    user = get_user_model().objects.create_user(username)
+    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
+
+
+def call(raw_key, cost):
+    """One request of ``cost`` units with ``raw_key``; returns the status code."""
+    return Client().get("/hello/", HTTP_X_API_KEY=raw_key,
+                        HTTP_X_REQUEST_COST=str(cost)).status_code
+
+
+def flush_and_roll_up():
+    limiter().flusher.flush_now()
+    return UsageRollup(limiter().store.metrics_client()).run()
+
+
+def records():
+    """``{(day text, identity, tenant, rule): (units, allowed, refused)}`` of every record."""
+    return {(r.day.isoformat(), r.identity, r.tenant, r.rule): (r.units, r.allowed, r.refused)
+            for r in UsageRecord.objects.all()}
+
+
+@pytest.mark.django_db
+def test_records_equal_what_the_buckets_charged_across_midnight(in_berlin):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    clock = use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 23, 59))
+    # 10 units a day: 3 + 3 + 3 allowed, 3 refused (1 left), 1 allowed, 1 refused
+    assert [call(acme_raw, cost) for cost in (3, 3, 3, 3, 1, 1)] == \
+        [200, 200, 200, 429, 200, 429]
+    clock.now_ms = berlin_ms(2026, 3, 10)  # midnight in Berlin: a new day, a new quota
+    assert [call(acme_raw, cost) for cost in (4, 4, 4)] == [200, 200, 429]
+
+    result = flush_and_roll_up()
+    assert result.batches == 1 and result.records == 4
+    key = f"key:{acme.id}"
+    assert records() == {
+        ("2026-03-09", key, "acme", "daily-units"): (10, 4, 2),
+        ("2026-03-09", key, "acme", "tenant-rate"): (10, 4, 2),
+        ("2026-03-10", key, "acme", "daily-units"): (8, 2, 1),
+        ("2026-03-10", key, "acme", "tenant-rate"): (8, 2, 1),
+    }
+    assert UsageRecord.objects.get(day="2026-03-10", rule="daily-units").display.startswith(
+        "key rk_")
+    month = usage_rows(datetime.date(2026, 3, 1), datetime.date(2026, 3, 31), period=MONTH)
+    assert [(r["period"], r["rule"], r["units"], r["allowed"], r["refused"]) for r in month] == \
+        [("2026-03", "daily-units", 18, 6, 3), ("2026-03", "tenant-rate", 18, 6, 3)]
+
+
+@pytest.mark.django_db
+def test_a_second_rollup_adds_nothing_and_later_traffic_adds_up(in_berlin, redis_client):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert call(acme_raw, 2) == 200
+    flush_and_roll_up()
+    assert flush_and_roll_up().batches == 0  # nothing pending: nothing added
+    assert UsageRecord.objects.get(rule="daily-units").units == 2
+    assert call(acme_raw, 5) == 200
+    flush_and_roll_up()
+    assert UsageRecord.objects.get(rule="daily-units").units == 7  # added into the row
+    assert not [k for k in redis_client.keys("*{usage}*")]  # nothing left claimed
+
+
+@pytest.mark.django_db
+def test_a_crash_between_the_commit_and_the_delete_does_not_count_twice(in_berlin,
+                                                                        redis_client):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert call(acme_raw, 3) == 200
+    limiter().flusher.flush_now()
+
+    class Crash(Exception):
+        pass
+
+    def crash():
+        raise Crash
+
+    client = limiter().store.metrics_client()
+    with pytest.raises(Crash):
+        UsageRollup(client, crash_after_commit=crash).run()
+    assert UsageRecord.objects.get(rule="daily-units").units == 3  # committed
+    claims = redis_client.smembers(fields.usage_claims_key("rl"))
+    assert len(claims) == 1  # ... and still claimed in Redis
+
+    assert call(acme_raw, 1) == 200
+    limiter().flusher.flush_now()
+    result = UsageRollup(client).run()
+    assert (result.batches, result.already_added) == (1, 1)  # the new one; the old deleted only
+    assert UsageRecord.objects.get(rule="daily-units").units == 4
+    assert RollupBatch.objects.count() == 2
+    assert not redis_client.keys("*{usage}*")
+
+
+@pytest.mark.django_db
+def test_a_crash_before_the_commit_is_added_by_the_next_rollup(in_berlin, redis_client):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert call(acme_raw, 3) == 200
+    limiter().flusher.flush_now()
+    client = limiter().store.metrics_client()
+    rollup = UsageRollup(client)
+    # claimed, then the process died before its transaction
+    rollup._claim(keys=[fields.usage_pending_key("rl"), fields.usage_claimed_key("rl", "dead"),
+                        fields.usage_claims_key("rl")], args=["dead"])
+    assert not UsageRecord.objects.exists()
+    assert UsageRollup(client).run().batches == 1
+    assert UsageRecord.objects.get(rule="daily-units").units == 3
+
+
+@pytest.mark.django_db
+def test_anonymous_callers_are_one_identity_and_refused_requests_charge_nothing(in_berlin):
+    rule = Rule(name="ip-burst", scope="ip", rate=2, period_s=3600, burst=2)
+    rule.full_clean()
+    rule.save()
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    codes = [Client().get("/hello/", REMOTE_ADDR=f"10.0.0.{i % 2}").status_code
+             for i in range(6)]
+    assert codes == [200, 200, 200, 200, 429, 429]
+    flush_and_roll_up()
+    assert records() == {("2026-03-09", "anonymous", "", "ip-burst"): (4, 4, 2)}
