@@ -353,3 +353,4 @@ class IdentityOverrideAdmin(admin.ModelAdmin):
 
 
 from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)
+from .usage_admin import UsageRecordAdmin  # noqa: F401  (registers the usage records page)

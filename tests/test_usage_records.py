@@ -164,3 +164,112 @@ def test_anonymous_callers_are_one_identity_and_refused_requests_charge_nothing(
     assert codes == [200, 200, 200, 200, 429, 429]
     flush_and_roll_up()
     assert records() == {("2026-03-09", "anonymous", "", "ip-burst"): (4, 4, 2)}
+
+
+# --- reading the records: the command, the staff API, the usage endpoint ----------------------
+
+def some_records():
+    """Records of two tenants over two days and two months."""
+    for day, identity, tenant, rule, units, allowed, refused in (
+            ("2026-02-28", "key:1", "acme", "daily-units", 5, 5, 0),
+            ("2026-03-01", "key:1", "acme", "daily-units", 7, 3, 1),
+            ("2026-03-02", "key:1", "acme", "daily-units", 10, 4, 2),
+            ("2026-03-02", "user:9", "=cmd", "daily-units", 1, 1, 0)):
+        UsageRecord.objects.create(day=day, identity=identity, tenant=tenant, rule=rule,
+                                   display=identity, units=units, allowed=allowed,
+                                   refused=refused)
+
+
+def run_command(*args):
+    import io
+
+    from django.core.management import call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("ratelimit", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_usage_command_exports_csv_and_json_per_day_and_month():
+    some_records()
+    out, _ = run_command("usage", "--from", "2026-03-01", "--to", "2026-03-31",
+                         "--tenant", "acme")
+    assert out.splitlines() == [
+        "period,identity,display,tenant,rule,units,allowed,refused",
+        "2026-03-01,key:1,key:1,acme,daily-units,7,3,1",
+        "2026-03-02,key:1,key:1,acme,daily-units,10,4,2"]
+    out, _ = run_command("usage", "--from", "2026-02-01", "--to", "2026-03-31",
+                         "--period", "month", "--format", "json")
+    document = __import__("json").loads(out)
+    assert document["from"] == "2026-02-01" and document["period"] == "month"
+    assert [(r["period"], r["identity"], r["units"], r["allowed"], r["refused"])
+            for r in document["records"]] == [("2026-02", "key:1", 5, 5, 0),
+                                               ("2026-03", "user:9", 1, 1, 0),
+                                               ("2026-03", "key:1", 17, 7, 3)]
+    out, _ = run_command("usage", "--from", "2026-03-02", "--to", "2026-03-02",
+                         "--tenant", "=cmd")
+    assert out.splitlines()[1] == "2026-03-02,user:9,user:9,'=cmd,daily-units,1,1,0"
+
+
+@pytest.mark.django_db
+def test_the_usage_command_says_what_is_wrong_with_a_range():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r"from must be a date as YYYY-MM-DD") as error:
+        run_command("usage", "--from", "March", "--to", "2026-03-31")
+    assert error.value.returncode == 2
+    with pytest.raises(CommandError, match=r"ends \(2026-03-01\) before it starts"):
+        run_command("usage", "--from", "2026-03-31", "--to", "2026-03-01")
+
+
+@pytest.mark.django_db
+def test_the_rollup_command_reports_what_it_added(in_berlin):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert call(acme_raw, 2) == 200
+    limiter().flusher.flush_now()
+    out, _ = run_command("rollup")
+    assert out == "Rolled up 1 batch into 2 usage records.\n"
+    assert run_command("rollup")[0] == "Rolled up 0 batches into 0 usage records.\n"
+
+
+@pytest.mark.django_db
+def test_the_staff_api_serves_the_records_to_staff_only(client, admin_user):
+    some_records()
+    url = "/ratelimit/usage-records/?from=2026-03-01&to=2026-03-31&tenant=acme"
+    refused = client.get(url)
+    assert refused.status_code == 403 and refused["Content-Type"] == "application/problem+json"
+    staff = get_user_model().objects.create_user("clerk", is_staff=True)
+    client.force_login(staff)
+    assert client.get(url).status_code == 403  # staff without the permission
+    client.force_login(admin_user)
+    answer = client.get(url)
+    assert answer.status_code == 200 and answer["Cache-Control"] == "no-store"
+    assert [(r["period"], r["units"]) for r in answer.json()["records"]] == \
+        [("2026-03-01", 7), ("2026-03-02", 10)]
+    month = client.get(url + "&period=month").json()["records"]
+    assert [(r["period"], r["units"], r["refused"]) for r in month] == [("2026-03", 17, 3)]
+    bad = client.get("/ratelimit/usage-records/?from=2026-03-01&to=tomorrow")
+    assert bad.status_code == 400 and "to must be a date as YYYY-MM-DD" in bad.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_the_usage_endpoint_shows_the_callers_own_month_to_date(in_berlin):
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    other, other_raw = api_key("bob", "acme")
+    clock = use_fake_clock(now_ms=berlin_ms(2026, 2, 28, 12))
+    assert call(acme_raw, 4) == 200  # last month: not in March's
+    clock.now_ms = berlin_ms(2026, 3, 9, 12)
+    assert [call(acme_raw, 4) for _ in range(3)] == [200, 200, 429]
+    assert call(other_raw, 1) == 200
+    flush_and_roll_up()
+    body = Client().get("/ratelimit/usage/", HTTP_X_API_KEY=acme_raw).json()
+    assert body["month_to_date"] == {
+        "from": "2026-03-01", "to": "2026-03-09",
+        "rules": [{"rule": "daily-units", "units": 8, "allowed": 2, "refused": 1},
+                  {"rule": "tenant-rate", "units": 8, "allowed": 2, "refused": 1}]}
+    anonymous = Client().get("/ratelimit/usage/").json()
+    assert anonymous["month_to_date"] is None
