@@ -3,7 +3,12 @@ metrics, rolled up into UsageRecord rows exactly once (metrics/usage.py, rollup.
 per day and per month (usage_records.py)."""
 
 import datetime
+import json
+import os
+import subprocess
+import sys
 import zoneinfo
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -273,3 +278,108 @@ def test_the_usage_endpoint_shows_the_callers_own_month_to_date(in_berlin):
                   {"rule": "tenant-rate", "units": 8, "allowed": 2, "refused": 1}]}
     anonymous = Client().get("/ratelimit/usage/").json()
     assert anonymous["month_to_date"] is None
+
+
+# --- several worker processes, a calendar quota crossing midnight -----------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = 4
+SETUP = """
+import json
+import django
+django.setup()
+from django.contrib.auth import get_user_model
+from ratelimit_app.models import ApiKey, Rule
+for fields in ({"name": "daily-units", "scope": "user", "kind": "calendar",
+                "calendar_period": "day", "rate": 10},
+               {"name": "tenant-rate", "scope": "tenant", "rate": 1000, "period_s": 3600,
+                "burst": 1000}):
+    rule = Rule(**fields)
+    rule.full_clean()  # (fills in a calendar quota's period and burst)
+    rule.save()
+keys = {}
+for tenant in ("acme", "globex"):
+    user = get_user_model().objects.create_user(tenant + "-owner")
+    key, raw = ApiKey.create_key(user, tenant, raw_key="rk_" + tenant + "_usage_test_key",
+                                 tenant=tenant)
+    keys[tenant] = [key.id, raw]
+print(json.dumps(keys))
+"""
+
+
+def manage(env, *args):
+    """Run ``manage.py`` with ``args`` in ``env``; return its stdout (failing on an error)."""
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def traffic_plan(worker, start_ms, costs_from):
+    """12 requests a second apart from ``start_ms``, both keys in turn, costs 1 to 3."""
+    return [[start_ms + 1000 * i + worker, ("acme", "globex")[(i + worker) % 2],
+             1 + (i + costs_from) % 3] for i in range(12)]
+
+
+def run_workers(env, plans, keys):
+    """Run one worker process per plan at once; return the status codes each got."""
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "tests.usage_traffic",
+         json.dumps([[now_ms, keys[tenant][1], cost] for now_ms, tenant, cost in plan])],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for plan in plans]
+    codes = []
+    for process in workers:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        codes.append(json.loads(out))
+    return codes
+
+
+@pytest.mark.django_db  # (the records live in the workers' own SQLite file)
+def test_records_from_several_processes_are_exact_to_the_unit(tmp_path, redis_server):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.usage_site",
+           "SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": redis_server.url,
+           "DJANGO_DEBUG": "0"}
+    manage(env, "migrate", "--verbosity", "0")
+    done = subprocess.run([sys.executable, "-c", SETUP], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    keys = json.loads(done.stdout)
+    # the minute before midnight in Berlin, then the minute after, each from WORKERS processes
+    # at once (the test clocks of a phase agree on the day: Redis's clock would)
+    plans, codes = [], []
+    for phase, start_ms in enumerate((berlin_ms(2026, 3, 9, 23, 59), berlin_ms(2026, 3, 10))):
+        phase_plans = [traffic_plan(worker, start_ms, phase) for worker in range(WORKERS)]
+        codes += run_workers(env, phase_plans, keys)
+        plans += phase_plans
+
+    # what the buckets charged, from what every worker was answered
+    expected = {}
+    for plan, answers in zip(plans, codes):
+        for (now_ms, tenant, cost), code in zip(plan, answers):
+            assert code in (200, 429)
+            day = datetime.datetime.fromtimestamp(now_ms / 1000, BERLIN).date().isoformat()
+            for rule in ("daily-units", "tenant-rate"):
+                units, allowed, refused = expected.get((day, tenant, rule), (0, 0, 0))
+                expected[(day, tenant, rule)] = (units + cost * (code == 200),
+                                                 allowed + (code == 200), refused + (code == 429))
+    assert all(expected[(day, tenant, "daily-units")][0] <= 10 and
+               expected[(day, tenant, "daily-units")][2] > 0
+               for day in ("2026-03-09", "2026-03-10") for tenant in keys)
+
+    # two rollups at once: each batch is added by one of them
+    rollups = [subprocess.Popen([sys.executable, "manage.py", "ratelimit", "rollup"], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    for process in rollups:
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+    manage(env, "ratelimit", "rollup")  # and once more: nothing left to add
+    document = json.loads(manage(env, "ratelimit", "usage", "--from", "2026-03-09",
+                                 "--to", "2026-03-10", "--format", "json"))
+    got = {(r["period"], r["tenant"], r["rule"]): (r["units"], r["allowed"], r["refused"])
+           for r in document["records"]}
+    assert got == expected
+    assert {r["identity"] for r in document["records"]} == \
+        {f"key:{key_id}" for key_id, _ in keys.values()}
