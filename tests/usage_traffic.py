@@ -1,6 +1,7 @@
 """A worker process of tests/test_usage_records.py: sends the requests it is given through the
 whole Django stack (middleware, limiter, recorder) at the given test times, flushes its metrics
-to Redis, and prints the status codes it got as JSON.
+to Redis, and prints what it got as JSON: per request its status code, or 0 for an answer made
+without Redis (fail-open or fail-closed: no RateLimit header; such an answer charged nothing).
 
     python -m tests.usage_traffic '[[now_ms, raw_key, cost], ...]'
 """
@@ -26,8 +27,8 @@ def main(plan):
     codes = []
     for now_ms, raw_key, cost in plan:
         clock.now_ms = now_ms
-        codes.append(client.get("/hello/", HTTP_X_API_KEY=raw_key,
-                                HTTP_X_REQUEST_COST=str(cost)).status_code)
+        response = client.get("/hello/", HTTP_X_API_KEY=raw_key, HTTP_X_REQUEST_COST=str(cost))
+        codes.append(response.status_code if response.has_header("RateLimit") else 0)
     if default_limiter().flusher.flush_now() == 0:
         sys.exit("the flush wrote nothing")
     print(json.dumps(codes))
