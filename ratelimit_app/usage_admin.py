@@ -65,10 +65,12 @@ class UsageRangeForm(forms.Form):
 
 
 def _form_from(params):
-    """Return the bound UsageRangeForm of the query ``params`` (this month so far by default)."""
+    """Return the bound UsageRangeForm of the query ``params``: the form's own fields, or the
+    API's (``from``, ``to``: the download links); this month so far by default."""
     day = today()
-    data = {"date_from": params.get("from") or day.replace(day=1).isoformat(),
-            "date_to": params.get("to") or day.isoformat(),
+    data = {"date_from": params.get("date_from") or params.get("from")
+            or day.replace(day=1).isoformat(),
+            "date_to": params.get("date_to") or params.get("to") or day.isoformat(),
             "tenant": params.get("tenant", ""), "period": params.get("period") or DAY}
     return UsageRangeForm(data)
 
