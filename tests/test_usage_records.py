@@ -386,3 +386,39 @@ def test_records_from_several_processes_are_exact_to_the_unit(tmp_path, redis_se
     assert got == expected
     assert {r["identity"] for r in document["records"]} == \
         {f"key:{key_id}" for key_id, _ in keys.values()}
+
+
+# --- Redis Cluster: a refused decision's refunded group charged nothing -------------------------
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_on_a_cluster_a_refused_decision_is_refunded_and_recorded_as_refused(redis_cluster,
+                                                                             settings):
+    from ratelimit_app.buckets import read_state
+
+    redis_cluster.ensure_healthy()
+    redis_cluster.flushall()
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP,
+                              "CLUSTER_NODES": [redis_cluster.nodes[0].address],
+                              "CALENDAR_TIME_ZONE": "Europe/Berlin"}
+    quota = Rule(name="tenant-month", scope="tenant", kind="calendar", calendar_period="month",
+                 rate=5)
+    bucket = Rule(name="key-once", scope="user", rate=1, period_s=3600, burst=1)
+    for rule in (quota, bucket):
+        rule.full_clean()
+        rule.save()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert [call(acme_raw, 1) for _ in range(3)] == [200, 429, 429]
+    buckets = {k.decode() for node in redis_cluster.masters() for k in node.client().keys("rl:{*")}
+    assert len({redis_cluster.slot_of(k) for k in buckets}) == 2  # two groups: refunds
+    quota_key = next(k for k in buckets if "tenant" in k)
+    with redis_cluster.client() as client:
+        # the refused requests' debits of the quota were refunded
+        assert read_state(client.get(quota_key), quota.id)[0] == 1
+
+    result = flush_and_roll_up()  # the claim script's keys share one slot
+    assert result.batches == 1
+    key = f"key:{acme.id}"
+    assert records() == {("2026-03-09", key, "acme", "tenant-month"): (1, 1, 2),
+                         ("2026-03-09", key, "acme", "key-once"): (1, 1, 2)}
