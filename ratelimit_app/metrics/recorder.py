@@ -25,7 +25,7 @@ from collections import defaultdict, deque
 from ..conf import get_config
 from .fields import identity_member
 from .sketch import SpaceSaving
-from .usage import DayClock, cost_of
+from .usage import DayClock, cost_of, usage_caller
 
 __all__ = ["Recorder", "PendingMinute", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY",
            "MAX_DETAILED_MINUTES", "MAX_BUFFERED_MINUTES"]
@@ -75,14 +75,15 @@ _name = operator.attrgetter("name")  # a PolicyStatus's; in C, for map()
 
 
 def _member(identity):
-    """Return identity_member(identity), memoised: the same callers come back decision after
-    decision (about 0.3 µs each). An Identity's fields are length-bounded (identity.py), and the
-    memo starts afresh when full, so it is bounded in bytes too."""
+    """Return ``(identity_member(identity), usage_caller(identity))``, memoised: the same
+    callers come back decision after decision (about 0.3 µs each). An Identity's fields are
+    length-bounded (identity.py), and the memo starts afresh when full, so it is bounded in
+    bytes too."""
     member = _members.get(identity)
     if member is None:
         if len(_members) >= MAX_MEMBERS_MEMOISED:
             _members.clear()
-        member = _members[identity] = identity_member(identity)
+        member = _members[identity] = (identity_member(identity), usage_caller(identity))
     return member
 
 
@@ -101,7 +102,7 @@ class PendingMinute:
         # decisions not yet added to the counts, by shape (see Recorder.record): one increment
         # per decision instead of one per count it adds to
         self.shapes = defaultdict(int)
-        # (day, identity, allowed, rule names, per-rule costs) -> decisions (see usage.py)
+        # (day, caller, allowed, rule names, per-rule costs) -> decisions (see usage.py)
         self.usage = defaultdict(int)
         self.by_tokens = SpaceSaving(capacity)
         self.by_denials = SpaceSaving(capacity)
@@ -212,11 +213,12 @@ class Recorder:
         pending.shapes[shape] += 1
         if identity is None:
             return
-        if policies:  # it charged buckets (or was refused by them): usage for billing
-            # (a refusal charged nothing: its costs are not needed)
-            pending.usage[(self._days.day_of(now), identity, allowed, shape[3],
+        member, caller = _member(identity)
+        if policies:  # it charged buckets (or was refused by them): usage for billing, per
+            # caller (anonymous ones together: no key per IP address) and what each bucket
+            # charged (a refusal charged nothing: its costs are not needed)
+            pending.usage[(self._days.day_of(now), caller, allowed, shape[3],
                            tuple(map(cost_of, policies)) if allowed else ())] += 1
-        member = _member(identity)
         tokens = decision.cost if allowed and policies else 0
         denials = 0 if allowed else 1
         pending.by_tokens.add(member, tokens, tokens, denials)

@@ -1,7 +1,7 @@
 """Usage records for billing, the in-process part: per caller, rule and calendar day, the units
 its buckets charged and the requests allowed and refused.
 
-The Recorder counts every decision it sees (not a sample) by *shape*: ``(day, identity,
+The Recorder counts every decision it sees (not a sample) by *shape*: ``(day, caller,
 allowed, rule names, per-rule costs)`` -> number of decisions, one dict increment per decision
 on the request path. ``usage_counts`` expands the shapes into records off it (the flush
 thread). Why the numbers equal what the buckets charged: a decision is all or nothing (one
@@ -69,11 +69,11 @@ def usage_caller(identity):
 
 def usage_counts(shapes):
     """Return ``{(day, ref, tenant, rule): [units, allowed, refused, display]}`` that the
-    decision shapes ``{(day, identity, allowed, names, costs): decisions}`` add up to
-    (``costs``: each rule's, in the order of ``names``; empty for a refusal)."""
+    decision shapes ``{(day, caller, allowed, names, costs): decisions}`` add up to (``caller``
+    as ``usage_caller`` gives it; ``costs``: each rule's, in the order of ``names``; empty for a
+    refusal)."""
     records = defaultdict(lambda: [0, 0, 0, ""])
-    for (day, identity, allowed, names, costs), decisions in shapes.items():
-        ref, tenant, display = usage_caller(identity)
+    for (day, (ref, tenant, display), allowed, names, costs), decisions in shapes.items():
         for index, name in enumerate(names):
             record = records[(day, ref, tenant, name)]
             if allowed:
