@@ -34,6 +34,19 @@ def in_berlin(settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CALENDAR_TIME_ZONE": "Europe/Berlin"}
 
 
+def test_the_day_of_a_decision_is_the_calendar_day_in_the_time_zone():
+    from ratelimit_app.metrics.usage import DayClock
+
+    days = DayClock(lambda: "Europe/Berlin")
+    midnight_s = berlin_ms(2026, 3, 10) / 1000
+    assert days.day_of(midnight_s - 0.001) == "2026-03-09"  # 22:59:59.999 UTC
+    assert days.day_of(midnight_s) == "2026-03-10"
+    assert days.day_of(midnight_s - 1) == "2026-03-09"  # an earlier time looked up again
+    # the 23-hour day of the switch to summer time ends at its real midnight
+    assert days.day_of(berlin_ms(2026, 3, 29, 23, 59, 59) / 1000) == "2026-03-29"
+    assert days.day_of(berlin_ms(2026, 3, 30) / 1000) == "2026-03-30"
+
+
 def billing_rules():
     """A calendar quota of 10 units a day per key or user, and a roomy tenant bucket."""
     for fields_ in ({"name": "daily-units", "scope": "user", "kind": "calendar",
