@@ -408,3 +408,4 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 from .alerts_admin import WebhookEndpointAdmin  # noqa: E402,F401  (alerts and webhooks)
 from .dashboard.admin import DashboardAdmin  # noqa: F401  (registers the staff dashboard)
+from .usage_admin import UsageRecordAdmin  # noqa: F401  (registers the usage records page)

@@ -154,7 +154,7 @@ class Limiter:
                                     noticed=_record_outside_change)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
-        self.recorder = metrics.Recorder(config=lambda: self.config)
+        self.recorder = metrics.Recorder(clock=self._recorder_clock(), config=lambda: self.config)
         # the flush goes straight to the store: a failing flush never opens the breaker above
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
                                        config=lambda: self.config,
@@ -164,6 +164,18 @@ class Limiter:
         # threshold crossings seen in decisions, stored by a background thread (alerts.py)
         self.alerts = AlertQueue(lambda: self.clock.redis_now_ms() or wall_clock_ms(),
                                  config=lambda: self.config, autostart=metrics_autostart)
+
+    def _recorder_clock(self):
+        """Return the unix-seconds clock decisions are counted by: this host's, or a test
+        clock's time while it sets one (so a test's usage lands on the test's day)."""
+        if type(self.clock) is SystemClock:
+            return time.time
+
+        def test_time_s():
+            now_ms = self.clock.redis_now_ms()
+            return time.time() if now_ms is None else now_ms / 1000
+
+        return test_time_s
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):

@@ -1,17 +1,20 @@
 """Optional URLs of the app: ``path("ratelimit/", include("ratelimit_app.urls"))``.
 
 ``usage/`` is the caller's own quota usage (see usage.py), ``metrics/`` the Prometheus endpoint
-(off unless enabled). The dashboard itself lives in the admin and needs no URL here.
+(off unless enabled), ``usage-records/`` the staff JSON API of the usage records for billing
+(usage_api.py). The dashboard itself lives in the admin and needs no URL here.
 """
 
 from django.urls import path
 
 from .prometheus import metrics_view
 from .usage import usage_view
+from .usage_api import usage_records_view
 
 app_name = "ratelimit_app"
 
 urlpatterns = [
     path("metrics/", metrics_view, name="prometheus"),
     path("usage/", usage_view, name="usage"),
+    path("usage-records/", usage_records_view, name="usage-records"),
 ]

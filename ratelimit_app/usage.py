@@ -9,7 +9,10 @@ RateLimit headers (``limit`` = q, ``window`` = w, null for a concurrency limit, 
 ``remaining`` = r, ``reset`` = t: never 0, see headers.py). The view is
 exempt from the limits: a plain Django view, so neither the middleware nor DRF's throttles
 charge it. Shared buckets (scopes global, plan, tenant) give their remaining tokens only with
-``DISCLOSE_SHARED_REMAINING``, as in the headers.
+``DISCLOSE_SHARED_REMAINING``, as in the headers. A caller with an API key or a user account also
+gets its usage records of the month so far (``month_to_date``: per rule, units, allowed and
+refused, as rolled up into the database; see usage_records.py), read with its buckets; anonymous
+callers, counted together, get null.
 
 Why it is not a free way to hammer Redis:
 
@@ -34,6 +37,7 @@ import math
 import threading
 import time
 import weakref
+import zoneinfo
 from typing import NamedTuple
 
 from django.http import HttpResponse, JsonResponse
@@ -46,7 +50,9 @@ from .guard import mark_authentication_failed
 from .headers import OWN_SCOPES, problem_response, window_s
 from .identity import identify
 from .limiter import default_limiter
+from .metrics.usage import usage_caller
 from .stores import StoreUnavailable
+from .usage_records import month_to_date
 
 __all__ = ["ANSWER_TTL_S", "MAX_ANSWERS", "READS_PER_S", "usage_view"]
 
@@ -60,6 +66,7 @@ class Reading(NamedTuple):
 
     statuses: tuple
     read_at_ms: int
+    month_to_date: dict | None = None
 
 
 class _Readings:
@@ -142,7 +149,8 @@ def usage_view(request):
                 503, "Rate limiter store unavailable", "The rate limiter cannot reach its "
                 "store, so your usage cannot be read now. Your requests are still served "
                 "under its failure policy.", retry_after_s=_store_retry_s())
-        reading = Reading(statuses, _now_ms(limiter))
+        now_ms = _now_ms(limiter)
+        reading = Reading(statuses, now_ms, _month_to_date(identity, now_ms))
         readings.keep(key, reading)
     if engine.refusing_gate_statuses(buckets, reading.statuses):
         # the client IP is out of failed authentications: refused as on any endpoint (the same
@@ -151,7 +159,19 @@ def usage_view(request):
         return _no_store(problem_response(decision))
     if unknown_key:
         mark_authentication_failed(request)  # the middleware charges it to the client IP
-    return _json_response(_body(identity, False, _policies(buckets, reading)))
+    body = _body(identity, False, _policies(buckets, reading))
+    body["month_to_date"] = reading.month_to_date
+    return _json_response(body)
+
+
+def _month_to_date(identity, now_ms):
+    """Return the caller's usage records of this month so far, or None for an anonymous
+    caller (its records are every anonymous caller's)."""
+    if identity.kind not in ("key", "user"):
+        return None
+    zone = zoneinfo.ZoneInfo(get_config()["CALENDAR_TIME_ZONE"])
+    today = datetime.datetime.fromtimestamp(now_ms / 1000, zone).date()
+    return month_to_date(usage_caller(identity)[0], today)
 
 
 def _sent_unknown_api_key(request, identity):
@@ -190,7 +210,7 @@ def _policies(buckets, reading):
 def _body(identity, exempt, policies):
     # the caller's kind and plan only: never its key, user id or tenant
     return {"identified_by": identity.kind, "plan": identity.plan, "exempt": exempt,
-            "policies": policies}
+            "policies": policies, "month_to_date": None}
 
 
 def _now_ms(limiter):

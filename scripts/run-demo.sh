@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
-REDIS_PID="" REDIS_DIR="" SERVER_PID="" SENDER_PID="" DEMO_ENV=""
+REDIS_PID="" REDIS_DIR="" SERVER_PID="" SENDER_PID="" ROLLUP_PID="" DEMO_ENV=""
 
 cleanup() {
   # `set -e` must not cut the cleanup short: kill fails for a process that already exited
@@ -20,6 +20,7 @@ cleanup() {
   set +e
   if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
   if [ -n "$SENDER_PID" ]; then kill "$SENDER_PID" 2>/dev/null; wait "$SENDER_PID" 2>/dev/null; fi
+  if [ -n "$ROLLUP_PID" ]; then kill "$ROLLUP_PID" 2>/dev/null; wait "$ROLLUP_PID" 2>/dev/null; fi
   if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; fi
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
 }
@@ -82,12 +83,17 @@ Operator commands in another terminal, in this checkout ($PWD), on this demo's R
   export $DEMO_ENV
   $PY manage.py ratelimit check
   $PY manage.py ratelimit top --window 5m
+  $PY manage.py ratelimit usage --from $(date +%Y-%m-01) --to $(date +%Y-%m-%d)
 
 MSG
 # The webhook sender (quota alerts' deliveries), its own process, stopped with the rest.
 $PY manage.py ratelimit deliver &
 SENDER_PID=$!
 echo "Webhook sender (pid $SENDER_PID): manage.py ratelimit deliver"
+# The usage records for billing: the counts the workers flush to Redis are rolled up into the
+# database every ROLLUP_EVERY_S seconds by a process of their own.
+$PY manage.py ratelimit rollup --every "${ROLLUP_EVERY_S:-10}" >/dev/null &
+ROLLUP_PID=$!
 # In the background so that `wait` returns as soon as a signal arrives (a foreground child
 # would delay the trap until it exits); the trap then stops the server by its PID.
 $PY manage.py runserver "127.0.0.1:$PORT" --noreload &

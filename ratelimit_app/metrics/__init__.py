@@ -7,6 +7,8 @@ for the dashboard and the Prometheus endpoint.
     flush.py     Flusher: writes a Recorder to Redis in one round trip, from a background thread,
                  and keeps the counts while Redis is down
     reads.py     Reader: series, breakdowns, hot keys, near-limit, totals for the dashboard
+    usage.py     usage records for billing: the calendar day, the caller, the counts per rule
+                 (rolled up into the database by ratelimit_app/rollup.py)
 
 Each Limiter owns a Recorder, a Flusher and a Reader, wired to its store
 (``default_limiter().recorder``, ``.flusher``, ``.reader``): nothing here knows the Limiter.

@@ -1,7 +1,8 @@
 """The one place that knows how metrics are laid out in Redis: key names, hash fields, sorted-set
 members and list entries, each written and parsed here and nowhere else.
 
-Every key comes from ``keys.metrics_key``: no hash tag, and no command touches two keys, so the
+Every key comes from ``keys.metrics_key``: no hash tag (but the usage keys'), and no command
+touches two keys (but the rollup's claim), so the
 layout works unchanged on Redis Cluster where the buckets live::
 
     <p>:m:c:<minute>                HASH "<dimension>|<name>|<outcome>" -> count  TTL retention
@@ -12,6 +13,12 @@ layout works unchanged on Redis Cluster where the buckets live::
     <p>:m:total                     HASH all-time counters (Prometheus)
     <p>:m:flushed_at                STRING unix time of the latest flush
     <p>:m:buffered                  LIST   JSON periods whose metrics were buffered    TTL retention
+    <p>:m:{usage}:pending           HASH usage field (JSON) -> count, until rolled up   TTL 30 days
+    <p>:m:{usage}:claimed:<batch>   HASH a pending hash a rollup claimed (RENAME)       TTL kept
+    <p>:m:{usage}:claims            SET  the batch ids claimed and not yet deleted
+
+The usage keys share one hash tag (one Cluster slot) so that RENAME and the claim's SADD run in
+one script (rollup.py).
 
 A count is keyed in process by ``(dimension, name, outcome)``: ``dimension`` and ``outcome`` are
 the app's own words (never contain ``|``); ``name`` is a rule, plan or endpoint name and may.
@@ -24,7 +31,8 @@ from .. import keys
 __all__ = ["HOT_METRICS", "RESOLUTIONS", "counts_key", "hot_key", "near_key", "totals_key",
            "flushed_at_key", "buffered_key", "decode", "count_field", "parse_count_field",
            "identity_member", "parse_member", "near_entry", "parse_near_entry",
-           "period_entry", "parse_period_entry"]
+           "period_entry", "parse_period_entry", "usage_pending_key", "usage_claimed_key",
+           "usage_claims_key", "usage_field", "parse_usage_field"]
 
 HOT_METRICS = ("tokens", "denials", "requests")
 # Resolution of a time slot -> (its length in seconds, key part of counts, key part of hot keys).
@@ -65,6 +73,19 @@ def buffered_key(prefix):
     return keys.metrics_key(prefix, "buffered")
 
 
+def usage_pending_key(prefix):
+    """Return the HASH the flushes add usage to (see usage.py) until a rollup claims it."""
+    return keys.metrics_key(prefix, "{usage}", "pending")
+
+
+def usage_claimed_key(prefix, batch_id):
+    return keys.metrics_key(prefix, "{usage}", "claimed", batch_id)
+
+
+def usage_claims_key(prefix):
+    return keys.metrics_key(prefix, "{usage}", "claims")
+
+
 # --- count fields -------------------------------------------------------------------------------
 
 def count_field(dimension, name, outcome):
@@ -77,6 +98,24 @@ def parse_count_field(field):
     dimension, _, rest = decode(field).partition("|")
     name, _, outcome = rest.rpartition("|")
     return dimension, name, outcome
+
+
+def usage_field(day, ref, tenant, rule, display, metric):
+    """Return the hash field of one usage count (``metric``: units, allowed or refused). JSON:
+    tenant, rule and display names may hold any character."""
+    return json.dumps([day, ref, tenant, rule, display, metric], separators=(",", ":"))
+
+
+def parse_usage_field(field):
+    """Return ``(day, ref, tenant, rule, display, metric)``, or None if ``field`` is not one."""
+    try:
+        parsed = json.loads(decode(field))
+    except ValueError:
+        return None
+    if not isinstance(parsed, list) or len(parsed) != 6 or \
+            not all(isinstance(part, str) for part in parsed):
+        return None
+    return tuple(parsed)
 
 
 # --- hot-key members ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ..stores.base import READ_ERRORS
 from ..conf import get_config
 from . import fields
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
+from .usage import USAGE_METRICS, usage_counts
 
 __all__ = ["Flusher"]
 
@@ -33,6 +34,8 @@ HOT_MINUTE_TTL_S = 3600 + 300
 NEAR_LIMIT_TTL_S = 15 * 60
 # Buffered periods remembered in Redis for the dashboard.
 BUFFERED_PERIODS_KEPT = 20
+# Usage not rolled up into the database within this time is lost (roll up every minute or so).
+USAGE_PENDING_TTL_S = 30 * 24 * 3600
 
 
 def _hot_members(pending, stored):
@@ -137,6 +140,8 @@ class Flusher:
         prefix, retention = config["KEY_PREFIX"], int(config["METRICS_RETENTION_S"])
         stored = int(config["METRICS_HOT_KEYS_STORED"])
         totals_key = fields.totals_key(prefix)
+        usage_key = fields.usage_pending_key(prefix)
+        usage_written = False
         for minute, data in sorted(pending.items()):
             hour = minute // 60
             counts_keys = ((fields.counts_key(prefix, "minute", minute), retention),
@@ -157,6 +162,15 @@ class Flusher:
                     for (member, rule), (remaining, burst, at) in data.near.items()})
                 pipe.zremrangebyrank(near_key, 0, -NEAR_LIMIT_CAPACITY - 1)
                 pipe.expire(near_key, NEAR_LIMIT_TTL_S)
+            # usage for billing: HINCRBY adds atomically whatever the workers writing at once
+            for (day, ref, tenant, rule), record in usage_counts(data.usage).items():
+                for metric, value in zip(USAGE_METRICS, record):
+                    if value:
+                        pipe.hincrby(usage_key, fields.usage_field(day, ref, tenant, rule,
+                                                                   record[3], metric), value)
+                        usage_written = True
+        if usage_written:
+            pipe.expire(usage_key, USAGE_PENDING_TTL_S)
         if new_errors > 0:
             pipe.hincrby(totals_key, fields.count_field("redis", "errors", "count"), new_errors)
         pipe.set(fields.flushed_at_key(prefix), repr(now), ex=retention)

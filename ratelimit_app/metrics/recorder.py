@@ -1,6 +1,9 @@
 """Counting decisions in process, on the request path: an append to a queue per decision (no
 Redis, no I/O, no lock), counted per minute in batches until a flush takes them.
 
+Usage records (billing): per minute, the decisions that charged buckets, by shape with their
+caller and calendar day (see usage.py); never compacted, never sampled.
+
 Hot keys: per minute, two Space-Saving sketches (top identities by tokens and by denials) of at
 most ``HOT_KEYS_CAPACITY`` entries each, so memory stays bounded however many distinct
 identities an attacker uses.
@@ -22,6 +25,7 @@ from collections import defaultdict, deque
 from ..conf import get_config
 from .fields import identity_member
 from .sketch import SpaceSaving
+from .usage import DayClock, cost_of, usage_caller
 
 __all__ = ["Recorder", "PendingMinute", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY",
            "MAX_DETAILED_MINUTES", "MAX_BUFFERED_MINUTES"]
@@ -71,14 +75,15 @@ _name = operator.attrgetter("name")  # a PolicyStatus's; in C, for map()
 
 
 def _member(identity):
-    """Return identity_member(identity), memoised: the same callers come back decision after
-    decision (about 0.3 µs each). An Identity's fields are length-bounded (identity.py), and the
-    memo starts afresh when full, so it is bounded in bytes too."""
+    """Return ``(identity_member(identity), usage_caller(identity))``, memoised: the same
+    callers come back decision after decision (about 0.3 µs each). An Identity's fields are
+    length-bounded (identity.py), and the memo starts afresh when full, so it is bounded in
+    bytes too."""
     member = _members.get(identity)
     if member is None:
         if len(_members) >= MAX_MEMBERS_MEMOISED:
             _members.clear()
-        member = _members[identity] = identity_member(identity)
+        member = _members[identity] = (identity_member(identity), usage_caller(identity))
     return member
 
 
@@ -89,7 +94,7 @@ MAX_MEMBERS_MEMOISED = 4096
 class PendingMinute:
     """Everything counted in one minute by this process, waiting for a flush."""
 
-    __slots__ = ("_counts", "shapes", "by_tokens", "by_denials", "near", "started_at",
+    __slots__ = ("_counts", "shapes", "usage", "by_tokens", "by_denials", "near", "started_at",
                  "compacted")
 
     def __init__(self, capacity, started_at):
@@ -97,6 +102,8 @@ class PendingMinute:
         # decisions not yet added to the counts, by shape (see Recorder.record): one increment
         # per decision instead of one per count it adds to
         self.shapes = defaultdict(int)
+        # (day, caller, allowed, rule names, per-rule costs) -> decisions (see usage.py)
+        self.usage = defaultdict(int)
         self.by_tokens = SpaceSaving(capacity)
         self.by_denials = SpaceSaving(capacity)
         self.near = {}                   # (member, rule) -> (remaining, burst, unix time)
@@ -125,6 +132,8 @@ class PendingMinute:
         counts = self.counts
         for key, value in newer.counts.items():
             counts[key] += value
+        for shape, decisions in newer.usage.items():
+            self.usage[shape] += decisions
         self.by_tokens.merge(newer.by_tokens)
         self.by_denials.merge(newer.by_denials)
         if not self.compacted:
@@ -133,7 +142,8 @@ class PendingMinute:
         self.started_at = min(self.started_at, newer.started_at)
 
     def compact(self, stored):
-        """Keep only what a flush writes of an old minute (see MAX_DETAILED_MINUTES)."""
+        """Keep only what a flush writes of an old minute (see MAX_DETAILED_MINUTES; the usage
+        is written whole)."""
         self.by_tokens.truncate(stored)
         self.by_denials.truncate(stored)
         self.near = {}
@@ -149,6 +159,7 @@ class Recorder:
     def __init__(self, clock=time.time, config=get_config):
         self.clock = clock
         self.config = config
+        self._days = DayClock(lambda: self.config()["CALENDAR_TIME_ZONE"])
         self._lock = threading.Lock()
         self._minutes = {}
         # (clock reading, Decision) not counted yet: appended without the lock (deque.append
@@ -184,8 +195,8 @@ class Recorder:
 
     def _count(self, now, decision):
         """Count one decision made at ``now``: by outcome for all, its plan, its endpoint and
-        each rule; its identity in the hot-key sketches; its client buckets under 20 % as
-        near-limit (caller holds the lock)."""
+        each rule; its identity in the hot-key sketches and its usage; its client buckets under
+        20 % as near-limit (caller holds the lock)."""
         minute = int(now // 60)
         allowed = decision.allowed
         identity = decision.identity
@@ -202,7 +213,12 @@ class Recorder:
         pending.shapes[shape] += 1
         if identity is None:
             return
-        member = _member(identity)
+        member, caller = _member(identity)
+        if policies:  # it charged buckets (or was refused by them): usage for billing, per
+            # caller (anonymous ones together: no key per IP address) and what each bucket
+            # charged (a refusal charged nothing: its costs are not needed)
+            pending.usage[(self._days.day_of(now), caller, allowed, shape[3],
+                           tuple(map(cost_of, policies)) if allowed else ())] += 1
         tokens = decision.cost if allowed and policies else 0
         denials = 0 if allowed else 1
         pending.by_tokens.add(member, tokens, tokens, denials)

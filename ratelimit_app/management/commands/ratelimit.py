@@ -9,12 +9,17 @@
     reset IDENTITY --user STAFF [--yes]         the admin's reset, recorded in the admin history
     top [--window 1h]                           the dashboard's hot keys and 429 rates
     deliver [--once]                            send the alert webhooks (a long-running sender)
+    rollup [--every SECONDS]                    add the usage counted in Redis into the usage
+                                                records (exactly once; --every: keep doing so)
+    usage --from DAY --to DAY [--tenant T] [--identity REF] [--period day|month]
+          [--format csv|json] [--output FILE]   the usage records for billing
 
 Exit codes: 0 done, 1 a check failed or Redis is unavailable, 2 bad input (an unknown identity,
 an unreadable or invalid file).
 """
 
 import json
+import logging
 import signal
 import sys
 import threading
@@ -33,8 +38,14 @@ from ...models import AuditSource
 from ...operator_checks import FAIL, OK, run_operator_checks
 from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
                                export_document, plan_import)
+from ...rollup import UsageRollup
 from ...stores import StoreUnavailable
+from ...stores.base import READ_ERRORS
+from ...usage_records import (DAY, FORMATS, MONTH, UsageQueryError, parse_range, render,
+                              usage_rows)
 from ...webhooks import Sender
+
+logger = logging.getLogger("ratelimit_app")
 
 FAILED = 1
 BAD_INPUT = 2
@@ -49,15 +60,15 @@ def _redis_down(message, exc):
 
 
 class Command(BaseCommand):
-    help = ("Quotas as code (export, import) and operator tools (check, reload, inspect, reset, "
-            "top).")
+    help = ("Quotas as code (export, import), operator tools (check, reload, inspect, reset, "
+            "top) and usage records (rollup, usage).")
     # ``check`` runs the system checks itself; the others need not wait for a store check
     requires_system_checks = []
 
     def add_arguments(self, parser):
         commands = parser.add_subparsers(dest="subcommand", required=True,
                                          metavar="{export,import,check,reload,inspect,reset,top,"
-                                                 "deliver}")
+                                                 "deliver,rollup,usage}")
         export = commands.add_parser("export", help="Write the quota rows as JSON.")
         export.add_argument("--output", "-o", metavar="FILE",
                             help="Write to FILE instead of standard output.")
@@ -97,6 +108,28 @@ class Command(BaseCommand):
         deliver.add_argument("--once", action="store_true",
                              help="Send what is due now, then exit.")
 
+        rollup = commands.add_parser("rollup", help="Add the usage counted in Redis into the "
+                                                    "usage records (exactly once).")
+        rollup.add_argument("--every", type=float, metavar="SECONDS",
+                            help="Keep rolling up every SECONDS until stopped (a process of "
+                                 "its own, as `make run` starts).")
+
+        usage = commands.add_parser("usage", help="The usage records for billing, as CSV or "
+                                                  "JSON.")
+        usage.add_argument("--from", dest="date_from", required=True, metavar="YYYY-MM-DD",
+                           help="First day (in CALENDAR_TIME_ZONE).")
+        usage.add_argument("--to", dest="date_to", required=True, metavar="YYYY-MM-DD",
+                           help="Last day, included.")
+        usage.add_argument("--tenant", help="Only this tenant's callers.")
+        usage.add_argument("--identity", metavar="REF",
+                           help="Only this caller (key:ID, user:ID or anonymous).")
+        usage.add_argument("--period", choices=(DAY, MONTH), default=DAY,
+                           help="One row per day (default) or per month.")
+        usage.add_argument("--format", dest="output_format", choices=list(FORMATS),
+                           default="csv")
+        usage.add_argument("--output", "-o", metavar="FILE",
+                           help="Write to FILE instead of standard output.")
+
     def handle(self, *args, subcommand, **options):
         handler = getattr(self, "handle_" + subcommand)
         handler(**options)
@@ -104,7 +137,9 @@ class Command(BaseCommand):
     # --- quotas as code --------------------------------------------------------------------
 
     def handle_export(self, output=None, **options):
-        text = dumps(export_document())
+        self._write(dumps(export_document()), output)
+
+    def _write(self, text, output):
         if output is None:
             self.stdout.write(text, ending="")
             return
@@ -283,3 +318,46 @@ class Command(BaseCommand):
                                returncode=FAILED)
         for line in top_lines(data):
             self.stdout.write(line)
+
+    # --- usage records ---------------------------------------------------------------------
+
+    def handle_rollup(self, every=None, **options):
+        if every is None:
+            try:
+                result = self._roll_up()
+            except READ_ERRORS as exc:
+                raise _redis_down("the usage counts were not rolled up", exc)
+            self.stdout.write(
+                f"Rolled up {counted(result.batches, 'batch', 'batches')} into "
+                f"{counted(result.records, 'usage record')}"
+                + (f"; {result.already_added} added before, now deleted from Redis"
+                   if result.already_added else "") + ".")
+            return
+        if every <= 0:
+            raise _bad_input("--every must be a positive number of seconds.")
+        stop = threading.Event()
+        self.stdout.write(f"Rolling up the usage counts every {every:g} s (stop with Ctrl-C "
+                          f"or SIGTERM).")
+        while True:
+            try:
+                self._roll_up()
+            except READ_ERRORS as exc:  # Redis down: the counts wait there; try again later
+                logger.warning("ratelimit_app: usage rollup failed (%s); retrying in %g s",
+                               exc, every)
+            except Exception:  # a database error: logged; the next round tries again
+                logger.exception("ratelimit_app: usage rollup failed")
+            if stop.wait(every):
+                return
+
+    def _roll_up(self):
+        return UsageRollup(default_limiter().store.metrics_client()).run()
+
+    def handle_usage(self, date_from, date_to, tenant=None, identity=None, period=DAY,
+                     output_format="csv", output=None, **options):
+        try:
+            first, last = parse_range(date_from, date_to)
+            rows = usage_rows(first, last, tenant=tenant, identity=identity, period=period)
+            text, _content_type = render(rows, first, last, period, output_format)
+        except UsageQueryError as exc:
+            raise _bad_input(str(exc))
+        self._write(text if text.endswith("\n") else text + "\n", output)
