@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0006_rule_concurrency'),
+        ('ratelimit_app', '0008_alerts_webhooks'),
     ]
 
     operations = [
