@@ -161,3 +161,21 @@ def test_connections_the_wire_does_not_speak_go_to_redis_asyncio(redis_server):
     assert isinstance(async_store_for(tls), AsyncRedisStore)
     plain = RedisStore(redis_server.client())
     assert isinstance(async_store_for(plain), AsyncWireStore)
+
+
+def test_requests_of_one_loop_turn_reach_redis_in_one_write(store, redis_server):
+    def reads():  # read events Redis processed, on every connection
+        with redis_server.client() as client:
+            return client.info("stats")["total_reads_processed"]
+
+    async def burst(s):
+        await take(s, "warm")  # connected, script loaded
+        before = reads()
+        replies = await asyncio.gather(*[take(s, f"w{i}") for i in range(100)])
+        return replies, reads() - before
+
+    replies, read_events = run(burst, store)
+    assert all(r.allowed for r in replies)
+    # 100 commands written together: a few reads of the socket (the INFO client's own
+    # connection adds one), not one per command
+    assert read_events <= 10

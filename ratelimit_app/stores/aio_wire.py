@@ -6,8 +6,10 @@ Why not redis.asyncio: each of its calls checks a connection out of a pool behin
 ``asyncio.Lock``/``Condition``, wraps the exchange in ``async with`` blocks and timeouts that
 create tasks or timer handles, encodes the arguments anew and parses the reply in Python
 layers; measured under uvicorn, that was most of what the async path cost over the sync one
-(see docs/explanation/performance.md). Here a call is: one ``transport.write`` of bytes encoded
-once, one future appended to a FIFO, and the reply fed to hiredis in ``data_received``.
+(see docs/explanation/performance.md). Here a call is: bytes encoded once, appended to what
+this turn of the loop writes (the commands of every coroutine that called in the same turn go
+out in one ``transport.write``), one future appended to a FIFO, and the reply fed to hiredis in
+``data_received``.
 
 Pipelining is safe because Redis answers the commands of one connection in the order it
 received them: ``data_received`` hands each complete reply to the oldest waiting future. A
@@ -47,6 +49,9 @@ class _RespProtocol(asyncio.Protocol):
                                      replyError=BaseParser.parse_error)
         self.waiting = collections.deque()  # (future, deadline in loop time), oldest first
         self._timer = None  # armed for the oldest request's deadline while any waits
+        # commands sent during one turn of the loop, written together at its end: under load
+        # several requests reach Redis in one write (one system call here, one read there)
+        self._outgoing = []
 
     def connection_made(self, transport):
         self.transport = transport
@@ -61,8 +66,16 @@ class _RespProtocol(asyncio.Protocol):
             self.waiting.append((future, deadline))
             if self._timer is None:
                 self._timer = self.loop.call_at(deadline, self._check_deadline)
-        self.transport.write(command)
+        outgoing = self._outgoing
+        if not outgoing:
+            self.loop.call_soon(self._flush)
+        outgoing.append(command)
         return future
+
+    def _flush(self):
+        outgoing, self._outgoing = self._outgoing, []
+        if not self.closed:
+            self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
 
     def data_received(self, data):
         reader, waiting = self.reader, self.waiting
