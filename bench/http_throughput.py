@@ -81,10 +81,14 @@ def run(env, quick):
         return variant.replace("ours-asgi", "none-asgi").replace("lua-asgi", "none-asgi") \
             if "-asgi-" in variant else "none"
 
+    def ours_of(variant):
+        """Ours on the same server kind and view."""
+        return "ours-asgi-" + variant.rsplit("-", 1)[1] if "-asgi-" in variant else "ours"
+
     rows, results = [], {}
     for variant, label in labels.items():
         rows.append([label, median(samples[variant]), f"{paired(variant, baseline(variant)):.2f}",
-                     f"{paired('ours', variant):.2f}×", f"{median(cpu[variant]):.0f}",
+                     f"{paired(ours_of(variant), variant):.2f}×", f"{median(cpu[variant]):.0f}",
                      f"{median(idle[variant]):.0%}", non_2xx[variant]])
         results[variant] = {"label": label, "rps_median": median(samples[variant]),
                             "rps_samples": samples[variant], "non_2xx": non_2xx[variant],
