@@ -1,39 +1,52 @@
-"""1. Decision cost in-process: ours (whole path, 4 levels) vs the bare EVALSHA floor vs DRF
-UserRateThrottle (history 10 / 1,000 / 10,000) vs django-ratelimit, all on the same Redis."""
+"""1. Decision cost in-process: ours (whole path, 4 levels) vs the raw floor (the same take.lua
+call on a held socket, hiredis only), the bare EVALSHA floor through redis-py, DRF
+UserRateThrottle (history 10 / 1,000 / 10,000) and django-ratelimit, all on the same Redis."""
 
-from . import alternatives
+from ratelimit_app.testing import HOST
+
+from . import alternatives, raw_floor
 from .harness import interleave, median, paired_ratio, spread, table, verdict
 
 # issue 11: ours ÷ each of these, same run, paired per round
-TARGETS = {"vs_floor": ("floor: bare 4-key EVALSHA", 1.15),
+RAW_FLOOR = "raw floor: take.lua on a held socket, hiredis only"
+TARGETS = {"vs_raw_floor": (RAW_FLOOR, 1.3),
+           "vs_floor": ("floor: bare 4-key EVALSHA", 1.15),
            "vs_drf_user_h10": ("DRF UserRateThrottle, history 10", 0.8),
            "vs_django_ratelimit": ("django-ratelimit is_ratelimited", 0.7)}
 
 
 def run(env, quick):
     user = env.users[4]
+    ours = alternatives.ours(user)
+    raw = raw_floor.raw_take_like(ours, HOST, env.redis.port)
     variants = {
         "django-redis GET (reference)": alternatives.cache_get(),
+        RAW_FLOOR: raw,
         "floor: bare 4-key EVALSHA": alternatives.floor(),
-        "ours: 4 levels, whole path": alternatives.ours(user),
+        "ours: 4 levels, whole path": ours,
         "DRF UserRateThrottle, history 10": alternatives.drf_user_throttle(user, 10),
         "DRF UserRateThrottle, history 1,000": alternatives.drf_user_throttle(user, 1000),
         "DRF UserRateThrottle, history 10,000": alternatives.drf_user_throttle(user, 10_000),
         "django-ratelimit is_ratelimited": alternatives.django_ratelimit(user),
     }
     rounds, batch = (5, 200) if quick else (15, 500)
-    samples = interleave(variants, rounds, batch)
+    try:
+        samples = interleave(variants, rounds, batch)
+    finally:
+        raw.close()
     floor_name, ours_name = "floor: bare 4-key EVALSHA", "ours: 4 levels, whole path"
     rows, results = [], {}
     for name, values in samples.items():
         vs_floor = paired_ratio(samples, name, floor_name)
+        vs_raw = paired_ratio(samples, name, RAW_FLOOR)
         vs_ours = paired_ratio(samples, name, ours_name)
-        rows.append([name, median(values), f"{spread(values):.0%}", f"{vs_floor:.2f}×",
-                     f"{vs_ours:.2f}×"])
+        rows.append([name, median(values), f"{spread(values):.0%}", f"{vs_raw:.2f}×",
+                     f"{vs_floor:.2f}×", f"{vs_ours:.2f}×"])
         results[name] = {"median_us": median(values), "samples_us": values,
-                         "ratio_to_floor": vs_floor, "ratio_to_ours": vs_ours}
-    markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ floor", "÷ ours"],
-                     rows)
+                         "ratio_to_raw_floor": vs_raw, "ratio_to_floor": vs_floor,
+                         "ratio_to_ours": vs_ours}
+    markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ raw floor",
+                      "÷ floor (redis-py)", "÷ ours"], rows)
     ratios, targets = {}, []
     for key, (name, limit) in TARGETS.items():
         ratio = ratios[f"decision.{key}"] = paired_ratio(samples, ours_name, name)

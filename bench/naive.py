@@ -9,12 +9,16 @@ LEVELS = 4
 _script = None
 
 
+def source():
+    """Return the naive script's Lua source."""
+    return (Path(__file__).parent / "naive_take.lua").read_text()
+
+
 def script():
     """Return the registered naive script (loaded once per process)."""
     global _script
     if _script is None:
-        source = (Path(__file__).parent / "naive_take.lua").read_text()
-        _script = get_redis_connection("default").register_script(source)
+        _script = get_redis_connection("default").register_script(source())
     return _script
 
 

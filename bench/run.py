@@ -22,7 +22,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.harness import Environment, table  # noqa: E402
 
-SECTIONS = ["decision", "redis_cpu", "http", "overgrant", "flood", "memory", "scale", "cluster"]
+SECTIONS = ["decision", "redis_cpu", "http", "latency", "overgrant", "flood", "memory", "scale", "cluster"]
 MODULES = {"http": "http_throughput"}  # section name -> module in bench/
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

@@ -57,8 +57,12 @@ REST_FRAMEWORK = {
 
 # The ASGI row (servers.Uvicorn): the middleware decides DRF views too, so the decision is made
 # on the event loop (QuotaThrottle reuses it: one charge per request).
+# The bare Lua throttle decides there too, as an async middleware (redis.asyncio), for both views.
 if os.environ.get("BENCH_MIDDLEWARE_DECIDES"):
     RATELIMIT_APP = {**RATELIMIT_APP, "MIDDLEWARE_INCLUDES_DRF": True}  # noqa: F405
+    if VARIANT == "lua":
+        MIDDLEWARE.append("bench.throttles.AsyncBareLuaMiddleware")
+        REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = []
 
 SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 LOGGING = {"version": 1, "disable_existing_loggers": False,

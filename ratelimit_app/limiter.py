@@ -375,7 +375,9 @@ class Limiter:
             return await sync_to_async(self._decide_with_slot, thread_sensitive=False)(
                 pending, now_ms)
         try:
-            if pending.snapshot.has_leases:
+            # (the snapshot's flag first: most snapshots lease nothing; a snapshot that leases
+            # for some rules still sends the other requests straight to the async store)
+            if pending.snapshot.has_leases and any(b.rule.lease for b in pending.buckets):
                 # leases may need a second call and keep local state between the two: the sync
                 # path in a worker thread (hot shared buckets only; most of their requests are
                 # then served from the lease without any call)

@@ -13,7 +13,8 @@ from django.test import RequestFactory
 
 from ratelimit_app.models import FailureMode, Plan, Rule, Scope
 from ratelimit_app.stores import RedisStore
-from ratelimit_app.stores.aio import AsyncRedisStore, ThreadedAsyncStore, async_store_for
+from ratelimit_app.stores.aio import AsyncRedisStore, AsyncWireStore, ThreadedAsyncStore, \
+    async_store_for
 
 from .helpers import limiter
 
@@ -114,10 +115,14 @@ def test_the_async_store_of_each_kind(settings):
     store = limiter().store
     assert type(store) is RedisStore
     built = async_store_for(store)
-    assert isinstance(built, AsyncRedisStore)
+    assert isinstance(built, AsyncWireStore)
     kwargs = store.client.connection_pool.connection_kwargs
-    assert built._connection_kwargs["port"] == kwargs["port"]
-    assert built._connection_kwargs["socket_timeout"] == kwargs["socket_timeout"]
+    assert built._wire_options["address"] == (kwargs["host"], kwargs["port"])
+    assert built._wire_options["timeout_s"] == kwargs["socket_timeout"]
+    # a connection the wire does not speak (TLS, a credential provider): redis.asyncio
+    fallback = AsyncRedisStore.like(store.client)
+    assert fallback._connection_kwargs["port"] == kwargs["port"]
+    assert fallback._connection_kwargs["socket_timeout"] == kwargs["socket_timeout"]
 
     class OtherStore:
         kind = "cluster"
@@ -126,3 +131,16 @@ def test_the_async_store_of_each_kind(settings):
             raise NotImplementedError
 
     assert isinstance(async_store_for(OtherStore()), ThreadedAsyncStore)
+
+
+def test_a_lease_on_another_plan_does_not_send_this_decision_to_a_thread(rules, monkeypatch):
+    other = Plan.objects.create(slug="pro", name="Pro")
+    Rule.objects.create(name="pro-global", plan=other, scope=Scope.GLOBAL, rate=1000,
+                        period_s=1, burst=1000, lease=10)
+    leased = []
+    real = limiter()._take_with_leases
+    monkeypatch.setattr(limiter(), "_take_with_leases",
+                        lambda *args: leased.append(args) or real(*args))
+    decision = adecide()
+    assert limiter().snapshot().has_leases  # the snapshot leases, for pro's buckets
+    assert decision.allowed and not leased  # this request's buckets lease nothing

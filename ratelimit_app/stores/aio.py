@@ -1,7 +1,13 @@
 """Async stores: a decision's one call awaited on an asyncio event loop (``Limiter.adecide``,
 used by QuotaMiddleware under an ASGI server).
 
-- ``AsyncRedisStore`` (beside ``RedisStore``): a ``redis.asyncio`` client connected as the
+- ``AsyncWireStore`` (beside ``RedisStore``, for TCP and Unix-socket connections without TLS or
+  a credential provider): take.lua's EVALSHA, encoded once per bucket plan, on one connection
+  per event loop shared by all its coroutines (``AsyncWire``: an asyncio protocol with a
+  hiredis reader, replies handed out in order). NOSCRIPT loads the script and sends the call
+  again, as RedisStore does; connection, timeout and error replies become StoreUnavailable.
+- ``AsyncRedisStore`` (the other single-node connections: TLS, a credential provider): a
+  ``redis.asyncio`` client connected as the
   RedisStore's own client is (the django-redis cache's LOCATION and OPTIONS: host, port or
   socket, db, credentials, TLS, timeouts, pool size), with the same take.lua registered on it
   (``AsyncScript``: EVALSHA, and SCRIPT LOAD then EVALSHA again on NOSCRIPT) and the same reply
@@ -19,18 +25,22 @@ loop (an ASGI worker has one; a test may run several).
 """
 
 import asyncio
+import hashlib
 import weakref
 
+import hiredis
 import redis.asyncio
 from asgiref.sync import sync_to_async
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
+from .aio_wire import AsyncWire
 from .base import StoreUnavailable, script_source
-from .redis import RedisStore, parse_take_reply
+from .redis import MAX_PACKED_COMMANDS, RedisStore, parse_take_reply
 
-__all__ = ["AsyncRedisStore", "ThreadedAsyncStore", "async_store_for", "CLIENT_NAME"]
+__all__ = ["AsyncWireStore", "AsyncRedisStore", "ThreadedAsyncStore", "async_store_for",
+           "CLIENT_NAME"]
 
 #: the async connections' name in CLIENT LIST (operators, and the test, tell them apart)
 CLIENT_NAME = "ratelimit_app:async"
@@ -43,11 +53,92 @@ _CONNECTION_KWARGS = ("host", "port", "path", "db", "username", "password",
 
 
 def async_store_for(store):
-    """Return the async store for ``store``: an AsyncRedisStore for a single node, else a
-    ThreadedAsyncStore around it."""
+    """Return the async store for ``store``: an AsyncWireStore (or, for connections it does not
+    speak, an AsyncRedisStore) for a single node, else a ThreadedAsyncStore around it."""
     if type(store) is RedisStore:
-        return AsyncRedisStore.like(store.client)
+        return AsyncWireStore.like(store.client) or AsyncRedisStore.like(store.client)
     return ThreadedAsyncStore(store)
+
+
+class AsyncWireStore:
+    """take.lua on one Redis node through an ``AsyncWire`` per event loop."""
+
+    kind = "redis"
+
+    def __init__(self, address, *, db=0, username=None, password=None, timeout_s=None,
+                 connect_timeout_s=None):
+        setup = []
+        if password is not None:
+            setup.append(("AUTH", username, password) if username else ("AUTH", password))
+        if db:
+            setup.append(("SELECT", db))
+        setup.append(("CLIENT", "SETNAME", CLIENT_NAME))
+        self._wire_options = dict(address=address, setup_commands=setup, timeout_s=timeout_s,
+                                  connect_timeout_s=connect_timeout_s)
+        source = script_source("take")
+        self._sha = hashlib.sha1(source.encode()).hexdigest()
+        self._script_load = hiredis.pack_command(("SCRIPT", "LOAD", source))
+        self._packed = {}  # (keys, args, version key) -> the EVALSHA's bytes
+        self._wires = weakref.WeakKeyDictionary()  # event loop -> its AsyncWire
+
+    @classmethod
+    def like(cls, client):
+        """Return a store connecting as the sync redis-py ``client`` does, or None when its
+        connections need what AsyncWire does not do (TLS, a credential provider, a
+        connection class of its own)."""
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        kind = pool.connection_class.__name__
+        if kind not in ("Connection", "UnixDomainSocketConnection") or \
+                kwargs.get("credential_provider") is not None:
+            return None
+        address = kwargs["path"] if kind == "UnixDomainSocketConnection" else \
+            (kwargs.get("host", "localhost"), kwargs.get("port", 6379))
+        timeout_s = kwargs.get("socket_timeout")
+        return cls(address, db=kwargs.get("db") or 0, username=kwargs.get("username"),
+                   password=kwargs.get("password"), timeout_s=timeout_s,
+                   connect_timeout_s=kwargs.get("socket_connect_timeout") or timeout_s)
+
+    def _wire(self):
+        loop = asyncio.get_running_loop()
+        wire = self._wires.get(loop)
+        if wire is None:
+            wire = self._wires[loop] = AsyncWire(**self._wire_options)
+        return wire
+
+    async def take(self, bucket_keys, args, *, version_key):
+        """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
+        command = self._command(tuple(bucket_keys), tuple(args), version_key)
+        wire = self._wire()
+        try:
+            try:
+                reply = await wire.request(command)
+            except NoScriptError:  # after a restart or SCRIPT FLUSH: the script did not run
+                await wire.request(self._script_load)
+                reply = await wire.request(command)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return parse_take_reply(reply)
+
+    def _command(self, bucket_keys, args, version_key):
+        """Return take.lua's EVALSHA as bytes, encoded once per (keys, args) on the server's
+        clock (the same bytes request after request)."""
+        memo_key = (bucket_keys, args, version_key)
+        command = self._packed.get(memo_key)
+        if command is None:
+            command = hiredis.pack_command(("EVALSHA", self._sha, len(bucket_keys) + 1,
+                                            *bucket_keys, version_key, *args))
+            if args[0] == b"":
+                if len(self._packed) >= MAX_PACKED_COMMANDS:
+                    self._packed.clear()
+                self._packed[memo_key] = command
+        return command
+
+    async def aclose(self):
+        """Close the running loop's connection (before that loop ends)."""
+        wire = self._wires.pop(asyncio.get_running_loop(), None)
+        if wire is not None:
+            wire.close()
 
 
 class AsyncRedisStore:
