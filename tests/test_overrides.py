@@ -34,7 +34,7 @@ def clock(settings):
 
 def at(clock, seconds):
     """The wall-clock datetime ``seconds`` after the test clock's now."""
-    return datetime.datetime.fromtimestamp(clock.wall_time() + seconds, tz=datetime.UTC)
+    return datetime.datetime.fromtimestamp(clock.wall_time() + seconds, tz=datetime.timezone.utc)
 
 
 @pytest.fixture

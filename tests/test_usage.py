@@ -125,7 +125,7 @@ def test_a_full_bucket_reports_when_a_spent_token_is_back_in_usage_and_headers(d
     clock.advance(120_000)  # refilled: full again
     refilled = by_name(usage_of(client))["free-ip"]
     assert (refilled["remaining"], refilled["reset"]) == (40, 3)
-    now = datetime.datetime.fromtimestamp(clock.seconds(), datetime.UTC)
+    now = datetime.datetime.fromtimestamp(clock.seconds(), datetime.timezone.utc)
     assert refilled["reset_at"] == (now + datetime.timedelta(seconds=3)).isoformat(
         timespec="seconds")
 
