@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from . import audit
 from .models import AuditEntry, AuditSource
 from .quotas_as_code import QuotaFileError, describe_change
+from .readonly_admin import ReadOnlyAdmin
 
 __all__ = ["AuditedAdminMixin", "AuditEntryAdmin", "RESTORE_PERMISSION"]
 
@@ -77,7 +78,7 @@ class TouchedFilter(admin.SimpleListFilter):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     """Read-only: entries are written by ``audit.py`` only."""
 
     list_display = ["id", "created", "actor", "source", "summary", "restore_link"]
@@ -86,15 +87,6 @@ class AuditEntryAdmin(admin.ModelAdmin):
     fields = ["created", "actor", "source", "summary", "changes", "restored_from",
               "restore_link", "configuration"]
     readonly_fields = fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="changes")
     def changes(self, entry):

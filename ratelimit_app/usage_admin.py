@@ -20,6 +20,7 @@ from django.utils.http import urlencode
 
 from .conf import get_config
 from .models import UsageRecord
+from .readonly_admin import ReadOnlyAdmin
 from .usage_records import DAY, FORMATS, MONTH, render, usage_rows
 
 __all__ = ["UsageRecordAdmin", "UsageRangeForm", "today"]
@@ -76,20 +77,11 @@ def _form_from(params):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(ReadOnlyAdmin):
     """The changelist is the usage page; ``download/`` serves the same rows as CSV or JSON."""
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm(VIEW_PERMISSION)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_urls(self):
         wrap = self.admin_site.admin_view

@@ -17,6 +17,7 @@ from ..conf import get_config
 from ..limiter import default_limiter
 from ..stores import StoreUnavailable
 from ..models import Dashboard
+from ..readonly_admin import ReadOnlyAdmin
 from .data import FRAGMENTS, dashboard_data, inspect_url
 from .inspector import bucket_rows, find_identity, reset_and_record
 
@@ -27,7 +28,7 @@ RESET_PERMISSION = "ratelimit_app.reset_buckets"
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(ReadOnlyAdmin):
     """No rows to add, change or delete: the changelist is the dashboard."""
 
     def has_module_permission(self, request):
@@ -35,15 +36,6 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm(VIEW_PERMISSION)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
