@@ -85,12 +85,13 @@ def load_demo_data():
         call_command("load_demo", stdout=io.StringIO())
 
 
-def poll_until(condition, timeout_s=5):
+def poll_until(condition, timeout_s=5, what="the condition"):
     """Return once ``condition()`` is true; fail after ``timeout_s`` (for what a real process
-    does in its own time, such as a server's release or a breaker's cooldown)."""
+    does in its own time, such as a server's release or a breaker's cooldown), naming ``what``
+    was awaited."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         threading.Event().wait(0.02)
 
 

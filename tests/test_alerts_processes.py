@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 
 from ratelimit_app.testing import _free_port
 
+from .helpers import poll_until
 from .webhook_receiver import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,10 +65,8 @@ def get(port, path, client_ip):
 
 
 def poll(condition, what, timeout_s=30):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # deadline poll
+    """``poll_until`` with the longer deadline processes started here may need."""
+    poll_until(condition, timeout_s, what)
 
 
 @pytest.fixture(scope="module")
