@@ -31,7 +31,6 @@ bucket:
   never shown.
 """
 
-import functools
 import hashlib
 import json
 import math
@@ -39,8 +38,8 @@ import operator
 
 from django.http import HttpResponse
 
-from .buckets import PolicyStatus
 from .conf import get_config
+from .header_fields import policy_item, sf_string, window_s
 
 __all__ = ["window_s", "apply_headers", "problem_body", "problem_response", "retry_after_s",
            "retry_after_with_jitter", "uncharged_preflight", "QUOTA_EXCEEDED",
@@ -55,44 +54,22 @@ TEMPORARY_REDUCED_CAPACITY = \
 OWN_SCOPES = frozenset(("user", "ip"))
 
 
-@functools.lru_cache(maxsize=4096)  # policy names come from the admin: few, and asked per request
-def _sf_string(value):
-    """Serialise an RFC 9651 sf-string (printable ASCII; quote and backslash escaped)."""
-    text = "".join(c for c in value if " " <= c <= "~")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def policy_header(policies):
     """Return the RateLimit-Policy value for ``policies``."""
-    # the fields picked in C (map + itemgetter): no Python frame per policy
-    return _policy_header(tuple(map(_policy_fields, policies)))
-
-
-# (name, burst, quota, window_s) of a PolicyStatus (a NamedTuple)
-_policy_fields = operator.itemgetter(
-    *map(PolicyStatus._fields.index, ("name", "burst", "quota", "window_s")))
-_is_shadow = operator.attrgetter("shadow")
-
-
-@functools.lru_cache(maxsize=1024)  # one value per set of rules: few, and the same every request
-def _policy_header(items):
-    # period 0: a concurrency limit, q requests in flight, no window
-    return ", ".join([f"{_sf_string(name)};q={burst};w={window_s(burst, rate, period_s)}"
-                      if period_s else f'{_sf_string(name)};q={burst};qu="concurrent-requests"'
-                      for name, burst, rate, period_s in items])
-
-
-def window_s(burst, rate, period_s):
-    """Return a bucket's ``w``: the whole seconds it takes to refill from empty, rounded up (a
-    client keeping to q per w then spends at most the refill rate)."""
-    return -(-burst * period_s // rate)
+    # each status carries its list member, built once per bucket (a calendar quota's window
+    # changes with the month: built here, cached by its numbers)
+    return ", ".join([p.policy_item or policy_item(p.name, p.burst, p.quota, p.window_s)
+                      for p in policies])
 
 
 def ratelimit_header(policies, disclose_shared=False):
     """Return the RateLimit value for ``policies``: the caller's own buckets, those that refused
     the request and, with ``disclose_shared``, every other one ("" if none)."""
-    return ", ".join([f"{_sf_string(p.name)};r={p.remaining};t={p.reset_s}" for p in policies
-                      if p.short or disclose_shared or p.scope in OWN_SCOPES])
+    return ", ".join([f"{p.header_name or sf_string(p.name)};r={p.remaining};t={p.reset_s}"
+                      for p in policies if p.short or disclose_shared or p.scope in OWN_SCOPES])
+
+
+_is_shadow = operator.attrgetter("shadow")
 
 
 def retry_after_s(decision):

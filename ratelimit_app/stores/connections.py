@@ -44,6 +44,21 @@ __all__ = ["HeldConnections", "Wire"]
 WIRE_CLASSES = (Connection, SSLConnection, UnixDomainSocketConnection)
 
 
+class _Forks:
+    """How many forks led to this process (0 in the one that imported this module): a child
+    (gunicorn --preload) sees a new number. Compared per decision instead of ``os.getpid()``,
+    a system call (about 0.5 µs on the development machine)."""
+
+    generation = 0
+
+    @classmethod
+    def _count_fork(cls):
+        cls.generation += 1
+
+
+os.register_at_fork(after_in_child=_Forks._count_fork)
+
+
 class HeldConnections:
     """Connections of ``pool`` held for one store's decisions."""
 
@@ -51,16 +66,16 @@ class HeldConnections:
         self.pool = pool
         self.recheck_after_s = recheck_after_s
         self._idle = []  # (connection, monotonic time it was last used, its Wire or None)
-        self._pid = os.getpid()
+        self._fork_generation = _Forks.generation
 
     def request(self, packed_command):
         """Send ``packed_command`` (bytes or a list of bytes) and return its reply; redis-py's
         errors propagate. An error reply (NOSCRIPT, READONLY) leaves the connection in use."""
-        if self._pid != os.getpid():
+        if self._fork_generation != _Forks.generation:
             # a forked child (gunicorn --preload): the parent's sockets are not its own; the
             # connections are dropped without a word to the server (redis-py only shuts a
             # socket down in the process that opened it)
-            self._idle, self._pid = [], os.getpid()
+            self._idle, self._fork_generation = [], _Forks.generation
         try:
             connection, used_at, wire = self._idle.pop()
         except IndexError:
