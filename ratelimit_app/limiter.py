@@ -160,6 +160,8 @@ class Limiter:
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors)
         self.flusher.autostart = metrics_autostart
+        # decisions are counted while the next decision waits for Redis (stores/connections.py)
+        store.run_while_waiting(self._count_metrics_while_waiting)
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
         # threshold crossings seen in decisions, stored by a background thread (alerts.py)
         self.alerts = AlertQueue(lambda: self.clock.redis_now_ms() or wall_clock_ms(),
@@ -198,6 +200,12 @@ class Limiter:
             flusher = self.flusher
             if flusher.autostart and not flusher.running:
                 flusher.ensure_running()
+
+    def _count_metrics_while_waiting(self):
+        try:
+            self.recorder.count_queued_now()
+        except Exception as error:  # a fault in counting must not fail the decision waiting
+            self.unexpected_error(error, "counting decisions for the metrics")
 
     def unexpected_error(self, error, action):
         """Count ``error``, an exception other than StoreUnavailable that escaped ``action``

@@ -7,6 +7,7 @@ connection's own methods."""
 
 import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
@@ -16,11 +17,12 @@ from redis import ConnectionPool
 from redis.connection import Connection
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
+from ratelimit_app import guard
 from ratelimit_app.limiter import install_limiter
 from ratelimit_app.models import Plan, Rule, Scope
 from ratelimit_app.stores.connections import HeldConnections, Wire
 
-from .helpers import decide, limiter
+from .helpers import decide, limiter, poll_until
 
 pytestmark = pytest.mark.django_db
 
@@ -177,6 +179,56 @@ def test_plain_connections_are_served_by_a_wire_and_error_replies_keep_them(redi
         held.request(Connection().pack_command("NO-SUCH-COMMAND"))
     assert held.request(CLIENT_ID) == first  # an error reply leaves the connection usable
     assert held.request(Connection().pack_command("ECHO", b"x" * 40000)) == b"x" * 40000
+
+
+def test_while_waiting_runs_once_the_command_has_reached_redis(
+        redis_client):
+    """The gap it fills is real: when ``while_waiting`` runs, the command has been written and
+    Redis executes it (a second client sees its write; run before the write, this would time
+    out), and the request still returns the command's reply."""
+    pool = get_redis_connection("default").connection_pool
+    seen_while_waiting = []
+
+    def while_waiting():
+        poll_until(lambda: redis_client.exists("waited"), what="the INCR to reach Redis")
+        seen_while_waiting.append(redis_client.get("waited"))
+
+    for wire_or_not in (pool, ConnectionPool(connection_class=ConnectionOfAnotherKind,
+                                             host="127.0.0.1",
+                                             port=pool.connection_kwargs["port"])):
+        redis_client.delete("waited")
+        held = HeldConnections(wire_or_not)
+        held.while_waiting = while_waiting
+        assert held.request(Connection().pack_command("INCR", "waited")) == 1
+        held.give_back()
+    assert seen_while_waiting == [b"1", b"1"]  # the wire, then a connection's own methods
+
+
+def test_a_decision_is_counted_while_the_next_one_waits_for_redis(anonymous_plan):
+    recorder = limiter().recorder
+    first = guard_decide("10.0.5.1")
+    assert recorder.queued() == 1  # not counted yet: nothing has waited since
+    guard_decide("10.0.5.2")
+    assert recorder.queued() == 1  # the second's: the first was counted during its wait
+    assert recorder.counts()[("endpoint", "small", "allowed")] == 2
+    assert first.allowed
+
+
+def test_a_fault_while_counting_fails_no_decision_and_is_counted(anonymous_plan, monkeypatch):
+    guard_decide("10.0.6.1")
+
+    def broken_count(now, decision):
+        raise TypeError("a bug in counting")
+    monkeypatch.setattr(limiter().recorder, "_count", broken_count)
+    assert guard_decide("10.0.6.2").policies  # answered by Redis despite the fault
+    assert limiter().stats.unexpected_by_type == {"TypeError": 1}
+
+
+def guard_decide(address):
+    """Decide as the adapters do (guard.decide: the decision is also recorded)."""
+    request = RequestFactory().get("/", REMOTE_ADDR=address)
+    request.resolver_match = SimpleNamespace(view_name="small")
+    return guard.decide(request, AnonymousUser())
 
 
 class ConnectionOfAnotherKind(Connection):

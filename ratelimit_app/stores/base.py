@@ -107,6 +107,10 @@ class Store:
         """
         raise NotImplementedError
 
+    def run_while_waiting(self, work):
+        """Run ``work`` (a callable that must not raise) in each decision's wait for its reply,
+        where the store can tell that gap apart (the default cannot: ``work`` never runs)."""
+
     def release(self, slot_keys, member):
         """Release a request's concurrency slot ``member`` (bytes) in ``slot_keys``, idempotently.
         Raises StoreUnavailable."""

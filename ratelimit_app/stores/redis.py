@@ -96,6 +96,9 @@ class RedisStore(Store):
             self.client.script_load(self._take.script)
             return self._send(command)
 
+    def run_while_waiting(self, work):
+        self._connections.while_waiting = work
+
     def _pack(self, command):
         """Encode ``command`` as the pool's connections would send it."""
         packer = self._packer
