@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError, NoScriptError, ResponseError
 
 from ratelimit_app import guard
 from ratelimit_app.limiter import install_limiter
+from ratelimit_app.metrics import WAIT_BATCH
 from ratelimit_app.models import Plan, Rule, Scope
 from ratelimit_app.stores.connections import HeldConnections, Wire
 
@@ -204,23 +205,25 @@ def test_while_waiting_runs_once_the_command_has_reached_redis(
     assert seen_while_waiting == [b"1", b"1"]  # the wire, then a connection's own methods
 
 
-def test_a_decision_is_counted_while_the_next_one_waits_for_redis(anonymous_plan):
+def test_decisions_are_counted_in_batches_while_a_decision_waits_for_redis(anonymous_plan):
     recorder = limiter().recorder
-    first = guard_decide("10.0.5.1")
-    assert recorder.queued() == 1  # not counted yet: nothing has waited since
-    guard_decide("10.0.5.2")
-    assert recorder.queued() == 1  # the second's: the first was counted during its wait
-    assert recorder.counts()[("endpoint", "small", "allowed")] == 2
-    assert first.allowed
+    for i in range(WAIT_BATCH):
+        assert guard_decide(f"10.0.5.{i}").allowed
+    assert recorder.queued() == WAIT_BATCH  # not counted yet: nothing has waited since
+    guard_decide("10.0.5.99")
+    # the batch was counted during the last decision's wait for Redis; only its own is queued
+    assert recorder.queued() == 1
+    assert recorder.counts()[("endpoint", "small", "allowed")] == WAIT_BATCH + 1
 
 
 def test_a_fault_while_counting_fails_no_decision_and_is_counted(anonymous_plan, monkeypatch):
-    guard_decide("10.0.6.1")
+    for i in range(WAIT_BATCH):
+        guard_decide(f"10.0.6.{i}")
 
     def broken_count(now, decision):
         raise TypeError("a bug in counting")
     monkeypatch.setattr(limiter().recorder, "_count", broken_count)
-    assert guard_decide("10.0.6.2").policies  # answered by Redis despite the fault
+    assert guard_decide("10.0.6.99").policies  # answered by Redis despite the fault
     assert limiter().stats.unexpected_by_type == {"TypeError": 1}
 
 

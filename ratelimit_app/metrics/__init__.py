@@ -18,9 +18,9 @@ from .fields import identity_member, parse_member
 from .flush import Flusher
 from .reads import WINDOWS, Reader
 from .recorder import (COUNT_BATCH, MAX_BUFFERED_MINUTES, MAX_DETAILED_MINUTES,
-                       NEAR_LIMIT_CAPACITY, Recorder)
+                       NEAR_LIMIT_CAPACITY, WAIT_BATCH, Recorder)
 from .sketch import SpaceSaving
 
 __all__ = ["SpaceSaving", "Recorder", "Flusher", "Reader", "identity_member", "parse_member",
-           "WINDOWS", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES",
+           "WINDOWS", "WAIT_BATCH", "COUNT_BATCH", "NEAR_LIMIT_CAPACITY", "MAX_DETAILED_MINUTES",
            "MAX_BUFFERED_MINUTES"]
