@@ -22,9 +22,10 @@ from django.core.checks import run_checks
 from django.test import Client, override_settings
 
 from ratelimit_app.buckets import pack_value, read_state, unpack_value
-from ratelimit_app.engine import take_args
+from ratelimit_app.engine import Decision, take_args
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.limiter import Limiter
+from ratelimit_app.metrics import WAIT_BATCH
 from ratelimit_app.stores import StoreMisconfigured, StoreUnavailable
 from ratelimit_app.stores.cluster import ClusterStore
 from ratelimit_app.stores.redis import RedisStore
@@ -118,6 +119,18 @@ def test_one_identity_in_one_slot_is_a_single_evalsha(cluster):
     allowed, statuses, _ = take(buckets)
     assert cluster.command_calls("evalsha", masters_only=True) - before == 1
     assert allowed and [s.level_units for s in statuses] == [2 * UNITS] * 4
+
+
+def test_decisions_are_counted_while_a_call_waits_for_the_masters(cluster):
+    recorder = limiter().recorder
+    buckets = [make_bucket(minute_rule(burst=50), token=t) for t in token_per_master(cluster)]
+    take(buckets, debit=False)  # loads the script on the masters
+    for _ in range(WAIT_BATCH):
+        limiter().record(Decision(allowed=True, endpoint="api:items"))
+    assert recorder.queued() == WAIT_BATCH
+    assert take(buckets)[0]
+    assert recorder.queued() == 0  # counted while the three masters ran the call
+    assert recorder.counts()[("endpoint", "api:items", "allowed")] == WAIT_BATCH
 
 
 # --- all-or-nothing across slot groups ------------------------------------------------------

@@ -102,6 +102,7 @@ class ClusterStore(Store):
         self._connect_lock = threading.Lock()
         self._take = _Script("take")
         self._refund = _Script("refund")
+        self._while_waiting = None  # see run_while_waiting
 
     @classmethod
     def from_nodes(cls, nodes, options=None):
@@ -133,6 +134,9 @@ class ClusterStore(Store):
         return self._take.sha
 
     # --- decisions ---------------------------------------------------------------------------
+
+    def run_while_waiting(self, work):
+        self._while_waiting = work  # run once a call's commands are written, before its replies
 
     def take(self, bucket_keys, args, *, version_key):
         client = self.client
@@ -237,6 +241,8 @@ class ClusterStore(Store):
                 redo.append(call)
                 continue
             sent.append((call, node, connection))
+        if sent and self._while_waiting is not None:
+            self._while_waiting()  # the masters are running the calls meanwhile
 
         unread = [connection for _, _, connection in sent]
         try:
