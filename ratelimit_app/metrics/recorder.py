@@ -40,8 +40,8 @@ NEAR_LIMIT_CAPACITY = 200
 # wait then; on one host a round trip is tens of µs, about what 16 decisions take to count). A
 # batch of COUNT_BATCH is counted by the request that fills it when no wait came first (the
 # async store, whose waits the event loop fills with other requests; a threaded server whose
-# other thread holds the lock; it spends about a millisecond), and whoever reads the counts (the flush thread each second, the dashboard)
-# counts what is queued.
+# other thread holds the lock; it spends about a millisecond), and whoever reads the counts
+# (the flush thread each second, the dashboard) counts what is queued.
 WAIT_BATCH = 16
 COUNT_BATCH = 256
 MAX_DETAILED_MINUTES = 3
