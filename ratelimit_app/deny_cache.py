@@ -53,7 +53,7 @@ class DenyCache:
         request would be denied, so there is no need to ask)."""
         if allowed:
             for bucket, status in zip(buckets, statuses, strict=True):
-                if status.level_units < bucket.cost * bucket.period_ms and not bucket.rule.shadow:
+                if status.level_units < bucket.cost_units and not bucket.rule.shadow:
                     break
             else:
                 return  # the common case: plenty left, nothing worth remembering
@@ -87,7 +87,7 @@ class DenyCache:
                 level, sent_at = entry[0], entry[1]
                 upper = min(capacity,
                             level + bucket.rule.rate * (now - sent_at + SAFETY_MARGIN_S) * 1000)
-            short = upper < bucket.cost * bucket.period_ms
+            short = upper < bucket.cost_units
             deny = deny or (short and not bucket.rule.shadow)
             projected.append((bucket, upper, short))
         if not deny:
