@@ -160,7 +160,7 @@ class Limiter:
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors)
         self.flusher.autostart = metrics_autostart
-        # decisions are counted while the next decision waits for Redis (stores/connections.py)
+        # decisions are counted in batches while a later decision waits for Redis (recorder.py)
         store.run_while_waiting(self._count_metrics_while_waiting)
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
         # threshold crossings seen in decisions, stored by a background thread (alerts.py)
@@ -202,6 +202,7 @@ class Limiter:
                 flusher.ensure_running()
 
     def _count_metrics_while_waiting(self):
+        """What the store runs while a decision waits for its reply (see Store.run_while_waiting)."""
         try:
             self.recorder.count_queued_now()
         except Exception as error:  # a fault in counting must not fail the decision waiting
