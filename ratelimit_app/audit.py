@@ -125,13 +125,15 @@ def record(actor, *, baseline=False):
             user=actor.user, actor=actor.name[:150], source=actor.source,
             summary=summary[:300], diff=diff, snapshot=document,
             touched="".join(f"\n{change['token']}" for change in diff) + "\n" if diff else "",
-            previous=previous, restored_from=actor.restored_from)
+            previous=previous, opens_trail=previous is None, restored_from=actor.restored_from)
         try:
             with transaction.atomic():  # a savepoint: PostgreSQL goes on after the conflict
                 entry.save()
             return entry
         except IntegrityError:
-            continue  # another process recorded after the same entry: diff against its entry
+            # another process recorded after the same entry (or the first entry of an empty
+            # trail): diff against its entry
+            continue
     logger.error("ratelimit_app: the audit trail kept changing while recording; gave up")
     return None
 

@@ -622,6 +622,11 @@ class AuditEntry(models.Model):
     # both follow the same entry (the second one retries against the first)
     previous = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="following", editable=False)
+    # the entry recorded into an empty trail; at most one (a constraint), so two processes
+    # recording into an empty trail cannot both write a first entry (the second one retries
+    # against the first). Not "previous is NULL": deleting an entry sets its follower's
+    # previous to NULL (SET_NULL), and that must stay possible.
+    opens_trail = models.BooleanField(default=False, editable=False)
     restored_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="+")
 
@@ -630,6 +635,9 @@ class AuditEntry(models.Model):
         verbose_name = "audit entry"
         verbose_name_plural = "audit trail"
         default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(fields=["opens_trail"],
+                                               condition=Q(opens_trail=True),
+                                               name="ratelimit_audit_one_first_entry")]
         permissions = [("restore_configuration",
                         "Can restore the quota configuration of an audit entry")]
 
