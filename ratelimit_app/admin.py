@@ -352,15 +352,16 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "plan", "tenant", "active", "created"]
-    list_filter = ["plan", "active"]
+    list_display = ["prefix", "name", "user", "plan", schedule_cell, "reason", "tenant", "active",
+                    "created"]
+    list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant"]
     raw_id_fields = ["user"]
     readonly_fields = ["prefix", "created"]
 
     def get_fields(self, request, obj=None):
-        fields = ["user", "name", "plan", "tenant", "active"]
+        fields = ["user", "name", "plan", "starts_at", "ends_at", "reason", "tenant", "active"]
         # the prefix is generated with the key: nothing to show before it exists
         return fields if obj is None else [*fields, "prefix", "created"]
 
