@@ -275,8 +275,8 @@ def keys_with_dated_plans():
     """Keys of one user whose own plan is active, scheduled, expired and permanent (now)."""
     from django.utils import timezone
 
-    pro = Plan.objects.create(slug="pro", name="Pro")
-    user = User.objects.create(username="acme")
+    pro, _ = Plan.objects.get_or_create(slug="pro", defaults={"name": "Pro"})
+    user, _ = User.objects.get_or_create(username="acme")
     now, day = timezone.now(), datetime.timedelta(days=1)
     for name, starts_at, ends_at in (("active", now - day, now + day),
                                      ("scheduled", now + day, None),
