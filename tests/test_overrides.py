@@ -202,6 +202,17 @@ def test_a_keys_plan_applies_between_its_dates_and_its_users_plan_outside(dated_
     assert ApiKey.objects.get().schedule_at(at(clock, 0)) == Schedule.EXPIRED
 
 
+def test_the_dashboards_inspector_shows_a_key_on_the_plan_requests_see(dated_key, clock):
+    from ratelimit_app.dashboard.inspector import find_identity
+
+    def inspected_plan():
+        return find_identity(f"key:{dated_key.pk}", limiter().snapshot()).identity.plan
+
+    assert inspected_plan() == "team"
+    clock.advance(90_000)
+    assert inspected_plan() == "pro"
+
+
 def test_a_key_outside_its_plans_dates_is_on_the_default_plan_without_a_user_plan(dated_key,
                                                                                   clock):
     PlanAssignment.objects.all().delete()
