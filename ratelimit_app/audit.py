@@ -9,9 +9,10 @@ notices them (``policy.PolicyCache``'s comparison of the rows calls ``record_out
 
 What an entry holds: the whole configuration after the change, in the quotas-as-code format
 (``quotas_as_code.export_document``, plus the API keys' plan, its dates, and tenant, which
-that format leaves out), and its field-by-field diff against the previous entry. Because every entry holds
-a whole document, restoring one is an import of it (``restore_plan`` / ``restore``): a dry-run
-diff first, then one transaction and one version bump, recorded like any import.
+that format leaves out), and its field-by-field diff against the previous entry. Because every
+entry holds a whole document, restoring one is an import of it (``restore_plan`` /
+``restore``): a dry-run diff first, then one transaction and one version bump, recorded like
+any import.
 
 Who: ``acting_as`` names the actor for the changes made inside it (the admin: the signed-in
 user; ``manage.py ratelimit import``: the command); any other save is "application code".

@@ -12,10 +12,9 @@ first to see a difference reloads and announces a new version, so the others fol
 about a second.
 
 Plan assignments, identity overrides and the plan of an API key may have a start and an end
-(``models.Scheduled``):
-a snapshot holds only the rows active when it was compiled, and the next moment one starts or
-ends (``Snapshot.next_change_at``); each worker recompiles at that moment by itself, with no
-announcement and no query before it (``PolicyCache``).
+(``models.Scheduled``): a snapshot holds only the rows active when it was compiled, and the
+next moment one starts or ends (``Snapshot.next_change_at``); each worker recompiles at that
+moment by itself, with no announcement and no query before it (``PolicyCache``).
 """
 
 import functools
