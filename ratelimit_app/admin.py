@@ -352,15 +352,25 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "plan", "tenant", "active", "created"]
-    list_filter = ["plan", "active"]
+    list_display = ["prefix", "name", "user", "plan_and_schedule", "tenant", "active", "created"]
+    list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
-    search_fields = ["prefix", "name", "user__username", "tenant"]
+    search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
     raw_id_fields = ["user"]
     readonly_fields = ["prefix", "created"]
 
+    @admin.display(description="plan", ordering="plan__slug")
+    def plan_and_schedule(self, key):
+        """The key's own plan, where its dates stand now and why (one column: the list is wide
+        already); '—' without a plan (the key is on its user's)."""
+        if not key.plan_id:
+            return "—"
+        reason = format_html('<br><span class="quiet">{}</span>', key.reason) if key.reason \
+            else ""
+        return format_html("{}<br>{}{}", key.plan, schedule_cell(key), reason)
+
     def get_fields(self, request, obj=None):
-        fields = ["user", "name", "plan", "tenant", "active"]
+        fields = ["user", "name", "plan", "starts_at", "ends_at", "reason", "tenant", "active"]
         # the prefix is generated with the key: nothing to show before it exists
         return fields if obj is None else [*fields, "prefix", "created"]
 

@@ -8,10 +8,11 @@ Rows changed without a signal (a queryset's ``update()``, raw SQL) are recorded 
 notices them (``policy.PolicyCache``'s comparison of the rows calls ``record_outside_change``).
 
 What an entry holds: the whole configuration after the change, in the quotas-as-code format
-(``quotas_as_code.export_document``, plus the API keys' plan and tenant, which that format
-leaves out), and its field-by-field diff against the previous entry. Because every entry holds
-a whole document, restoring one is an import of it (``restore_plan`` / ``restore``): a dry-run
-diff first, then one transaction and one version bump, recorded like any import.
+(``quotas_as_code.export_document``, plus the API keys' plan, its dates, and tenant, which
+that format leaves out), and its field-by-field diff against the previous entry. Because every
+entry holds a whole document, restoring one is an import of it (``restore_plan`` /
+``restore``): a dry-run diff first, then one transaction and one version bump, recorded like
+any import.
 
 Who: ``acting_as`` names the actor for the changes made inside it (the admin: the signed-in
 user; ``manage.py ratelimit import``: the command); any other save is "application code".
@@ -35,7 +36,8 @@ logger = logging.getLogger("ratelimit_app")
 # The extra list an audit snapshot holds beside the quotas-as-code sections (never imported:
 # keys are issued in the admin, see quotas_as_code's docstring).
 API_KEYS = "api_keys"
-API_KEY_FIELDS = ("prefix", "user", "name", "plan", "tenant", "active")
+API_KEY_FIELDS = ("prefix", "user", "name", "plan", "tenant", "active", "starts_at", "ends_at",
+                  "reason")
 API_KEY_KEY = ("prefix", "user", "name")
 
 
@@ -125,13 +127,15 @@ def record(actor, *, baseline=False):
             user=actor.user, actor=actor.name[:150], source=actor.source,
             summary=summary[:300], diff=diff, snapshot=document,
             touched="".join(f"\n{change['token']}" for change in diff) + "\n" if diff else "",
-            previous=previous, restored_from=actor.restored_from)
+            previous=previous, opens_trail=previous is None, restored_from=actor.restored_from)
         try:
             with transaction.atomic():  # a savepoint: PostgreSQL goes on after the conflict
                 entry.save()
             return entry
         except IntegrityError:
-            continue  # another process recorded after the same entry: diff against its entry
+            # another process recorded after the same entry (or the first entry of an empty
+            # trail): diff against its entry
+            continue
     logger.error("ratelimit_app: the audit trail kept changing while recording; gave up")
     return None
 
@@ -146,9 +150,14 @@ def empty_document():
 
 
 def _api_key_item(key):
+    from .quotas_as_code import _json_value
+
+    # the dates of the key's plan as the export writes a plan assignment's; an empty reason is
+    # null, as entries recorded before keys had one read it, so they show no change
     return {"prefix": key.prefix, "user": key.user.get_username(), "name": key.name,
             "plan": key.plan.slug if key.plan_id else None, "tenant": key.tenant,
-            "active": key.active}
+            "active": key.active, "starts_at": _json_value(key.starts_at),
+            "ends_at": _json_value(key.ends_at), "reason": key.reason or None}
 
 
 def audit_document():

@@ -76,17 +76,18 @@ class Schedule(models.TextChoices):
     EXPIRED = "expired", "Expired"
 
 
-def schedule_fields():
-    """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row that applies
-    only between its start and end (either may be empty), and why. Declared last in each model,
-    so exports list them after the model's own fields."""
+def schedule_fields(what="the row"):
+    """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row (or ``what``
+    of it, as the help texts say) that applies only between its start and end (either may be
+    empty), and why. Declared last in each model, so exports list them after the model's own
+    fields."""
     return (
         models.DateTimeField(
             null=True, blank=True, db_index=True,
-            help_text="Empty: from now on. Otherwise the row applies from this moment."),
+            help_text=f"Empty: from now on. Otherwise {what} applies from this moment."),
         models.DateTimeField(
             null=True, blank=True, db_index=True,
-            help_text="Empty: until removed. Otherwise the row stops applying at this moment "
+            help_text=f"Empty: until removed. Otherwise {what} stops applying at this moment "
                       "(it is kept, listed as expired)."),
         models.CharField(
             max_length=200, blank=True,
@@ -153,8 +154,12 @@ def hash_api_key(raw_key):
     return hashlib.sha256(raw_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-class ApiKey(models.Model):
-    """An API key. Only a digest and a short prefix (for display) are stored."""
+class ApiKey(Scheduled, models.Model):
+    """An API key. Only a digest and a short prefix (for display) are stored.
+
+    Its own plan may have a start and an end (``Scheduled``): outside them the key is on the
+    plan of its user, as without a plan of its own. The key itself keeps working.
+    """
 
     PREFIX_LENGTH = 8
 
@@ -166,17 +171,24 @@ class ApiKey(models.Model):
     digest = models.CharField(max_length=64, unique=True, editable=False)
     plan = models.ForeignKey(
         Plan, null=True, blank=True, on_delete=models.SET_NULL,
-        help_text="Empty: the plan of the key's user.",
+        help_text="Empty (or outside the dates below): the plan of the key's user.",
     )
     tenant = models.CharField(max_length=100, blank=True)
     active = models.BooleanField(default=True)
     created = models.DateTimeField(auto_now_add=True)
+    starts_at, ends_at, reason = schedule_fields("the key's plan")
 
     class Meta:
         verbose_name = "API key"
 
     def __str__(self):
         return f"{self.prefix}… ({self.name})"
+
+    def clean(self):
+        self.clean_schedule()
+        if not self.plan_id and (self.starts_at or self.ends_at):
+            raise ValidationError({"plan": "The start and the end are those of the key's plan: "
+                                           "choose a plan, or clear them."})
 
     @classmethod
     def create_key(cls, user, name, raw_key=None, **fields):
@@ -622,6 +634,11 @@ class AuditEntry(models.Model):
     # both follow the same entry (the second one retries against the first)
     previous = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="following", editable=False)
+    # the entry recorded into an empty trail; at most one (a constraint), so two processes
+    # recording into an empty trail cannot both write a first entry (the second one retries
+    # against the first). Not "previous is NULL": deleting an entry sets its follower's
+    # previous to NULL (SET_NULL), and that must stay possible.
+    opens_trail = models.BooleanField(default=False, editable=False)
     restored_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="+")
 
@@ -630,6 +647,9 @@ class AuditEntry(models.Model):
         verbose_name = "audit entry"
         verbose_name_plural = "audit trail"
         default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(fields=["opens_trail"],
+                                               condition=Q(opens_trail=True),
+                                               name="ratelimit_audit_one_first_entry")]
         permissions = [("restore_configuration",
                         "Can restore the quota configuration of an audit entry")]
 

@@ -11,10 +11,10 @@ snapshot's once every ``CONFIG_RELOAD_INTERVAL_S`` (one query, ``config_fingerpr
 first to see a difference reloads and announces a new version, so the others follow within
 about a second.
 
-Plan assignments and identity overrides may have a start and an end (``models.Scheduled``):
-a snapshot holds only the rows active when it was compiled, and the next moment one starts or
-ends (``Snapshot.next_change_at``); each worker recompiles at that moment by itself, with no
-announcement and no query before it (``PolicyCache``).
+Plan assignments, identity overrides and the plan of an API key may have a start and an end
+(``models.Scheduled``): a snapshot holds only the rows active when it was compiled, and the
+next moment one starts or ends (``Snapshot.next_change_at``); each worker recompiles at that
+moment by itself, with no announcement and no query before it (``PolicyCache``).
 """
 
 import functools
@@ -225,10 +225,13 @@ def _read_snapshot(version, now):
         str(a.user_id): (a.plan.slug, a.tenant)
         for a in assignment_rows if a.is_active_at(moment)
     }
+    key_rows = list(ApiKey.objects.filter(active=True).select_related("plan"))
+    # a key's plan outside its dates is None: the key is on its user's plan meanwhile
     api_keys = {
-        k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id), k.plan.slug if k.plan_id else None,
+        k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
+                              k.plan.slug if k.plan_id and k.is_active_at(moment) else None,
                               k.tenant)
-        for k in ApiKey.objects.filter(active=True).select_related("plan")
+        for k in key_rows
     }
     overrides = {}
     override_rows = list(IdentityOverride.objects.order_by("id"))
@@ -263,7 +266,8 @@ def _read_snapshot(version, now):
         overrides={k: tuple(v) for k, v in overrides.items()},
         costs=costs,
         next_change_at=min(_next_change(assignment_rows, moment),
-                           _next_change(override_rows, moment)),
+                           _next_change(override_rows, moment),
+                           _next_change([k for k in key_rows if k.plan_id], moment)),
     )
 
 

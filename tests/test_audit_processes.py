@@ -89,6 +89,54 @@ except RuntimeError as error:
     print(error, flush=True)
 """
 
+FIRST_WRITER = """
+import django
+django.setup()
+import os, sys, time
+from django.db.models.signals import pre_save
+from ratelimit_app.models import AuditEntry, Rule
+name, go = sys.argv[1], sys.argv[2]
+held = []
+
+def hold_first_attempt(sender, instance, **kwargs):
+    # after reading the (empty) trail, before writing: every writer has read it empty before
+    # any writes its entry; a retry is not held
+    if not held:
+        held.append(instance)
+        print("holding", instance.previous_id, flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)  # the test's signal to go on
+
+pre_save.connect(hold_first_attempt, sender=AuditEntry)
+Rule.objects.create(name=name, scope="ip", rate=1, period_s=60, burst=1)
+"""
+
+# What two processes recording into an empty trail at once could leave before migration 0010:
+# two entries without a previous one (written with the models of 0009), and one following.
+OLD_TRAIL = """
+import django
+django.setup()
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+state = MigrationLoader(connection).project_state(("ratelimit_app", "0009_usage_records"))
+AuditEntry = state.apps.get_model("ratelimit_app", "AuditEntry")
+baseline = AuditEntry.objects.get()
+second_first = AuditEntry.objects.create(actor="race", source="code", summary="also first",
+                                         snapshot=baseline.snapshot)
+AuditEntry.objects.create(actor="later", source="code", summary="after it",
+                          snapshot=baseline.snapshot, previous=second_first)
+"""
+
+FIRST_MARKS = """
+import django
+django.setup()
+import json
+from ratelimit_app.models import AuditEntry, Rule
+Rule.objects.create(name="after-migration", scope="ip", rate=1, period_s=60, burst=1)
+print(json.dumps(list(AuditEntry.objects.order_by("id").values_list("opens_trail",
+                                                                   "previous_id", "id"))))
+"""
+
 BEFORE_RESTORE = [["extra-0", 1], ["extra-1", 1], ["kept-0", 5], ["kept-1", 5], ["kept-2", 5]]
 RESTORED = [["kept-0", 1], ["kept-1", 1], ["kept-2", 1]]
 
@@ -128,6 +176,21 @@ def trail(env):
     return json.loads(python(env, "-c", TRAIL))
 
 
+def assert_one_chain_adding(got, names):
+    """Assert that the trail ``got`` is one chain whose diffs add each rule of ``names`` once."""
+    entries = got["entries"]
+    # one chain: each entry follows the one recorded just before it, none is followed twice
+    assert entries[0]["previous_id"] is None
+    assert [e["previous_id"] for e in entries[1:]] == [e["id"] for e in entries[:-1]]
+    # each diff is against the entry it follows, and the last entry is the configuration now
+    assert [e["diff"] for e in entries[1:]] == got["rediffs"]
+    assert entries[-1]["snapshot"] == got["current"]
+    # every rule created is in the trail exactly once, as an addition
+    added = [change["label"] for entry in entries for change in entry["diff"]
+             if change["action"] == "add" and change["section"] == "rules"]
+    assert sorted(added) == sorted(f"rule “{name}”" for name in names)
+
+
 def test_processes_recording_at_once_keep_one_chain_with_every_change_in_it(env, tmp_path):
     go = tmp_path / "go"
     writers = [start(env, "-c", WRITER, f"w{n}", "5", str(go)) for n in range(4)]
@@ -138,19 +201,44 @@ def test_processes_recording_at_once_keep_one_chain_with_every_change_in_it(env,
         finish(writer)
 
     got = trail(env)
-    entries = got["entries"]
-    # one chain: each entry follows the one recorded just before it, none is followed twice
-    assert entries[0]["previous_id"] is None and entries[0]["source"] == "migrate"
-    assert [e["previous_id"] for e in entries[1:]] == [e["id"] for e in entries[:-1]]
-    # each diff is against the entry it follows, and the last entry is the configuration now
-    assert [e["diff"] for e in entries[1:]] == got["rediffs"]
-    assert entries[-1]["snapshot"] == got["current"]
-    # every rule created is in the trail exactly once, as an addition
-    added = [change["label"] for entry in entries for change in entry["diff"]
-             if change["action"] == "add" and change["section"] == "rules"]
     names = [f"w{w}-{n}" for w in range(4) for n in range(5)]
-    assert sorted(added) == sorted(f"rule “{name}”" for name in names)
-    assert len(entries) <= 1 + len(names)  # a change committed meanwhile may share an entry
+    assert got["entries"][0]["source"] == "migrate"
+    assert_one_chain_adding(got, names)
+    assert len(got["entries"]) <= 1 + len(names)  # a change committed meanwhile may share one
+
+
+def test_processes_recording_into_an_empty_trail_at_once_write_one_first_entry(env, tmp_path):
+    python(env, "-c", "import django; django.setup(); "
+                      "from ratelimit_app.models import AuditEntry; "
+                      "AuditEntry.objects.all().delete()")
+    go = tmp_path / "go"
+    names = [f"first-{n}" for n in range(4)]
+    writers = [start(env, "-c", FIRST_WRITER, name, str(go)) for name in names]
+    try:
+        # every writer read the trail empty and is about to write the first entry
+        for writer in writers:
+            assert writer.stdout.readline() == "holding None\n", writer.stderr.read()
+    finally:
+        go.touch()
+    for writer in writers:
+        finish(writer)
+
+    got = trail(env)
+    # one of them wrote the first entry; the others retried after it (the constraint)
+    assert_one_chain_adding(got, names)
+    assert [e["previous_id"] for e in got["entries"]].count(None) == 1
+
+
+def test_the_first_entry_migration_applies_to_a_trail_with_entries(env):
+    python(env, "manage.py", "migrate", "ratelimit_app", "0009_usage_records", "--verbosity", "0")
+    python(env, "-c", OLD_TRAIL)
+    python(env, "manage.py", "migrate", "--verbosity", "0")
+
+    marks = json.loads(python(env, "-c", FIRST_MARKS))
+    # the oldest entry opens the trail, the other entry without a previous one does not; a
+    # change recorded after the migration follows the last entry
+    assert [opens for opens, _, _ in marks] == [True, False, False, False]
+    assert marks[-1][1] == marks[-2][2]
 
 
 @pytest.mark.parametrize("mode", ["commit", "fail"])

@@ -14,8 +14,11 @@ from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
-from ratelimit_app import quotas_as_code
-from ratelimit_app.models import IdentityOverride, Plan, PlanAssignment, Rule, Schedule, Scope
+from ratelimit_app import audit, quotas_as_code
+from ratelimit_app.dashboard.data import temporary_rows
+from ratelimit_app.identity import identify
+from ratelimit_app.models import (ApiKey, AuditEntry, IdentityOverride, Plan, PlanAssignment,
+                                  Rule, Schedule, Scope)
 from ratelimit_app.policy import compile_snapshot
 
 from .helpers import limiter, use_fake_clock
@@ -153,3 +156,182 @@ def test_a_wall_clock_stepped_forward_is_caught_within_a_minute():
     assert cache.get() is first and len(loads) == 1  # not rechecked yet: no wall-clock read
     monotonic[0] = SCHEDULE_RECHECK_S
     assert cache.get() is not first and len(loads) == 2
+
+
+# --- the plan of an API key, with a start and an end -------------------------------------------
+
+@pytest.fixture
+def dated_key(clock):
+    """A key of a user on "team" (permanently), its own plan "pro" from 90 s to 200 s from now."""
+    Plan.objects.create(slug="free", name="Free", default_for_authenticated=True)
+    team, pro = Plan.objects.create(slug="team", name="Team"), Plan.objects.create(slug="pro",
+                                                                                   name="Pro")
+    user = User.objects.create(username="acme")
+    PlanAssignment.objects.create(user=user, plan=team)
+    key, _ = ApiKey.create_key(user, "ci", raw_key="rk_acme_ci", plan=pro,
+                               starts_at=at(clock, 90), ends_at=at(clock, 200),
+                               reason="trial of pro")
+    return key
+
+
+def key_plan():
+    """Return the plan a request with the key rk_acme_ci is on, as the current snapshot says."""
+    request = RequestFactory().get("/hello/", HTTP_X_API_KEY="rk_acme_ci")
+    return identify(request, None, limiter().snapshot()).plan
+
+
+def test_a_keys_plan_applies_between_its_dates_and_its_users_plan_outside(dated_key, clock):
+    start = clock.seconds()
+    assert key_plan() == "team"  # before the start: the plan of the key's user
+    with CaptureQueriesContext(connection) as captured:
+        clock.advance(60_000)
+        assert key_plan() == "team"
+        clock.advance(round((start + 90 - clock.seconds()) * 1000) - 1)
+        assert key_plan() == "team"  # a millisecond before the start, from memory
+    assert captured.captured_queries == []
+
+    clock.advance(1)  # the start
+    assert key_plan() == "pro"
+    with CaptureQueriesContext(connection) as captured:
+        clock.advance(100_000)
+        assert key_plan() == "pro"  # from memory until the end
+    assert captured.captured_queries == []
+
+    clock.advance(round((start + 200 - clock.seconds()) * 1000))  # the end
+    assert key_plan() == "team"
+    assert ApiKey.objects.get().schedule_at(at(clock, 0)) == Schedule.EXPIRED
+
+
+def test_the_dashboards_inspector_shows_a_key_on_the_plan_requests_see(dated_key, clock):
+    from ratelimit_app.dashboard.inspector import find_identity
+
+    def inspected_plan():
+        return find_identity(f"key:{dated_key.pk}", limiter().snapshot()).identity.plan
+
+    assert inspected_plan() == "team"
+    clock.advance(90_000)
+    assert inspected_plan() == "pro"
+
+
+def test_a_key_outside_its_plans_dates_is_on_the_default_plan_without_a_user_plan(dated_key,
+                                                                                  clock):
+    PlanAssignment.objects.all().delete()
+    assert key_plan() == "free"
+    clock.advance(90_000)
+    assert key_plan() == "pro"
+
+
+def test_dates_of_a_keys_plan_need_a_plan_and_an_end_after_the_start(dated_key, clock):
+    dated_key.plan = None
+    with pytest.raises(ValidationError) as error:
+        dated_key.full_clean()
+    assert error.value.message_dict == {"plan": [
+        "The start and the end are those of the key's plan: choose a plan, or clear them."]}
+    dated_key.plan, dated_key.ends_at = Plan.objects.get(slug="pro"), dated_key.starts_at
+    with pytest.raises(ValidationError) as error:
+        dated_key.full_clean()
+    assert "ends_at" in error.value.message_dict
+
+
+def test_the_dashboard_lists_a_key_while_its_dated_plan_applies(dated_key, clock):
+    assert temporary_rows(at(clock, 0)) == []
+    rows = temporary_rows(at(clock, 90))
+    assert [(row["kind"], row["what"], row["reason"]) for row in rows] == [
+        ("key-plan", "plan Pro", "trial of pro")]
+    assert rows[0]["identity"] == "key rk_acme_… (ci) of acme"
+    assert rows[0]["ends_at"] == dated_key.ends_at.timestamp()
+    dated_key.active = False
+    dated_key.save()
+    assert temporary_rows(at(clock, 90)) == []  # a revoked key is on no plan
+
+
+@pytest.mark.django_db(transaction=True)  # real commits: each save is recorded at its commit
+def test_the_audit_trail_records_the_dates_of_a_keys_plan(dated_key, clock):
+    entry = AuditEntry.objects.order_by("-id").first()
+    item = next(item for item in entry.snapshot[audit.API_KEYS] if item["prefix"] == "rk_acme_")
+    assert item["plan"] == "pro" and item["reason"] == "trial of pro"
+    assert item["starts_at"] == str(dated_key.starts_at)
+
+    dated_key.ends_at = at(clock, 300)
+    dated_key.reason = "trial extended"
+    dated_key.save()
+    change = AuditEntry.objects.order_by("-id").first()
+    assert change.summary == (
+        f"API key (prefix rk_acme_, user acme, name ci): ends_at "
+        f"\"{at(clock, 200)}\" → \"{at(clock, 300)}\"; reason \"trial of pro\" → "
+        f"\"trial extended\"")
+
+
+def test_an_entry_recorded_before_keys_had_dates_shows_no_change_of_an_undated_key(clock):
+    user = User.objects.create(username="acme")
+    ApiKey.create_key(user, "ci", raw_key="rk_acme_ci")
+    now = audit.audit_document()
+    before = {**now, audit.API_KEYS: [
+        {name: value for name, value in item.items()
+         if name not in ("starts_at", "ends_at", "reason")} for item in now[audit.API_KEYS]]}
+    assert audit.diff_documents(before, now) == []
+
+
+def test_an_import_leaves_the_plans_and_dates_of_api_keys_alone(dated_key, clock):
+    """API keys are not in the quotas-as-code document (they are credentials): an export and
+    its import neither carry nor clear a key's plan and its dates."""
+    document = quotas_as_code.export_document()
+    assert "rk_acme_" not in quotas_as_code.dumps(document)
+    quotas_as_code.apply_import(quotas_as_code.plan_import(document).changes)
+    key = ApiKey.objects.get()
+    assert (key.plan.slug, key.starts_at, key.reason) == ("pro", at(clock, 90), "trial of pro")
+
+
+def keys_with_dated_plans():
+    """Keys of one user whose own plan is active, scheduled, expired and permanent (now)."""
+    from django.utils import timezone
+
+    pro, _ = Plan.objects.get_or_create(slug="pro", defaults={"name": "Pro"})
+    user, _ = User.objects.get_or_create(username="acme")
+    now, day = timezone.now(), datetime.timedelta(days=1)
+    for name, starts_at, ends_at in (("active", now - day, now + day),
+                                     ("scheduled", now + day, None),
+                                     ("expired", now - 2 * day, now - day),
+                                     ("permanent", None, None)):
+        ApiKey.create_key(user, name, raw_key=f"rk_{name[:5]}_key", plan=pro,
+                          starts_at=starts_at, ends_at=ends_at, reason=f"{name} trial")
+
+
+def listed_schedules(html):
+    """Return {key name: schedule state} of the API key list's rows in ``html``."""
+    import re
+
+    return dict(re.findall(r'<td class="field-name">([^<]+)</td>.*?data-schedule="(\w+)"', html))
+
+
+def test_the_admin_lists_and_filters_keys_by_the_schedule_of_their_plan(admin_client):
+    from django.urls import reverse
+
+    keys_with_dated_plans()
+    url = reverse("admin:ratelimit_app_apikey_changelist")
+    html = admin_client.get(url).content.decode()
+    assert listed_schedules(html) == {"active": "active", "scheduled": "scheduled",
+                                      "expired": "expired", "permanent": "permanent"}
+    assert "active trial" in html
+    for state in ("active", "scheduled", "expired", "permanent"):
+        html = admin_client.get(url, {"schedule": state}).content.decode()
+        assert listed_schedules(html) == {state: state}
+
+
+def test_the_admin_saves_the_dates_of_a_keys_plan_and_refuses_dates_without_a_plan(
+        admin_client):
+    from django.urls import reverse
+
+    keys_with_dated_plans()
+    key = ApiKey.objects.get(name="permanent")
+    url = reverse("admin:ratelimit_app_apikey_change", args=[key.pk])
+    form = {"user": key.user_id, "name": key.name, "plan": key.plan_id, "tenant": "",
+            "active": "on", "starts_at_0": "", "starts_at_1": "",
+            "ends_at_0": "2030-01-31", "ends_at_1": "18:00:00", "reason": "until January"}
+    assert admin_client.post(url, form).status_code == 302
+    key.refresh_from_db()
+    assert (key.ends_at.year, key.reason) == (2030, "until January")
+
+    response = admin_client.post(url, {**form, "plan": ""})
+    assert response.status_code == 200
+    assert "The start and the end are those of the key&#x27;s plan" in response.content.decode()

@@ -7,13 +7,14 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from ratelimit_app.models import AuditEntry, IdentityOverride, Rule
+from ratelimit_app.models import ApiKey, AuditEntry, IdentityOverride, Rule
 from tests.test_admin_browser import (  # noqa: F401  (fixtures)
     SCREENSHOTS,
     _orm_beside_playwright,
     base_url,
     signed_in_page,
 )
+from tests.test_overrides import keys_with_dated_plans
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -72,6 +73,31 @@ def test_the_admin_lists_dated_overrides_and_the_dashboard_shows_the_active_one(
     until = timezone.localtime(IdentityOverride.objects.get(ip="198.51.100.1").ends_at)
     assert until.strftime("%Y-%m-%d %H:%M") in text
     page.screenshot(path=str(SCREENSHOTS / "dashboard-temporary.png"), full_page=True)
+    assert page.problems == []
+
+
+def test_the_admin_lists_keys_by_the_schedule_of_their_plan_and_the_dashboard_the_active_one(
+        signed_in_page):
+    page = signed_in_page
+    keys_with_dated_plans()
+    page.goto(f"{page.base}/admin/ratelimit_app/apikey/")
+    listed = {}
+    for row in page.locator("#result_list tbody tr").all():
+        schedules = row.locator(".ratelimit-schedule")  # none: no plan of its own
+        listed[row.locator("td.field-name").inner_text()] = \
+            schedules.get_attribute("data-schedule") if schedules.count() else None
+    assert listed == {"active": "active", "scheduled": "scheduled", "expired": "expired",
+                      "permanent": "permanent", "demo": None}
+    page.screenshot(path=str(SCREENSHOTS / "api-keys-plan-schedule.png"), full_page=True)
+
+    page.goto(f"{page.base}/admin/ratelimit_app/dashboard/")
+    rows = page.locator("[data-table=temporary] tbody tr")
+    assert rows.count() == 1
+    text = rows.first.inner_text()
+    assert "rk_activ" in text and "acme" in text and "plan Pro" in text
+    assert "active trial" in text
+    until = timezone.localtime(ApiKey.objects.get(name="active").ends_at)
+    assert until.strftime("%Y-%m-%d %H:%M") in text
     assert page.problems == []
 
 

@@ -159,8 +159,9 @@ def _health(now):
 
 
 def temporary_rows(now):
-    """Return who is on a temporary override or plan assignment at the datetime ``now``: one
-    dict per row (identity, what it changes, until when, reason), the soonest to end first."""
+    """Return who is on a temporary override or plan assignment (of a user, or an API key's
+    own plan) at the datetime ``now``: one dict per row (identity, what it changes, until when,
+    reason), the soonest to end first."""
     rows = []
     dated = ~(Q(starts_at__isnull=True) & Q(ends_at__isnull=True))
     overrides = IdentityOverride.objects.filter(dated, Scheduled.active_q(now)).select_related(
@@ -175,6 +176,11 @@ def temporary_rows(now):
     for a in assignments:
         rows.append({"kind": "plan", "identity": str(a.user), "what": f"plan {a.plan}",
                      "ends_at": a.ends_at, "reason": a.reason})
+    keys = ApiKey.objects.filter(dated, Scheduled.active_q(now), active=True,
+                                 plan__isnull=False).select_related("user", "plan")
+    for k in keys:
+        rows.append({"kind": "key-plan", "identity": f"key {k} of {k.user}",
+                     "what": f"plan {k.plan}", "ends_at": k.ends_at, "reason": k.reason})
     far = datetime.datetime.max.replace(tzinfo=datetime.timezone.utc)
     rows.sort(key=lambda row: (row["ends_at"] or far, row["identity"]))
     for row in rows:

@@ -64,10 +64,12 @@ def _user_identity(user, snapshot):
 
 def _key_identity(api_key, snapshot):
     base = identify(_request(), api_key.user, snapshot)
+    # the key's plan as requests see it: none outside its dates (nor for a revoked key)
+    entry = snapshot.api_keys.get(api_key.digest)
     return base._replace(
         kind="key", display=f"key {api_key.prefix}…", api_key_id=api_key.id,
         user_id=str(api_key.user_id), tenant=api_key.tenant or base.tenant,
-        plan=(api_key.plan.slug if api_key.plan_id else None) or base.plan)
+        plan=(entry.plan if entry else None) or base.plan)
 
 
 def find_identity(query, snapshot):
