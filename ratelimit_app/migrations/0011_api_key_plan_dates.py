@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0010_auditkeys_one_first_entry'),
+        ('ratelimit_app', '0010_audit_one_first_entry'),
     ]
 
     operations = [
