@@ -3,6 +3,7 @@ reads back."""
 
 import contextlib
 import io
+import logging
 import os
 import random
 import threading
@@ -410,6 +411,41 @@ def test_failing_flushes_never_count_against_the_breaker_that_guards_decisions(r
         assert worker.breaker.state == worker.breaker.OPEN and worker.breaker.times_opened == 1
     assert worker.flusher.failing_since is None
     assert limiter().reader.totals()["all", "", "allowed"] == 1
+
+
+def test_an_unexpected_flush_error_is_counted_logged_and_its_counts_sent_next_time(caplog):
+    """Not Redis being down but a bug or bad data (here a retention setting that is no number,
+    a real ValueError inside the flush, on the suite's real Redis): counted apart from Redis
+    errors, logged with its traceback, and the counts it could not send reach Redis with the
+    next flush that works, like those kept through a Redis outage."""
+    from ratelimit_app.prometheus import collect
+
+    worker = limiter()
+    good = worker.config
+    worker.recorder.record(decision())
+    worker.recorder.record(decision(False))
+    worker.config = {**good, "METRICS_RETENTION_S": "one day"}
+    assert worker.flusher.flush_now() == 0  # never raises
+    assert worker.flusher.flush_now() == 0  # tried again at the next tick: still kept
+
+    assert worker.recorder.pending_decisions()[0] == 2
+    assert worker.flusher.last_error.startswith("ValueError: invalid literal for int()")
+    stats = worker.stats
+    assert stats.unexpected_by_type == {"ValueError": 2} and stats.redis_errors == 0
+    [family] = [f for f in collect() if f.name == "ratelimit_process_unexpected_errors"]
+    assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == \
+        [({"type": "ValueError"}, 2)]
+    [logged] = [r for r in caplog.records if "unexpected ValueError" in r.getMessage()]
+    assert logged.levelno == logging.ERROR and logged.exc_info[0] is ValueError  # once a minute
+    assert logged.getMessage().startswith("ratelimit_app: unexpected ValueError while flushing "
+                                          "metrics; the counts are kept for the next flush: ")
+    assert not suite_redis().exists(metrics.fields.totals_key(good["KEY_PREFIX"]))
+
+    worker.config = good  # the bug fixed: the next flush sends what was kept
+    assert worker.flusher.flush_now() > 0
+    assert worker.recorder.pending_decisions() == (0, None) and worker.flusher.last_error == ""
+    totals = worker.reader.totals()
+    assert (totals["all", "", "allowed"], totals["rule", "free-ip", "denied"]) == (1, 1)
 
 
 def test_background_thread_flushes_by_itself_and_stops(redis_client):
