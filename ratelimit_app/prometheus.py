@@ -4,9 +4,8 @@ Counters are the cluster-wide all-time totals every worker flushes to Redis (so 
 can be scraped and the numbers never go backwards); gauges describe the process that answers.
 One counter is the answering process's own: ``ratelimit_process_unexpected_errors_total``
 (unexpected errors on the decision path or in the metrics flush, by exception type: see
-unexpected.py). It must not
-depend on the metrics flush, whose Redis client may be what is broken; it restarts from 0 with
-the process, which ``rate()`` and ``increase()`` handle.
+unexpected.py). It must not depend on the metrics flush, whose Redis client may be what is
+broken; it restarts from 0 with the process, which ``rate()`` and ``increase()`` handle.
 Off unless ``PROMETHEUS_ENABLED``; readable with ``Authorization: Bearer <PROMETHEUS_TOKEN>`` or
 by staff with the dashboard permission.
 """
