@@ -96,10 +96,17 @@ def poll_until(condition, timeout_s=5, what="the condition"):
         threading.Event().wait(0.02)
 
 
+def live_server_requests():
+    """Return the live server's request threads still alive (socketserver's threads run
+    ``process_request_thread``; one lives as long as its client keeps the connection open)."""
+    return [thread for thread in threading.enumerate()
+            if "process_request_thread" in thread.name]
+
+
 @contextlib.contextmanager
 def commands_sent(redis_client):
     """Collect the commands clients send to the server, from the slow log with a zero threshold:
-    each as its text with the name in lower case (``"set rl:cfg:version 17…"``). Commands a Lua
+    each as its text with the name in lower case (``"set rl:config:version 17…"``). Commands a Lua
     script runs inside are logged from the fake address "?:0" (and would be counted by INFO
     commandstats): they are not round trips, so they are left out."""
     sent = []
