@@ -27,6 +27,8 @@ import logging
 
 from django.db import IntegrityError, transaction
 
+from .commit_hooks import on_commit_once
+
 __all__ = ["Actor", "acting_as", "note_change", "record", "record_outside_change",
            "audit_document", "diff_documents", "describe", "object_token", "restore_plan",
            "restore"]
@@ -74,16 +76,8 @@ def acting_as(actor):
 def note_change(using=None):
     """Note that a quota row changed: record an entry when the surrounding transaction commits
     (at once outside a transaction), one per transaction however many rows it changed."""
-    connection = transaction.get_connection(using)
-    # the connection's pending on-commit callbacks, (savepoint ids, callback, robust) each: a
-    # callback registered in a savepoint that rolled back is gone from it, so the next change
-    # registers again
-    if connection.in_atomic_block and any(
-            getattr(entry[1], "ratelimit_audit", False) for entry in connection.run_on_commit):
-        return  # this transaction records already
-    callback = functools.partial(_record_after_commit, _actor.get() or _default_actor())
-    callback.ratelimit_audit = True
-    transaction.on_commit(callback, using=using)
+    actor = _actor.get() or _default_actor()
+    on_commit_once("audit", functools.partial(_record_after_commit, actor), using=using)
 
 
 def _record_after_commit(actor):

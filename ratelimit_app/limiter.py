@@ -158,7 +158,8 @@ class Limiter:
         # the flush goes straight to the store: a failing flush never opens the breaker above
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
                                        config=lambda: self.config,
-                                       request_errors=lambda: self.stats.redis_errors)
+                                       request_errors=lambda: self.stats.redis_errors,
+                                       unexpected=self.unexpected_error)
         self.flusher.autostart = metrics_autostart
         # decisions are counted in batches while a later decision waits for Redis (recorder.py)
         store.run_while_waiting(self._count_metrics_while_waiting)

@@ -3,9 +3,9 @@
 Counters are the cluster-wide all-time totals every worker flushes to Redis (so any one worker
 can be scraped and the numbers never go backwards); gauges describe the process that answers.
 One counter is the answering process's own: ``ratelimit_process_unexpected_errors_total``
-(unexpected errors on the decision path, by exception type: see unexpected.py). It must not
-depend on the metrics flush, whose Redis client may be what is broken; it restarts from 0 with
-the process, which ``rate()`` and ``increase()`` handle.
+(unexpected errors on the decision path or in the metrics flush, by exception type: see
+unexpected.py). It must not depend on the metrics flush, whose Redis client may be what is
+broken; it restarts from 0 with the process, which ``rate()`` and ``increase()`` handle.
 Off unless ``PROMETHEUS_ENABLED``; readable with ``Authorization: Bearer <PROMETHEUS_TOKEN>`` or
 by staff with the dashboard permission.
 """
@@ -79,8 +79,9 @@ def collect():
     buffered.add_metric([], limiter.recorder.pending_decisions()[0])
     unexpected = CounterMetricFamily(
         "ratelimit_process_unexpected_errors",
-        "Unexpected errors (not Redis unavailability) on this process's decision path, by "
-        "exception type: each request that met one was let through unlimited.",
+        "Unexpected errors (not Redis unavailability) in this process, by exception type: on "
+        "the decision path (the request was let through unlimited) or in the metrics flush "
+        "(its counts were kept for the next flush).",
         labels=["type"])
     for name, count in sorted(limiter.stats.unexpected_by_type.items()):
         unexpected.add_metric([name], count)

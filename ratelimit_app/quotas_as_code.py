@@ -25,7 +25,6 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
-from .signals import one_config_bump
 
 __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
            "plan_import", "apply_import", "describe_change"]
@@ -388,7 +387,7 @@ def apply_import(changes):
     # removals last, the most dependent rows first, after the rows moving to a new plan moved
     removals = sorted((c for c in changes if c.action == "remove"),
                       key=lambda c: -order[c.section.name])
-    with transaction.atomic(), one_config_bump():
+    with transaction.atomic():  # one version bump at its commit (signals.py)
         saved = [(change, _save(change)) for change in saves]
         for change in removals:
             change.section.model.objects.filter(pk=change.pk).delete()

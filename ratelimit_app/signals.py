@@ -1,22 +1,23 @@
-"""Bump the config version in Redis after every committed change of a quota row.
+"""Bump the config version in Redis after every committed change of quota rows.
 
 Workers compare the version with their snapshot's and reload, so an admin edit is enforced
-everywhere within about a second without a restart. ``loaddata`` saves send ``post_save`` too
-(``raw=True``), so a fixture is announced at its commit; after ``migrate`` has applied
-migrations (a data migration edits rows without signals) the version is bumped once. What sends
-no signal at all (a queryset's ``update()``, ``bulk_create``, raw SQL) is found by the workers'
-comparison of the rows (``policy.PolicyCache``, every ``CONFIG_RELOAD_INTERVAL_S``).
+everywhere within about a second without a restart. One transaction is one bump at its commit,
+however many rows it changed (``commit_hooks.on_commit_once``): an admin save with its inlines,
+an import, or ``loaddata`` of a whole fixture (its saves send ``post_save`` with ``raw=True``,
+all in one transaction) makes every worker reload once, not once per row. After ``migrate``
+has applied migrations (a data migration edits rows without signals) the version is bumped
+once. What sends no signal at all (a queryset's ``update()``, ``bulk_create``, raw SQL) is
+found by the workers' comparison of the rows (``policy.PolicyCache``, every
+``CONFIG_RELOAD_INTERVAL_S``).
 """
 
-import contextlib
-import contextvars
 import logging
 
 from django.contrib.auth.signals import user_login_failed
-from django.db import transaction
 from django.db.models.signals import post_delete, post_migrate, post_save
 
 from . import audit, guard
+from .commit_hooks import on_commit_once
 from .limiter import default_limiter
 from .policy import config_models
 from .stores import StoreUnavailable
@@ -39,38 +40,11 @@ def bump_config_version():
         logger.error("ratelimit_app: config change not announced, Redis unavailable: %s", exc)
 
 
-# The models changed inside the current ``one_config_bump`` block (None outside one).
-_batched_changes = contextvars.ContextVar("ratelimit_app_batched_changes", default=None)
-
-
-@contextlib.contextmanager
-def one_config_bump():
-    """Announce every quota change saved inside the block with one config-version bump, at the
-    commit of the surrounding transaction (none if nothing changed, none on rollback).
-
-    The transaction already makes the rows visible together; this makes an import of many rows
-    cost one SET and one reload per worker, instead of one per row.
-    """
-    if _batched_changes.get() is not None:
-        yield  # nested: the outer block bumps
-        return
-    changes = []
-    token = _batched_changes.set(changes)
-    try:
-        yield
-    finally:
-        _batched_changes.reset(token)
-    if changes:
-        transaction.on_commit(bump_config_version)
-
-
 def _on_change(sender, using=None, **kwargs):
-    audit.note_change(using)  # an audit entry at the commit, one per transaction
-    batch = _batched_changes.get()
-    if batch is not None:
-        batch.append(sender)
-    else:
-        transaction.on_commit(bump_config_version)
+    # once per transaction, however many rows it changed (an admin save with its inlines, an
+    # import, loaddata of a whole fixture): one audit entry and one new version at the commit
+    audit.note_change(using)
+    on_commit_once("config-version", bump_config_version, using=using)
 
 
 for model in WATCHED_MODELS:

@@ -10,6 +10,7 @@ from django.test import override_settings
 from ratelimit_app.limiter import install_limiter
 from ratelimit_app.testing import RedisServer
 from tests.databases import databases_from_env
+from tests.helpers import live_server_requests, poll_until
 
 # the Cluster and Sentinel fixtures (started only by the tests that use them)
 pytest_plugins = ["tests.topologies"]
@@ -75,6 +76,21 @@ def _clean_state(redis_server):
     # flush thread writing to Redis behind a test's back (tests flush with flush_now())
     install_limiter(metrics_autostart=False)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _live_server_idle_before_flush(request):
+    """After a test that used the live server, wait until no request is being served before
+    pytest-django flushes the test database. On SQLite the live server's request threads share
+    the test's in-memory connection: a request still running (a page's late fetch, a refresh)
+    while the flush deletes the tables fails the flush or the request. Set up after
+    pytest-django's own autouse fixtures, this is torn down before its flush, and after
+    pytest-playwright closed the test's browser context (whose keep-alive connections keep
+    request threads alive)."""
+    yield
+    if "live_server" in request.fixturenames:
+        poll_until(lambda: not live_server_requests(), timeout_s=15,
+                   what="the live server's request threads to finish")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Small helpers shared by the tests (plain functions, no factories)."""
 
+import contextlib
 import threading
 import time
 
@@ -93,6 +94,35 @@ def poll_until(condition, timeout_s=5, what="the condition"):
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         threading.Event().wait(0.02)
+
+
+def live_server_requests():
+    """Return the live server's request threads still alive (socketserver's threads run
+    ``process_request_thread``; one lives as long as its client keeps the connection open)."""
+    return [thread for thread in threading.enumerate()
+            if "process_request_thread" in thread.name]
+
+
+@contextlib.contextmanager
+def commands_sent(redis_client):
+    """Collect the commands clients send to the server, from the slow log with a zero threshold:
+    each as its text with the name in lower case (``"set rl:config:version 17…"``). Commands a Lua
+    script runs inside are logged from the fake address "?:0" (and would be counted by INFO
+    commandstats): they are not round trips, so they are left out."""
+    sent = []
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    redis_client.config_set("slowlog-max-len", 10_000)
+    redis_client.slowlog_reset()
+    try:
+        yield sent
+        entries = redis_client.slowlog_get(10_000)
+    finally:
+        redis_client.config_set("slowlog-log-slower-than", 10_000)
+        redis_client.slowlog_reset()
+    for entry in reversed(entries):
+        name, _, args = entry["command"].decode(errors="replace").partition(" ")
+        if name.lower() not in ("slowlog", "config") and entry["client_address"] != b"?:0":
+            sent.append(f"{name.lower()} {args}".rstrip())
 
 
 # What the browser shows of the admin's breadcrumbs bar (the element inside the admin's

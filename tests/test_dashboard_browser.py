@@ -6,7 +6,6 @@ Screenshots go to the git-ignored ``screenshots/`` folder.
 """
 
 import io
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from playwright.sync_api import expect
 import ratelimit_app.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.keys import scope_token
 
-from .helpers import breadcrumbs_of, limiter, poll_until
+from .helpers import breadcrumbs_of, limiter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +49,7 @@ def send_traffic(live_server, requests):
 
 @pytest.fixture
 def dashboard(live_server, page, settings):
-    """A signed-in admin on the dashboard after demo traffic; yields (page, console errors)."""
+    """A signed-in admin on the dashboard after demo traffic; returns (page, console errors)."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "DASHBOARD_REFRESH_S": 1}
     call_command("load_demo", stdout=io.StringIO())
@@ -70,12 +69,9 @@ def dashboard(live_server, page, settings):
             if response.status >= 400 else None)
     page.reload()
     SCREENSHOTS.mkdir(exist_ok=True)
-    yield page, errors
-    # Stop the page's live refresh and let the live server finish a refresh it is serving: the
-    # test database is flushed next, and SQLite refuses that while a request thread reads it
-    page.context.close()  # (its connections too, which keep request threads alive)
-    poll_until(lambda: not any("process_request_thread" in thread.name
-                               for thread in threading.enumerate()), timeout_s=TIMEOUT_MS / 1000)
+    # (the page's live refresh stops with its browser context, and conftest's
+    # _live_server_idle_before_flush waits for a refresh being served before the flush)
+    return page, errors
 
 
 def test_dashboard_shows_real_data_without_console_errors(dashboard):

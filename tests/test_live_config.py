@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import commands_sent, limiter
+
 pytestmark = pytest.mark.slow
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -44,20 +46,28 @@ EDITOR = """
 import json, sys, time
 import django
 django.setup()
+from django.core.management import call_command
 from django.db import transaction
 from ratelimit_app.models import Plan, Rule
 
 edit = json.loads(sys.argv[1])
 plan = Plan.objects.get(slug="free")
-with transaction.atomic():
-    if edit["action"] == "create":
-        Rule.objects.create(plan=plan, **edit["fields"])
-    else:
-        rule = Rule.objects.get(name=edit["name"])
-        for field, value in edit["fields"].items():
-            setattr(rule, field, value)
-        rule.save()  # as the admin does: post_save -> on_commit -> version bump
-    committing_at = time.time()
+if edit["action"] == "loaddata":  # rules of the free plan, as a fixture (one transaction)
+    with open(edit["path"], "w") as fixture:
+        json.dump([{"model": "ratelimit_app.rule", "fields": {**fields, "plan": plan.pk}}
+                   for fields in edit["rules"]], fixture)
+    committing_at = time.time()  # (at the latest: loaddata commits inside)
+    call_command("loaddata", edit["path"], verbosity=0)
+else:
+    with transaction.atomic():
+        if edit["action"] == "create":
+            Rule.objects.create(plan=plan, **edit["fields"])
+        else:
+            rule = Rule.objects.get(name=edit["name"])
+            for field, value in edit["fields"].items():
+                setattr(rule, field, value)
+            rule.save()  # as the admin does: post_save -> on_commit -> version bump
+        committing_at = time.time()
 print(json.dumps({"committing_at": committing_at}), flush=True)
 """
 
@@ -183,3 +193,24 @@ def test_new_rule_reaches_an_idle_worker_through_the_version_poll(worker, shared
     assert 0 < propagation_s < DEADLINE_S
     assert decision["allowed"]
     assert worker.decide()["violated"] == ["hello-ip"]
+
+
+def test_a_fixture_of_many_rules_is_one_new_version_and_reaches_a_busy_worker(
+        worker, shared_db, redis_server, tmp_path):
+    """``manage.py loaddata`` of six rules: one transaction, so one version bump at its commit
+    (one reload per worker, not six), and the worker enforces all six within the bound."""
+    rules = [{"name": f"loaded-{i}", "scope": "ip", "endpoint": "hello", "rate": 1,
+              "period_s": 60, "burst": HUGE - i, "updated": "2026-01-01T00:00:00Z"}
+             for i in range(6)]
+    loaded = {"live": HUGE, **{rule["name"]: rule["burst"] for rule in rules}}
+    assert worker.decide()["bursts"] == {"live": HUGE}
+    with commands_sent(redis_server.client()) as sent:
+        decision, propagation_s = enforced_after_edit(
+            worker, shared_db,
+            {"action": "loaddata", "path": str(tmp_path / "rules.json"), "rules": rules},
+            lambda d: d["bursts"] == loaded)
+    print(f"\nbusy worker enforced the loaded fixture {propagation_s * 1000:.0f} ms after commit")
+    assert 0 < propagation_s < DEADLINE_S
+    version_key = limiter().version_key
+    assert [c for c in sent if c.startswith(f"set {version_key} ")] == \
+        [f"set {version_key} {limiter().read_version()}"]

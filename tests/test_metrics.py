@@ -1,8 +1,8 @@
 """The metrics package: in-process counting, the hot-key sketch, the flush to Redis and the
 reads back."""
 
-import contextlib
 import io
+import logging
 import os
 import random
 import threading
@@ -21,7 +21,7 @@ from ratelimit_app.limiter import Limiter, default_limiter
 from ratelimit_app.metrics import Flusher, Recorder, SpaceSaving
 from ratelimit_app.stores import StoreUnavailable
 
-from .helpers import limiter
+from .helpers import commands_sent, limiter
 
 T0 = 1_700_000_040.0  # unix seconds, 0 s into a minute
 
@@ -70,27 +70,6 @@ def decision(allowed=True, identity=None, policies=(), endpoint="api:items", cos
 
 def hash_of(redis_client, key):
     return {k.decode(): int(v) for k, v in redis_client.hgetall(key).items()}
-
-
-@contextlib.contextmanager
-def commands_sent(redis_client):
-    """Collect the commands clients send to the server, by name, from the slow log with a zero
-    threshold. Commands a Lua script runs inside are logged from the fake address "?:0" (and
-    would be counted by INFO commandstats): they are not round trips, so they are left out."""
-    sent = []
-    redis_client.config_set("slowlog-log-slower-than", 0)
-    redis_client.config_set("slowlog-max-len", 10_000)
-    redis_client.slowlog_reset()
-    try:
-        yield sent
-        entries = redis_client.slowlog_get(10_000)
-    finally:
-        redis_client.config_set("slowlog-log-slower-than", 10_000)
-        redis_client.slowlog_reset()
-    for entry in reversed(entries):
-        name = entry["command"].split()[0].decode().lower()
-        if name not in ("slowlog", "config") and entry["client_address"] != b"?:0":
-            sent.append(name)
 
 
 # --- the sketch ---------------------------------------------------------------------------------
@@ -412,6 +391,41 @@ def test_failing_flushes_never_count_against_the_breaker_that_guards_decisions(r
     assert limiter().reader.totals()["all", "", "allowed"] == 1
 
 
+def test_an_unexpected_flush_error_is_counted_logged_and_its_counts_sent_next_time(caplog):
+    """Not Redis being down but a bug or bad data (here a retention setting that is no number,
+    a real ValueError inside the flush, on the suite's real Redis): counted apart from Redis
+    errors, logged with its traceback, and the counts it could not send reach Redis with the
+    next flush that works, like those kept through a Redis outage."""
+    from ratelimit_app.prometheus import collect
+
+    worker = limiter()
+    good = worker.config
+    worker.recorder.record(decision())
+    worker.recorder.record(decision(False))
+    worker.config = {**good, "METRICS_RETENTION_S": "one day"}
+    assert worker.flusher.flush_now() == 0  # never raises
+    assert worker.flusher.flush_now() == 0  # tried again at the next tick: still kept
+
+    assert worker.recorder.pending_decisions()[0] == 2
+    assert worker.flusher.last_error.startswith("ValueError: invalid literal for int()")
+    stats = worker.stats
+    assert stats.unexpected_by_type == {"ValueError": 2} and stats.redis_errors == 0
+    [family] = [f for f in collect() if f.name == "ratelimit_process_unexpected_errors"]
+    assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == \
+        [({"type": "ValueError"}, 2)]
+    [logged] = [r for r in caplog.records if "unexpected ValueError" in r.getMessage()]
+    assert logged.levelno == logging.ERROR and logged.exc_info[0] is ValueError  # once a minute
+    assert logged.getMessage().startswith("ratelimit_app: unexpected ValueError while flushing "
+                                          "metrics; the counts are kept for the next flush: ")
+    assert not suite_redis().exists(metrics.fields.totals_key(good["KEY_PREFIX"]))
+
+    worker.config = good  # the bug fixed: the next flush sends what was kept
+    assert worker.flusher.flush_now() > 0
+    assert worker.recorder.pending_decisions() == (0, None) and worker.flusher.last_error == ""
+    totals = worker.reader.totals()
+    assert (totals["all", "", "allowed"], totals["rule", "free-ip", "denied"]) == (1, 1)
+
+
 def test_background_thread_flushes_by_itself_and_stops(redis_client):
     recorder = Recorder()
     flusher = Flusher(recorder, suite_redis)
@@ -442,11 +456,12 @@ def test_a_request_costs_one_redis_command_and_the_flush_none_of_its_own(client,
         for _ in range(10):
             assert client.get("/api/items/", **headers).status_code == 200
             assert client.get("/hello/").status_code == 200
-    assert sent == ["evalsha"] * 20
+    assert [command.split()[0] for command in sent] == ["evalsha"] * 20
     assert limiter().recorder.counts()["all", "", "allowed"] == 22
     with commands_sent(redis_server.client()) as sent:
         limiter().flusher.flush_now()
-    assert "hincrby" in sent and "evalsha" not in sent
+    names = {command.split()[0] for command in sent}
+    assert "hincrby" in names and "evalsha" not in names
     breakdown = limiter().reader.breakdown("5m")
     assert breakdown["plan"]["pro"]["allowed"] == 11
     assert breakdown["endpoint"]["hello"]["allowed"] == 11

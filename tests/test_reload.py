@@ -5,7 +5,7 @@ In process, with the Limiter's test clock: a worker compares a digest of the quo
 its snapshot once every CONFIG_RELOAD_INTERVAL_S, so rows changed without a signal are served
 at most that long after the change, and no request in between queries the database. Inside a
 test's transaction ``on_commit`` hooks do not run, so nothing here is announced by a signal
-unless a test runs the hooks itself (``django_capture_on_commit_callbacks``).
+unless the test's database commits for real (``django_db(transaction=True)``).
 """
 
 import io
@@ -27,7 +27,7 @@ from ratelimit_app.limiter import Limiter
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, Rule, Scope
 from ratelimit_app.policy import PolicyCache, Snapshot, config_fingerprint
 
-from .helpers import limiter, use_fake_clock
+from .helpers import commands_sent, limiter, use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -272,28 +272,40 @@ def test_reload_config_makes_every_worker_reload(plan, clock):
         other.close()
 
 
-def test_a_queryset_delete_is_announced_by_the_signals(plan, clock,
-                                                       django_capture_on_commit_callbacks):
+@pytest.mark.django_db(transaction=True)  # the delete's transaction really commits
+def test_a_queryset_delete_is_announced_by_the_signals(plan, clock):
     version = limiter().read_version()
-    with django_capture_on_commit_callbacks(execute=True):
-        Rule.objects.filter(name="free-ip").delete()  # post_delete for each row
+    Rule.objects.filter(name="free-ip").delete()  # post_delete for each row
     assert limiter().read_version() != version
     assert bursts() == {}  # no wait for the interval
 
 
-def test_loaddata_is_announced_by_the_signals(plan, clock, tmp_path,
-                                              django_capture_on_commit_callbacks):
+@pytest.mark.django_db(transaction=True)  # loaddata's own transaction really commits
+def test_loaddata_of_many_rows_announces_one_new_version(plan, clock, tmp_path, redis_client):
+    """loaddata saves rows raw (post_save with raw=True) in one transaction: announced once, at
+    its commit, not once per row (each bump is a reload of every worker)."""
+    loaded = {f"fixture-ip-{i}": 5 + i for i in range(6)}
     fixture = tmp_path / "rules.json"
-    fixture.write_text(json.dumps([{"model": "ratelimit_app.rule", "pk": 900, "fields": {
-        "name": "fixture-ip", "plan": plan.pk, "scope": "ip", "endpoint": "hello", "rate": 1,
-        "period_s": 60, "burst": 5, "updated": "2026-01-01T00:00:00Z"}}]))
-    version = limiter().read_version()
-    # loaddata saves rows raw (post_save with raw=True): the receivers announce them anyway
-    with django_capture_on_commit_callbacks(execute=True) as hooks:
-        call_command("loaddata", str(fixture), stdout=io.StringIO())
-    assert hooks
-    assert limiter().read_version() != version
-    assert bursts() == {"free-ip": HUGE, "fixture-ip": 5}
+    fixture.write_text(json.dumps([{"model": "ratelimit_app.rule", "pk": 900 + i, "fields": {
+        "name": name, "plan": plan.pk, "scope": "ip", "endpoint": "hello", "rate": 1,
+        "period_s": 60, "burst": burst, "updated": "2026-01-01T00:00:00Z"}}
+        for i, (name, burst) in enumerate(loaded.items())]))
+    other = Limiter.from_settings(clock, metrics_autostart=False)  # a worker holding the old rows
+    try:
+        assert bursts(other) == {"free-ip": HUGE}
+        version = limiter().read_version()
+        with commands_sent(redis_client) as sent:
+            call_command("loaddata", str(fixture), stdout=io.StringIO())
+        new_version = limiter().read_version()
+        version_key = limiter().version_key
+        assert [c for c in sent if version_key in c and not c.startswith("get ")] == \
+            [f"set {version_key} {new_version}"]
+        assert new_version != version
+        assert bursts() == {"free-ip": HUGE, **loaded}  # this process: at once
+        bursts(other)  # the other: its next reply carries the version
+        assert bursts(other) == {"free-ip": HUGE, **loaded}
+    finally:
+        other.close()
 
 
 def test_the_reload_command_announces_and_says_what_workers_now_hold(plan, clock):

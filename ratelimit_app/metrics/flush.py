@@ -11,6 +11,10 @@ period for the dashboard. A failed flush is the metrics' own health (``failing_s
 ``last_error``), never a failure of the circuit breaker that guards decisions: a metrics write
 must not make requests fail open or closed. For the same reason the flush does not look at that
 breaker; it tries once per interval, off the request path.
+
+Any other exception (a bug, bad data, a library incompatibility) is handled the same way, kept
+counts included, but reported as an unexpected error: counted apart from Redis errors and logged
+with its traceback at a bounded rate (``unexpected.py``), not taken for Redis being down.
 """
 
 import logging
@@ -18,9 +22,9 @@ import os
 import threading
 import time
 
-from ..stores.base import READ_ERRORS
-
 from ..conf import get_config
+from ..stores.base import READ_ERRORS
+from ..unexpected import UnexpectedErrorLog, error_text
 from . import fields
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
 from .usage import USAGE_METRICS, usage_counts
@@ -71,14 +75,17 @@ class Flusher:
     ``client_provider()`` returns the redis-py client to write to (a Limiter passes its store's
     ``metrics_client``); every Redis call of the flush goes through it. ``request_errors()``
     returns how many Redis errors decisions met in this process (added to the all-time totals).
+    ``unexpected(error, action)`` reports an exception other than a Redis error (a Limiter
+    passes its ``unexpected_error``, which counts and logs it; by default it is only logged).
     ``clock`` returns unix seconds; ``config`` returns the RATELIMIT_APP settings dict.
     """
 
     def __init__(self, recorder, client_provider, clock=time.time, config=get_config,
-                 request_errors=None):
+                 request_errors=None, unexpected=None):
         self.recorder = recorder
         self.client_provider = client_provider
         self.request_errors = request_errors or (lambda: 0)
+        self.unexpected = unexpected or UnexpectedErrorLog().report
         self.clock = clock
         self.config = config
         self.autostart = True      # whether Limiter.record may start the thread
@@ -96,25 +103,16 @@ class Flusher:
     def flush_now(self):
         """Write everything pending in one pipelined round trip. Returns the commands sent
         (0 when there was nothing to write or the write failed; then the counts stay buffered
-        for the next flush)."""
+        for the next flush). Never raises."""
+        pending = {}
         try:
             client = self.client_provider()  # before taking: if it raises, nothing is lost
-        except READ_ERRORS as exc:
-            self._keep({}, f"{type(exc).__name__}: {exc}")
-            return 0
-        pending = self.recorder.take_pending()
-        if not pending:
-            return 0
-        now = self.clock()
-        errors = self.request_errors()
-        decisions = sum(minute.decisions() for minute in pending.values())
-        period = None
-        if self.failing_since is not None:
-            # the first flush after an outage says so, for the dashboard of every worker
-            period = {"from": self.failing_since, "to": now, "decisions": decisions,
-                      "dropped": self.recorder.dropped - self._dropped_before,
-                      "pid": os.getpid()}
-        try:
+            pending = self.recorder.take_pending()
+            if not pending:
+                return 0
+            now = self.clock()
+            errors = self.request_errors()
+            period = self._outage_period(pending, now)
             pipe = client.pipeline(transaction=False)
             self._queue(pipe, pending, now, errors - self._errors_flushed, period)
             sent = len(pipe)
@@ -122,7 +120,11 @@ class Flusher:
         except READ_ERRORS as exc:
             # Kept for the next flush. If the connection broke half-way, the commands Redis
             # already applied are sent again: a rare double count beats a silent loss.
-            self._keep(pending, f"{type(exc).__name__}: {exc}")
+            self._keep(pending, exc)
+            return 0
+        except Exception as exc:  # a bug or bad data: kept too, and reported loudly
+            self._keep(pending, exc)
+            self.unexpected(exc, "flushing metrics; the counts are kept for the next flush")
             return 0
         self._errors_flushed = errors
         self.last_flush_at = now
@@ -131,8 +133,17 @@ class Flusher:
         if period is not None:
             self.failing_since = None
             logger.warning("ratelimit_app: metrics flushed again; %d decisions buffered since "
-                           "%.0f written", decisions, period["from"])
+                           "%.0f written", period["decisions"], period["from"])
         return sent
+
+    def _outage_period(self, pending, now):
+        """Return the buffered period the first flush after failed ones records for the
+        dashboard of every worker, or None when the previous flush succeeded."""
+        if self.failing_since is None:
+            return None
+        return {"from": self.failing_since, "to": now,
+                "decisions": sum(minute.decisions() for minute in pending.values()),
+                "dropped": self.recorder.dropped - self._dropped_before, "pid": os.getpid()}
 
     def _queue(self, pipe, pending, now, new_errors, period):
         """Queue the commands that write ``pending`` (and the flush's own facts) on ``pipe``."""
@@ -180,15 +191,17 @@ class Flusher:
             pipe.ltrim(periods_key, 0, BUFFERED_PERIODS_KEPT - 1)
             pipe.expire(periods_key, retention)
 
-    def _keep(self, pending, reason):
+    def _keep(self, pending, error):
+        """Give ``pending`` back to the recorder after a failed flush, and note the failure."""
         self.recorder.restore(pending)
-        self.last_error = reason
+        self.last_error = f"{type(error).__name__}: {error_text(error)}"
         if self.failing_since is None:
             self.failing_since = self.clock()
             self._dropped_before = self.recorder.dropped
-            logger.warning("ratelimit_app: metrics flush failed (%s); buffering decisions "
-                           "until Redis answers (at most %d minutes)", reason,
-                           MAX_BUFFERED_MINUTES)
+            if isinstance(error, READ_ERRORS):  # an unexpected error is logged by its reporter
+                logger.warning("ratelimit_app: metrics flush failed (%s); buffering decisions "
+                               "until Redis answers (at most %d minutes)", self.last_error,
+                               MAX_BUFFERED_MINUTES)
 
     def reset(self, autostart=True):
         """Stop the thread, drop the recorder's pending counts and this flusher's failure state,
@@ -229,5 +242,6 @@ class Flusher:
         while not stop.wait(float(self.config()["METRICS_FLUSH_INTERVAL_S"])):
             try:
                 self.flush_now()
-            except Exception:  # never let the thread die: the next tick tries again
-                logger.exception("ratelimit_app: metrics flush crashed")
+            except Exception as exc:  # flush_now reports its own; never let the thread die
+                self.unexpected(exc, "running the metrics flush thread; it flushes again "
+                                     "at the next tick")

@@ -1,0 +1,34 @@
+"""Work to do once per committed transaction, however many rows it changed.
+
+A quota row's ``post_save`` / ``post_delete`` asks for an audit entry and a config-version bump
+at the commit of its transaction. An admin save with its inlines, ``manage.py loaddata`` of a
+fixture (one transaction, a raw ``post_save`` per row) or an import changes many rows in one
+transaction, and each piece of that work must run once for all of them, not once per row.
+
+Django has no "after this transaction" signal and no post-loaddata signal, but it keeps the
+callbacks waiting for the commit on the connection (``run_on_commit``: (savepoint ids, callback,
+robust) each), and drops from it the callbacks of a savepoint that rolls back. So looking there
+for a callback of the same kind is exact: registered once per transaction, and registered again
+by the next change after a rollback to a savepoint took the first one away.
+"""
+
+import functools
+
+from django.db import transaction
+
+__all__ = ["on_commit_once"]
+
+
+def on_commit_once(kind, callback, using=None):
+    """Run ``callback()`` when the transaction around this call commits (at once outside a
+    transaction), unless a callback of the same ``kind`` (a string) already waits for that
+    commit. Returns True if ``callback`` was registered."""
+    connection = transaction.get_connection(using)
+    if connection.in_atomic_block and any(
+            getattr(entry[1], "ratelimit_commit_kind", None) == kind
+            for entry in connection.run_on_commit):
+        return False
+    tagged = functools.partial(callback)  # a function of its own to carry the tag
+    tagged.ratelimit_commit_kind = kind
+    transaction.on_commit(tagged, using=using)
+    return True
