@@ -1,0 +1,264 @@
+"""The business parts of issue 20 on the session's real 3-master Redis Cluster with replicas, and
+across a Redis restart or a master killed and its replica promoted.
+
+What is shown: alerts of identities whose buckets live on different masters are stored once per
+identity, rule, threshold and period, signalled once and delivered signed to a real receiver;
+dated overrides and plan assignments switch the limits the cluster store enforces at their
+times (test clock); across a restart or a failover no stored alert or rolled-up usage is lost,
+no crossing is stored or delivered twice, and a flush cut off half-way counts no usage twice.
+(The usage records' refund test on the cluster is in test_usage_records.py; the audit trail is
+database-only.)
+"""
+
+import datetime
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+from django.test import Client, RequestFactory
+
+from ratelimit_app.alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint
+from ratelimit_app.alerts import quota_threshold_crossed
+from ratelimit_app.keys import bucket_key, scope_token
+from ratelimit_app.models import ApiKey, IdentityOverride, Plan, PlanAssignment, Rule, UsageRecord
+from ratelimit_app.rollup import UsageRollup
+from ratelimit_app.webhooks import Sender, verify_signature
+
+from .helpers import limiter, poll_until, use_fake_clock
+from .webhook_receiver import Receiver
+
+pytestmark = pytest.mark.django_db
+
+# 2023-11-14 22:00:00 UTC: the start of a clock hour
+HOUR_START_MS = 1_699_999_200_000
+DAY_START = "2023-11-14T00:00:00+00:00"
+# failure tests: a dead master costs a request half a second, not the suite's default 5 s
+QUICK_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.25}
+
+
+@pytest.fixture
+def cluster(redis_cluster, settings):
+    """The session's cluster, healthy and empty, with the app's Limiter on it."""
+    redis_cluster.ensure_healthy()
+    redis_cluster.flushall()
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP,
+                              "CLUSTER_NODES": [redis_cluster.nodes[0].address],
+                              "CLUSTER_OPTIONS": {"socket_timeout": 5,
+                                                  "socket_connect_timeout": 1}}
+    return redis_cluster
+
+
+@pytest.fixture
+def received():
+    """The alerts of the quota_threshold_crossed signals sent during the test."""
+    alerts = []
+
+    def receiver(sender, alert, **kwargs):
+        alerts.append(alert)
+
+    quota_threshold_crossed.connect(receiver)
+    yield alerts
+    quota_threshold_crossed.disconnect(receiver)
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def saved_rule(**fields):
+    rule = Rule(**fields)
+    rule.full_clean()
+    rule.save()
+    return rule
+
+
+def daily_quota(rate=5, scope="ip"):
+    """A calendar quota of ``rate`` units a day alerting at 80 and 100 %."""
+    return saved_rule(name="daily", scope=scope, kind="calendar", calendar_period="day",
+                      rate=rate, alert_thresholds="80,100")
+
+
+def one_ip_per_master(cluster):
+    """Return one client address per master (in the masters' order) whose ip bucket lives on
+    it."""
+    by_port = {}
+    for n in range(1, 255):
+        address = f"198.51.100.{n}"
+        owner = cluster.master_of(bucket_key("rl", scope_token("ip", address)))
+        by_port.setdefault(owner.port, address)
+        if len(by_port) == len(cluster.masters()):
+            return [by_port[master.port] for master in cluster.masters()]
+    raise AssertionError("no address for some master")
+
+
+def alert_rows():
+    """``[(identity key, threshold, used, limit)]`` of every stored alert, sorted."""
+    return sorted(QuotaAlert.objects.values_list("identity_key", "threshold", "used", "limit"))
+
+
+def cluster_bucket_keys(cluster):
+    return {key.decode() for master in cluster.masters()
+            for key in master.client().keys("rl:{*")}
+
+
+# --- (i) alerts of identities on three masters ------------------------------------------------
+
+def test_alerts_on_three_masters_are_stored_signalled_and_delivered_once(
+        cluster, received, receiver, redis_client):
+    use_fake_clock(now_ms=HOUR_START_MS)
+    endpoint = WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
+    daily_quota()
+    # a roomy global bucket: every decision spans two slot groups, and the quota's refusals
+    # refund it
+    saved_rule(name="global", scope="global", rate=1000, period_s=3600, burst=1000)
+    addresses = one_ip_per_master(cluster)
+    keys = [bucket_key("rl", scope_token("ip", address)) for address in addresses]
+    assert len({cluster.master_of(key).port for key in keys}) == 3
+
+    client = Client()
+    for address in addresses:
+        codes = [client.get("/hello/", REMOTE_ADDR=address).status_code for _ in range(6)]
+        assert codes == [200] * 5 + [429]
+    assert set(keys) <= cluster_bucket_keys(cluster)
+    assert redis_client.keys("rl:{*") == []  # decided by the cluster store, not the single node
+
+    queue = limiter().alerts
+    assert queue.pending() == 6  # 80 % and 100 % of each address; the refusals: nothing
+    stored = queue.drain()
+    expected = sorted((key, threshold, used, 5) for key in keys
+                      for threshold, used in ((80, 4), (100, 5)))
+    assert alert_rows() == expected
+    assert {a.period_start.isoformat() for a in stored} == {DAY_START}
+    assert sorted(a.pk for a in received) == sorted(a.pk for a in stored)
+
+    # the same crossings seen again (another worker, or the buckets refilled after a failover
+    # that lost their levels): no row, no signal, no delivery
+    cluster.flushall()
+    for address in addresses:
+        assert [client.get("/hello/", REMOTE_ADDR=address).status_code
+                for _ in range(5)] == [200] * 5
+    assert queue.pending() == 6
+    assert queue.drain() == []
+    assert alert_rows() == expected and len(received) == 6
+
+    assert Sender().send_due() == (6, 0)
+    assert Sender().send_due() == (0, 0)  # a restarted sender: nothing more
+    assert len(receiver.received) == 6
+    bodies = []
+    for got in receiver.received:
+        assert verify_signature(endpoint.secret, got.headers["X-Ratelimit-Signature"], got.body)
+        bodies.append(got.body)
+    assert len(set(bodies)) == 6
+    assert set(WebhookDelivery.objects.values_list("status", "attempts")) == {("sent", 1)}
+
+
+# --- (ii) dated overrides and plan assignments ------------------------------------------------
+
+def at(clock, seconds):
+    """The wall-clock datetime ``seconds`` after the test clock's now."""
+    return datetime.datetime.fromtimestamp(clock.wall_time() + seconds, tz=datetime.timezone.utc)
+
+
+def allowed(count, address="192.0.2.7", user=None):
+    """Decide ``count`` requests to `hello`; return whether each was allowed (False when it
+    was decided without the cluster)."""
+    outcomes = []
+    for _ in range(count):
+        request = RequestFactory().get("/hello/", REMOTE_ADDR=address)
+        decision = limiter().decide(request, user or AnonymousUser(), "hello")
+        assert not decision.degraded
+        outcomes.append(decision.allowed)
+    return outcomes
+
+
+def test_a_dated_override_and_plan_assignment_switch_the_cluster_limits_at_their_times(
+        cluster, settings, redis_client):
+    # rows are compared with the snapshot once an hour: a switch seen here is the schedule's
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": 3600}
+    clock = use_fake_clock()
+    free = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True,
+                               default_for_authenticated=True)
+    pro = Plan.objects.create(slug="pro", name="Pro")
+    # one token an hour: what a phase spends is not refilled by the next phase
+    saved_rule(name="free-client", plan=free, scope="user", rate=1, period_s=3600, burst=2)
+    saved_rule(name="free-ip", plan=free, scope="ip", rate=1, period_s=3600, burst=2)
+    saved_rule(name="pro-client", plan=pro, scope="user", rate=1, period_s=3600, burst=4)
+    user = get_user_model().objects.create_user("acme")
+    IdentityOverride.objects.create(ip="192.0.2.7", exempt=True, starts_at=at(clock, 90),
+                                    ends_at=at(clock, 200), reason="launch week")
+    PlanAssignment.objects.create(user=user, plan=pro, starts_at=at(clock, 300),
+                                  ends_at=at(clock, 400))
+
+    assert allowed(3) == [True, True, False]  # the free plan's 2
+    clock.advance(90_000)  # the override starts: exempt
+    assert allowed(5) == [True] * 5
+    clock.advance(110_000)  # it ends: the bucket the free plan left empty refuses again
+    assert allowed(1) == [False]
+
+    assert allowed(3, "192.0.2.8", user) == [True, True, False]  # free: 2
+    clock.advance(100_000)  # on pro from here: its own bucket of 4
+    assert allowed(5, "192.0.2.9", user) == [True] * 4 + [False]
+    clock.advance(100_000)  # back on free, whose bucket is still spent
+    assert allowed(1, "192.0.2.10", user) == [False]
+
+    user_key = bucket_key("rl", scope_token("user", str(user.pk)))
+    assert user_key in cluster_bucket_keys(cluster)
+    assert redis_client.keys("rl:{*") == []
+
+
+# --- (iii) a restart, a failover ------------------------------------------------------------
+
+def api_key(username, tenant="acme"):
+    """Create a user with an API key; return ``(ApiKey, raw key)``."""
+    user = get_user_model().objects.create_user(username)
+    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
+
+
+def call(raw_key):
+    """One request with ``raw_key``; return the response."""
+    return Client().get("/hello/", HTTP_X_API_KEY=raw_key)
+
+
+def flush_and_roll_up():
+    assert limiter().flusher.flush_now() > 0
+    return UsageRollup(limiter().store.metrics_client()).run()
+
+
+def usage_of(key):
+    return UsageRecord.objects.filter(identity=f"key:{key.id}").values_list(
+        "units", "allowed", "refused").get()
+
+
+def test_a_single_node_restart_loses_no_stored_alert_and_repeats_no_crossing(
+        redis_server, received, receiver):
+    """A redis-server without persistence killed and started again: the quota's level is gone,
+    so the caller spends the day's quota again and crosses 80 and 100 % again; neither crossing
+    is stored, signalled or delivered twice. Usage rolled up before the kill is kept; what was
+    flushed to Redis and not yet rolled up is lost with Redis's memory (documented)."""
+    use_fake_clock(now_ms=HOUR_START_MS)
+    WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
+    daily_quota(scope="user")
+    key, raw = api_key("ann")
+    assert [call(raw).status_code for _ in range(5)] == [200] * 5
+    assert [a.threshold for a in limiter().alerts.drain()] == [80, 100]
+    flush_and_roll_up()
+    assert usage_of(key) == (5, 5, 0)
+    assert call(raw).status_code == 429
+    assert limiter().flusher.flush_now() > 0  # the refusal: flushed, not rolled up
+
+    redis_server.kill()
+    redis_server.start()
+    responses = [call(raw) for _ in range(6)]
+    assert [r.status_code for r in responses] == [200] * 5 + [429]  # the quota starts afresh
+    assert not any(r.wsgi_request.ratelimit.degraded for r in responses)
+    assert limiter().alerts.pending() == 2
+    assert limiter().alerts.drain() == []
+    assert sorted(QuotaAlert.objects.values_list("threshold", flat=True)) == [80, 100]
+    assert sorted(a.threshold for a in received) == [80, 100]
+    assert Sender().send_due() == (2, 0) and len(receiver.received) == 2
+
+    flush_and_roll_up()
+    assert usage_of(key) == (10, 10, 1)  # the refusal flushed before the kill is not here
