@@ -20,6 +20,7 @@ from django.test import Client, RequestFactory
 from ratelimit_app.alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint
 from ratelimit_app.alerts import quota_threshold_crossed
 from ratelimit_app.keys import bucket_key, scope_token
+from ratelimit_app.metrics import fields
 from ratelimit_app.models import ApiKey, IdentityOverride, Plan, PlanAssignment, Rule, UsageRecord
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.webhooks import Sender, verify_signature
@@ -262,3 +263,99 @@ def test_a_single_node_restart_loses_no_stored_alert_and_repeats_no_crossing(
 
     flush_and_roll_up()
     assert usage_of(key) == (10, 10, 1)  # the refusal flushed before the kill is not here
+
+
+
+
+def stall_writes(node, ms):
+    """CLIENT PAUSE ``node``'s writes for ``ms``: its clients time out, their commands wait."""
+    with node.client() as client:
+        client.execute_command("CLIENT", "PAUSE", ms, "WRITE")
+
+
+def resume_writes(node):
+    with node.client() as client:
+        client.execute_command("CLIENT", "UNPAUSE")
+
+
+def test_a_flush_that_times_out_is_written_once(redis_server):
+    """Redis stalls past the flush's socket timeout: the flush fails and keeps its counts; Redis
+    drops the commands of the connection the client gave up, so the next flush writes the
+    usage once."""
+    use_fake_clock(now_ms=HOUR_START_MS)
+    daily_quota(scope="user")
+    key, raw = api_key("ann")
+    assert [call(raw).status_code for _ in range(3)] == [200] * 3
+    stall_writes(redis_server, 5000)
+    assert limiter().flusher.flush_now() == 0
+    resume_writes(redis_server)
+    flush_and_roll_up()
+    assert usage_of(key) == (3, 3, 0)
+
+
+def test_a_flush_meeting_stalled_cluster_masters_counts_usage_once(cluster, settings):
+    """The masters other than the {usage} one stall past the socket timeout while a flush
+    writes to every master: the cluster pipeline retries their part until they answer; the
+    usage written on the {usage} master is counted once."""
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CLUSTER_OPTIONS": QUICK_OPTIONS}
+    use_fake_clock(now_ms=HOUR_START_MS)
+    daily_quota(scope="user")
+    key, raw = api_key("ann")
+    assert [call(raw).status_code for _ in range(3)] == [200] * 3
+    usage_master = cluster.master_of(fields.usage_pending_key("rl"))
+    for master in cluster.masters():
+        if master is not usage_master:
+            stall_writes(master, 1000)  # twice the socket timeout
+    flush_and_roll_up()
+    assert usage_of(key) == (3, 3, 0)
+
+
+def test_a_killed_master_s_replica_keeps_the_quota_usage_and_alerts_stay_once(
+        cluster, settings, received, receiver):
+    """kill -9 the master holding both the caller's quota and the pending usage; its replica is
+    promoted. Once the replica holds what the master acknowledged (WAIT stands in for the few ms
+    of asynchronous replication a kill could outrun), nothing is lost: the quota stays spent,
+    the usage flushed before the kill is rolled up, and no crossing is stored twice."""
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CLUSTER_OPTIONS": QUICK_OPTIONS}
+    use_fake_clock(now_ms=HOUR_START_MS)
+    WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
+    daily_quota(scope="user")
+    usage_key = fields.usage_pending_key("rl")
+    usage_master = cluster.master_of(usage_key)
+    for n in range(50):  # a caller whose bucket lives on the {usage} master
+        key, raw = api_key(f"customer-{n}")
+        bucket = bucket_key("rl", scope_token("key", key.pk))
+        if cluster.master_of(bucket) is usage_master:
+            break
+    assert [call(raw).status_code for _ in range(4)] == [200] * 4  # 80 %
+    assert bucket in cluster_bucket_keys(cluster)
+    assert [a.threshold for a in limiter().alerts.drain()] == [80]
+    flush_and_roll_up()
+    assert call(raw).status_code == 200  # 100 %: queued, not stored yet
+    assert limiter().flusher.flush_now() > 0  # flushed, not rolled up
+    with usage_master.client() as client:
+        assert client.execute_command("WAIT", 1, 5000) == 1
+
+    old_master = cluster.kill_master_of(usage_key)
+    try:
+        assert [a.threshold for a in limiter().alerts.drain()] == [100]  # the database's
+        cluster.wait_for_promotion(usage_key, old_master)
+        served = []
+
+        def served_again():
+            response = call(raw)
+            if not response.wsgi_request.ratelimit.degraded:
+                served.append(response.status_code)
+            return served
+
+        poll_until(served_again, timeout_s=20, what="decisions on the promoted replica")
+        assert served == [429]  # the replica had the quota's level: still spent
+        poll_until(lambda: limiter().flusher.flush_now() > 0, what="a flush")
+        UsageRollup(limiter().store.metrics_client()).run()
+        assert usage_of(key) == (5, 5, 1)
+        assert limiter().alerts.drain() == []
+        assert sorted(QuotaAlert.objects.values_list("threshold", flat=True)) == [80, 100]
+        assert sorted(a.threshold for a in received) == [80, 100]
+        assert Sender().send_due() == (2, 0) and len(receiver.received) == 2
+    finally:
+        cluster.restart_node(old_master)
