@@ -7,7 +7,9 @@ themselves and inject clocks; nothing here needs a sleep to be tested.
 
 While flushes fail (Redis down) nothing is lost: the pending minutes go back to the recorder
 (which bounds them) and are written by the first flush that succeeds, which also records the
-period for the dashboard. A failed flush is the metrics' own health (``failing_since``,
+period for the dashboard. A flush whose reply is lost may have been applied: sent again, its
+dashboard counts are added twice (a rare double count beats a silent loss), its usage for
+billing once (usage_batches.py). A failed flush is the metrics' own health (``failing_since``,
 ``last_error``), never a failure of the circuit breaker that guards decisions: a metrics write
 must not make requests fail open or closed. For the same reason the flush does not look at that
 breaker; it tries once per interval, off the request path.
@@ -23,7 +25,7 @@ from ..stores.base import READ_ERRORS
 from ..conf import get_config
 from . import fields
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
-from .usage import USAGE_METRICS, usage_counts
+from .usage_batches import UsageBatches
 
 __all__ = ["Flusher"]
 
@@ -90,6 +92,7 @@ class Flusher:
         self._errors_flushed = 0   # request_errors() already added to the totals
         self._thread = None
         self._pid = None
+        self.usage = UsageBatches()  # the usage taken from the recorder, not yet acknowledged
         self._stop = threading.Event()
         self._start_lock = threading.Lock()
 
@@ -103,7 +106,8 @@ class Flusher:
             self._keep({}, f"{type(exc).__name__}: {exc}")
             return 0
         pending = self.recorder.take_pending()
-        if not pending:
+        self.usage.take(pending)
+        if not pending and not self.usage.waiting():
             return 0
         now = self.clock()
         errors = self.request_errors()
@@ -117,13 +121,16 @@ class Flusher:
         try:
             pipe = client.pipeline(transaction=False)
             self._queue(pipe, pending, now, errors - self._errors_flushed, period)
+            self.usage.queue(pipe, self.config()["KEY_PREFIX"], USAGE_PENDING_TTL_S)
             sent = len(pipe)
             pipe.execute()
         except READ_ERRORS as exc:
             # Kept for the next flush. If the connection broke half-way, the commands Redis
-            # already applied are sent again: a rare double count beats a silent loss.
+            # already applied are sent again: a rare double count beats a silent loss (the
+            # usage batch, sent again, is added once).
             self._keep(pending, f"{type(exc).__name__}: {exc}")
             return 0
+        self.usage.acknowledged()
         self._errors_flushed = errors
         self.last_flush_at = now
         self.last_error = ""
@@ -140,8 +147,6 @@ class Flusher:
         prefix, retention = config["KEY_PREFIX"], int(config["METRICS_RETENTION_S"])
         stored = int(config["METRICS_HOT_KEYS_STORED"])
         totals_key = fields.totals_key(prefix)
-        usage_key = fields.usage_pending_key(prefix)
-        usage_written = False
         for minute, data in sorted(pending.items()):
             hour = minute // 60
             counts_keys = ((fields.counts_key(prefix, "minute", minute), retention),
@@ -162,15 +167,6 @@ class Flusher:
                     for (member, rule), (remaining, burst, at) in data.near.items()})
                 pipe.zremrangebyrank(near_key, 0, -NEAR_LIMIT_CAPACITY - 1)
                 pipe.expire(near_key, NEAR_LIMIT_TTL_S)
-            # usage for billing: HINCRBY adds atomically whatever the workers writing at once
-            for (day, ref, tenant, rule), record in usage_counts(data.usage).items():
-                for metric, value in zip(USAGE_METRICS, record):
-                    if value:
-                        pipe.hincrby(usage_key, fields.usage_field(day, ref, tenant, rule,
-                                                                   record[3], metric), value)
-                        usage_written = True
-        if usage_written:
-            pipe.expire(usage_key, USAGE_PENDING_TTL_S)
         if new_errors > 0:
             pipe.hincrby(totals_key, fields.count_field("redis", "errors", "count"), new_errors)
         pipe.set(fields.flushed_at_key(prefix), repr(now), ex=retention)
@@ -195,6 +191,7 @@ class Flusher:
         and say whether ``Limiter.record`` may start the thread again."""
         self.stop()
         self.recorder.clear()
+        self.usage.clear()
         self.failing_since, self.last_error = None, ""
         self.autostart = autostart
 
