@@ -25,7 +25,9 @@ from ratelimit_app.models import ApiKey, IdentityOverride, Plan, PlanAssignment,
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.webhooks import Sender, verify_signature
 
+from .conftest import caches_for
 from .helpers import limiter, poll_until, use_fake_clock
+from .reply_dropping_proxy import ReplyDroppingProxy
 from .webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
@@ -359,3 +361,28 @@ def test_a_killed_master_s_replica_keeps_the_quota_usage_and_alerts_stay_once(
         assert Sender().send_due() == (2, 0) and len(receiver.received) == 2
     finally:
         cluster.restart_node(old_master)
+
+
+def test_a_crossing_whose_reply_is_lost_is_missed_and_the_next_threshold_is_not(
+        redis_server, settings, received):
+    """Documented limitation: Redis debited the request that crossed 80 %, and its reply was
+    lost; that request was decided by the fail mode, so no worker saw the crossing. The next
+    threshold is reported as usual."""
+    proxy = ReplyDroppingProxy(redis_server.port).start()
+    try:
+        settings.CACHES = caches_for(f"redis://127.0.0.1:{proxy.port}/0")
+        use_fake_clock(now_ms=HOUR_START_MS)
+        daily_quota(scope="user")
+        key, raw = api_key("ann")
+        assert [call(raw).status_code for _ in range(3)] == [200] * 3
+        proxy.drop_replies_to = b"EVALSHA"
+        lost = call(raw)  # the 4th unit of 5: 80 %
+        assert lost.status_code == 200 and lost.wsgi_request.ratelimit.degraded == "fail-open"
+        assert proxy.dropped == 1
+        proxy.drop_replies_to = None
+        assert call(raw).status_code == 200  # the 5th: 100 %
+        assert call(raw).status_code == 429  # (the lost request was charged)
+    finally:
+        proxy.stop()
+    assert [a.threshold for a in limiter().alerts.drain()] == [100]
+    assert [a.threshold for a in received] == [100]
