@@ -18,17 +18,15 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import Client, RequestFactory
 
 from ratelimit_app.alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint
-from ratelimit_app.alerts import quota_threshold_crossed
 from ratelimit_app.keys import bucket_key, scope_token
 from ratelimit_app.metrics import fields
-from ratelimit_app.models import ApiKey, IdentityOverride, Plan, PlanAssignment, Rule, UsageRecord
+from ratelimit_app.models import IdentityOverride, Plan, PlanAssignment, Rule, UsageRecord
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.webhooks import Sender, verify_signature
 
 from .conftest import caches_for
-from .helpers import limiter, poll_until, use_fake_clock
+from .helpers import api_key, limiter, poll_until, use_fake_clock
 from .reply_dropping_proxy import ReplyDroppingProxy
-from .webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
 
@@ -37,38 +35,6 @@ HOUR_START_MS = 1_699_999_200_000
 DAY_START = "2023-11-14T00:00:00+00:00"
 # failure tests: a dead master costs a request half a second, not the suite's default 5 s
 QUICK_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.25}
-
-
-@pytest.fixture
-def cluster(redis_cluster, settings):
-    """The session's cluster, healthy and empty, with the app's Limiter on it."""
-    redis_cluster.ensure_healthy()
-    redis_cluster.flushall()
-    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP,
-                              "CLUSTER_NODES": [redis_cluster.nodes[0].address],
-                              "CLUSTER_OPTIONS": {"socket_timeout": 5,
-                                                  "socket_connect_timeout": 1}}
-    return redis_cluster
-
-
-@pytest.fixture
-def received():
-    """The alerts of the quota_threshold_crossed signals sent during the test."""
-    alerts = []
-
-    def receiver(sender, alert, **kwargs):
-        alerts.append(alert)
-
-    quota_threshold_crossed.connect(receiver)
-    yield alerts
-    quota_threshold_crossed.disconnect(receiver)
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def saved_rule(**fields):
@@ -213,12 +179,6 @@ def test_a_dated_override_and_plan_assignment_switch_the_cluster_limits_at_their
 
 
 # --- (iii) a restart, a failover ------------------------------------------------------------
-
-def api_key(username, tenant="acme"):
-    """Create a user with an API key; return ``(ApiKey, raw key)``."""
-    user = get_user_model().objects.create_user(username)
-    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
-
 
 def call(raw_key):
     """One request with ``raw_key``; return the response."""

@@ -15,11 +15,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from ratelimit_app.metrics import fields
-from ratelimit_app.models import ApiKey, RollupBatch, Rule, UsageRecord
+from ratelimit_app.models import RollupBatch, Rule, UsageRecord
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.usage_records import MONTH, usage_rows
 
-from .helpers import limiter, use_fake_clock
+from .helpers import api_key, limiter, use_fake_clock
 from .reply_dropping_proxy import ReplyDroppingProxy
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
@@ -57,12 +57,6 @@ def billing_rules():
         rule = Rule(**fields_)
         rule.full_clean()
         rule.save()
-
-
-def api_key(username, tenant):
-    """Create a user with an API key in ``tenant``; return ``(ApiKey, raw key)``."""
-    user = get_user_model().objects.create_user(username)
-    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
 
 
 def call(raw_key, cost):
