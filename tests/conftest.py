@@ -98,6 +98,31 @@ def redis_client(redis_server):
     return redis_server.client()
 
 
+@pytest.fixture
+def received():
+    """The quota_threshold_crossed signals sent during the test (their alerts)."""
+    from ratelimit_app.alerts import quota_threshold_crossed
+
+    alerts = []
+
+    def receiver(sender, alert, **kwargs):
+        alerts.append(alert)
+
+    quota_threshold_crossed.connect(receiver)
+    yield alerts
+    quota_threshold_crossed.disconnect(receiver)
+
+
+@pytest.fixture
+def receiver():
+    """A real webhook receiver (tests/webhook_receiver.py) on a free port, stopped after."""
+    from tests.webhook_receiver import Receiver
+
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args, browser_name):
     """Drive Debian's Chromium; never download a browser."""

@@ -86,6 +86,16 @@ def load_demo_data():
         call_command("load_demo", stdout=io.StringIO())
 
 
+def api_key(username, tenant="acme"):
+    """Create a user with an API key in ``tenant``; return ``(ApiKey, raw key)``."""
+    from django.contrib.auth import get_user_model
+
+    from ratelimit_app.models import ApiKey
+
+    user = get_user_model().objects.create_user(username)
+    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
+
+
 def poll_until(condition, timeout_s=5, what="the condition"):
     """Return once ``condition()`` is true; fail after ``timeout_s`` (for what a real process
     does in its own time, such as a server's release or a breaker's cooldown), naming ``what``

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from ratelimit_app.alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint
-from ratelimit_app.alerts import crossings, quota_threshold_crossed
+from ratelimit_app.alerts import crossings
 from ratelimit_app.models import ALERT_MIN_PERIOD_S, Rule, parse_alert_thresholds
 
 from .helpers import limiter, make_bucket, make_rule, take, use_fake_clock
@@ -27,19 +27,6 @@ def calendar_rule(**fields):
     rule.full_clean()
     rule.save()
     return rule
-
-
-@pytest.fixture
-def received():
-    """The quota_threshold_crossed signals sent during the test (their alerts)."""
-    alerts = []
-
-    def receiver(sender, alert, **kwargs):
-        alerts.append(alert)
-
-    quota_threshold_crossed.connect(receiver)
-    yield alerts
-    quota_threshold_crossed.disconnect(receiver)
 
 
 # --- the rule's field ------------------------------------------------------------------------

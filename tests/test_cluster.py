@@ -33,24 +33,10 @@ from ratelimit_app.stores.redis import RedisStore
 from .helpers import limiter, load_demo_data, make_bucket, make_rule, take, use_fake_clock
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# generous: a 2-core machine running 6 nodes and 4 workers may answer slowly; the failure tests
-# set their own
-CLUSTER_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 1}
 UNITS = 1000  # units per token of a 1-second rule
 # Units per token of a 1-minute rule. Tests on a fake clock use such rules: a key's TTL is its
 # refill time in real ms, so keys of 1-second rules could expire while a slow machine runs a test.
 MINUTE = 60_000
-
-
-@pytest.fixture
-def cluster(redis_cluster, settings):
-    """The session's cluster, healthy and empty, with the app's default Limiter on it."""
-    redis_cluster.ensure_healthy()
-    redis_cluster.flushall()
-    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP,
-                              "CLUSTER_NODES": [redis_cluster.nodes[0].address],
-                              "CLUSTER_OPTIONS": CLUSTER_OPTIONS}
-    return redis_cluster
 
 
 def slot_owners(cluster):

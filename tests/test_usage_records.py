@@ -15,11 +15,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from ratelimit_app.metrics import fields
-from ratelimit_app.models import ApiKey, RollupBatch, Rule, UsageRecord
+from ratelimit_app.models import RollupBatch, Rule, UsageRecord
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.usage_records import MONTH, usage_rows
 
-from .helpers import limiter, use_fake_clock
+from .helpers import api_key, limiter, use_fake_clock
+from .reply_dropping_proxy import ReplyDroppingProxy
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 
@@ -58,12 +59,6 @@ def billing_rules():
         rule.save()
 
 
-def api_key(username, tenant):
-    """Create a user with an API key in ``tenant``; return ``(ApiKey, raw key)``."""
-    user = get_user_model().objects.create_user(username)
-    return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
-
-
 def call(raw_key, cost):
     """One request of ``cost`` units with ``raw_key``; returns the status code."""
     return Client().get("/hello/", HTTP_X_API_KEY=raw_key,
@@ -73,6 +68,11 @@ def call(raw_key, cost):
 def flush_and_roll_up():
     limiter().flusher.flush_now()
     return UsageRollup(limiter().store.metrics_client()).run()
+
+
+def usage_keys_left(redis_client):
+    """The usage keys in Redis but the flushers' markers (usage_batches.py)."""
+    return [k for k in redis_client.keys("*{usage}*") if b":added:" not in k]
 
 
 def records():
@@ -120,7 +120,7 @@ def test_a_second_rollup_adds_nothing_and_later_traffic_adds_up(in_berlin, redis
     assert call(acme_raw, 5) == 200
     flush_and_roll_up()
     assert UsageRecord.objects.get(rule="daily-units").units == 7  # added into the row
-    assert not [k for k in redis_client.keys("*{usage}*")]  # nothing left claimed
+    assert usage_keys_left(redis_client) == []  # nothing left pending or claimed
 
 
 @pytest.mark.django_db
@@ -151,7 +151,7 @@ def test_a_crash_between_the_commit_and_the_delete_does_not_count_twice(in_berli
     assert (result.batches, result.already_added) == (1, 1)  # the new one; the old deleted only
     assert UsageRecord.objects.get(rule="daily-units").units == 4
     assert RollupBatch.objects.count() == 2
-    assert not redis_client.keys("*{usage}*")
+    assert usage_keys_left(redis_client) == []
 
 
 @pytest.mark.django_db
@@ -168,6 +168,35 @@ def test_a_crash_before_the_commit_is_added_by_the_next_rollup(in_berlin, redis_
                         fields.usage_claims_key("rl")], args=["dead"])
     assert not UsageRecord.objects.exists()
     assert UsageRollup(client).run().batches == 1
+    assert UsageRecord.objects.get(rule="daily-units").units == 3
+
+
+@pytest.mark.django_db
+def test_a_flush_whose_reply_is_lost_counts_the_usage_once(in_berlin, redis_server):
+    """Redis ran the flush and its reply was lost (a connection cut, a master killed after it
+    replicated the write): the flush failed as far as the worker knows, and it is sent again,
+    by redis-py's own retry and by the next flush. The usage is added once."""
+    import redis
+
+    billing_rules()
+    acme, acme_raw = api_key("ann", "acme")
+    use_fake_clock(now_ms=berlin_ms(2026, 3, 9, 12))
+    assert call(acme_raw, 3) == 200
+    proxy = ReplyDroppingProxy(redis_server.port).start()
+    flusher = limiter().flusher
+    direct = flusher.client_provider
+    try:
+        through_proxy = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=1)
+        flusher.client_provider = lambda: through_proxy
+        proxy.drop_replies_to = b"HINCRBY"
+        assert flusher.flush_now() == 0  # failed, as far as this worker knows
+        assert proxy.dropped >= 1
+        proxy.drop_replies_to = None
+        assert flusher.flush_now() > 0  # sent again
+    finally:
+        flusher.client_provider = direct
+        proxy.stop()
+    UsageRollup(limiter().store.metrics_client()).run()
     assert UsageRecord.objects.get(rule="daily-units").units == 3
 
 

@@ -21,17 +21,9 @@ from ratelimit_app.webhooks import (CLAIM_MARGIN_S, Sender, backoff_s, resend,
                                     signature_header, verify_signature)
 
 from .helpers import limiter, use_fake_clock
-from .webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
 HOUR_START_MS = 1_699_999_200_000
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def alert_with_deliveries(url, thresholds="80,100", rate=5):

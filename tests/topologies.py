@@ -21,6 +21,23 @@ def redis_cluster():
         cluster.stop()
 
 
+# generous: a 2-core machine running 6 nodes and several workers may answer slowly; failure
+# tests set their own
+CLUSTER_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 1}
+
+
+@pytest.fixture
+def cluster(redis_cluster, settings):
+    """The session's cluster, healthy and empty, with the app's Limiter on it (CLUSTER_NODES,
+    CLUSTER_OPTIONS)."""
+    redis_cluster.ensure_healthy()
+    redis_cluster.flushall()
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP,
+                              "CLUSTER_NODES": [redis_cluster.nodes[0].address],
+                              "CLUSTER_OPTIONS": CLUSTER_OPTIONS}
+    return redis_cluster
+
+
 @pytest.fixture(scope="session")
 def redis_sentinel():
     """A real Sentinel setup on 127.0.0.1: master, replica, three sentinels (quorum 2)

@@ -16,9 +16,10 @@ layout works unchanged on Redis Cluster where the buckets live::
     <p>:m:{usage}:pending           HASH usage field (JSON) -> count, until rolled up   TTL 30 days
     <p>:m:{usage}:claimed:<batch>   HASH a pending hash a rollup claimed (RENAME)       TTL kept
     <p>:m:{usage}:claims            SET  the batch ids claimed and not yet deleted
+    <p>:m:{usage}:added:<flusher>   STRING the last usage batch a flusher added       TTL 1 day
 
 The usage keys share one hash tag (one Cluster slot) so that RENAME and the claim's SADD run in
-one script (rollup.py).
+one script (rollup.py), and a flush's batch and its marker in another (usage_batches.py).
 
 A count is keyed in process by ``(dimension, name, outcome)``: ``dimension`` and ``outcome`` are
 the app's own words (never contain ``|``); ``name`` is a rule, plan or endpoint name and may.
@@ -32,7 +33,7 @@ __all__ = ["HOT_METRICS", "RESOLUTIONS", "counts_key", "hot_key", "near_key", "t
            "flushed_at_key", "buffered_key", "decode", "count_field", "parse_count_field",
            "identity_member", "parse_member", "near_entry", "parse_near_entry",
            "period_entry", "parse_period_entry", "usage_pending_key", "usage_claimed_key",
-           "usage_claims_key", "usage_field", "parse_usage_field"]
+           "usage_claims_key", "usage_marker_key", "usage_field", "parse_usage_field"]
 
 HOT_METRICS = ("tokens", "denials", "requests")
 # Resolution of a time slot -> (its length in seconds, key part of counts, key part of hot keys).
@@ -84,6 +85,11 @@ def usage_claimed_key(prefix, batch_id):
 
 def usage_claims_key(prefix):
     return keys.metrics_key(prefix, "{usage}", "claims")
+
+
+def usage_marker_key(prefix, flusher):
+    """Return the key holding the number of the last usage batch ``flusher`` added."""
+    return keys.metrics_key(prefix, "{usage}", "added", flusher)
 
 
 # --- count fields -------------------------------------------------------------------------------

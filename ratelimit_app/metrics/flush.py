@@ -7,7 +7,9 @@ themselves and inject clocks; nothing here needs a sleep to be tested.
 
 While flushes fail (Redis down) nothing is lost: the pending minutes go back to the recorder
 (which bounds them) and are written by the first flush that succeeds, which also records the
-period for the dashboard. A failed flush is the metrics' own health (``failing_since``,
+period for the dashboard. A flush whose reply is lost may have been applied: sent again, its
+dashboard counts are added twice (a rare double count beats a silent loss), its usage for
+billing once (usage_batches.py). A failed flush is the metrics' own health (``failing_since``,
 ``last_error``), never a failure of the circuit breaker that guards decisions: a metrics write
 must not make requests fail open or closed. For the same reason the flush does not look at that
 breaker; it tries once per interval, off the request path.
@@ -27,7 +29,7 @@ from ..stores.base import READ_ERRORS
 from ..unexpected import UnexpectedErrorLog, error_text
 from . import fields
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
-from .usage import USAGE_METRICS, usage_counts
+from .usage_batches import UsageBatches
 
 __all__ = ["Flusher"]
 
@@ -97,6 +99,7 @@ class Flusher:
         self._errors_flushed = 0   # request_errors() already added to the totals
         self._thread = None
         self._pid = None
+        self.usage = UsageBatches()  # the usage taken from the recorder, not yet acknowledged
         self._stop = threading.Event()
         self._start_lock = threading.Lock()
 
@@ -108,24 +111,28 @@ class Flusher:
         try:
             client = self.client_provider()  # before taking: if it raises, nothing is lost
             pending = self.recorder.take_pending()
-            if not pending:
+            self.usage.take(pending)
+            if not pending and not self.usage.waiting():
                 return 0
             now = self.clock()
             errors = self.request_errors()
             period = self._outage_period(pending, now)
             pipe = client.pipeline(transaction=False)
             self._queue(pipe, pending, now, errors - self._errors_flushed, period)
+            self.usage.queue(pipe, self.config()["KEY_PREFIX"], USAGE_PENDING_TTL_S)
             sent = len(pipe)
             pipe.execute()
         except READ_ERRORS as exc:
             # Kept for the next flush. If the connection broke half-way, the commands Redis
-            # already applied are sent again: a rare double count beats a silent loss.
+            # already applied are sent again: a rare double count beats a silent loss (the
+            # usage batch, sent again, is added once).
             self._keep(pending, exc)
             return 0
         except Exception as exc:  # a bug or bad data: kept too, and reported loudly
             self._keep(pending, exc)
             self.unexpected(exc, "flushing metrics; the counts are kept for the next flush")
             return 0
+        self.usage.acknowledged()
         self._errors_flushed = errors
         self.last_flush_at = now
         self.last_error = ""
@@ -151,8 +158,6 @@ class Flusher:
         prefix, retention = config["KEY_PREFIX"], int(config["METRICS_RETENTION_S"])
         stored = int(config["METRICS_HOT_KEYS_STORED"])
         totals_key = fields.totals_key(prefix)
-        usage_key = fields.usage_pending_key(prefix)
-        usage_written = False
         for minute, data in sorted(pending.items()):
             hour = minute // 60
             counts_keys = ((fields.counts_key(prefix, "minute", minute), retention),
@@ -173,15 +178,6 @@ class Flusher:
                     for (member, rule), (remaining, burst, at) in data.near.items()})
                 pipe.zremrangebyrank(near_key, 0, -NEAR_LIMIT_CAPACITY - 1)
                 pipe.expire(near_key, NEAR_LIMIT_TTL_S)
-            # usage for billing: HINCRBY adds atomically whatever the workers writing at once
-            for (day, ref, tenant, rule), record in usage_counts(data.usage).items():
-                for metric, value in zip(USAGE_METRICS, record):
-                    if value:
-                        pipe.hincrby(usage_key, fields.usage_field(day, ref, tenant, rule,
-                                                                   record[3], metric), value)
-                        usage_written = True
-        if usage_written:
-            pipe.expire(usage_key, USAGE_PENDING_TTL_S)
         if new_errors > 0:
             pipe.hincrby(totals_key, fields.count_field("redis", "errors", "count"), new_errors)
         pipe.set(fields.flushed_at_key(prefix), repr(now), ex=retention)
@@ -208,6 +204,7 @@ class Flusher:
         and say whether ``Limiter.record`` may start the thread again."""
         self.stop()
         self.recorder.clear()
+        self.usage.clear()
         self.failing_since, self.last_error = None, ""
         self.autostart = autostart
 
