@@ -2,10 +2,14 @@
 
 On the request path (``Limiter._conclude``), only for snapshots with a rule carrying
 ``alert_thresholds`` and only for allowed requests: ``crossings`` compares, per bucket of such a
-rule, the level the Lua call returned after this request's debit with the level before it (the
-level plus the debit). A threshold of p % is crossed when the units used, ``capacity - level``,
-moved from below ``ceil(capacity × p / 100)`` to at or above it. A few integer comparisons, no
-Redis call, no database: a crossing (rare) is appended to this process's ``AlertQueue``.
+rule, the level the Lua call returned after this request's debit with each threshold's mark. A
+threshold of p % is reached when the units used, ``capacity - level``, are at or above
+``ceil(capacity × p / 100)``. A few integer comparisons, no Redis call, no database; the
+``AlertQueue`` queues a threshold reached in a period the first time this process sees it
+(``ReportedCrossings``, bounded), so a caller past 80 % is reported once, not on every request.
+Reached, not crossed by this request: when the reply of the request that crossed is lost (a
+timeout, a failover), that request is decided by the fail mode and no worker sees its levels;
+the caller's next allowed request reports the threshold instead.
 
 Off the request path, the queue's thread stores the crossings (``store_crossings``): one
 ``QuotaAlert`` row each, whose unique constraint on (rule, identity key, threshold, period start)
@@ -32,7 +36,8 @@ from django.dispatch import Signal
 
 from . import periods
 
-__all__ = ["quota_threshold_crossed", "Crossing", "crossings", "AlertQueue", "store_crossings"]
+__all__ = ["quota_threshold_crossed", "Crossing", "crossings", "ReportedCrossings", "AlertQueue",
+           "store_crossings"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -41,7 +46,7 @@ quota_threshold_crossed = Signal()
 
 
 class Crossing(NamedTuple):
-    """One threshold one request crossed (units: tokens, or a calendar quota's units)."""
+    """One threshold a caller's usage reached (units: tokens, or a calendar quota's units)."""
 
     rule_id: int
     identity_key: str
@@ -53,19 +58,17 @@ class Crossing(NamedTuple):
 
 
 def crossings(buckets, statuses, identity, now_ms):
-    """Return the Crossings of an allowed request whose buckets ended at ``statuses`` (in the
-    buckets' order) at ``now_ms``; usually ()."""
+    """Return the Crossings of the thresholds an allowed request's buckets have reached, at
+    ``statuses`` (in the buckets' order) at ``now_ms``; usually ()."""
     found = ()
     for bucket, status in zip(buckets, statuses):
         thresholds = bucket.rule.alerts
         if not thresholds or status.short:  # short: this bucket was not debited
             continue
         capacity, level = bucket.capacity_units, status.level_units
-        before = level + bucket.cost_units
         for percent in thresholds:
             # the level at which ``percent`` of the capacity is used (rounded up)
-            mark = capacity + (capacity * percent // -100)
-            if level <= mark < before:
+            if level <= capacity + (capacity * percent // -100):
                 found += (_crossing(bucket, status, identity, percent, now_ms),)
     return found
 
@@ -85,6 +88,37 @@ def _crossing(bucket, status, identity, percent, now_ms):
                     bucket.capacity_units // unit)
 
 
+# Thresholds reached that a process remembers having queued (see ReportedCrossings).
+MAX_REPORTED_REMEMBERED = 10_000
+
+
+class ReportedCrossings:
+    """The (rule, identity key, threshold, period) this process has queued, so that a caller
+    past a threshold is queued once per period, not once per request. Bounded (its keys come
+    from request input): when full it starts afresh, and what it forgot is queued once more,
+    which the database's unique constraint stores once anyway."""
+
+    def __init__(self, capacity=MAX_REPORTED_REMEMBERED):
+        self.capacity = capacity
+        self._seen = set()
+
+    def new(self, found):
+        """Return the Crossings of ``found`` not seen before, and remember them."""
+        seen, fresh = self._seen, ()
+        for crossing in found:
+            key = (crossing.rule_id, crossing.identity_key, crossing.threshold,
+                   crossing.period_start_ms)
+            if key not in seen:
+                if len(seen) >= self.capacity:
+                    seen.clear()
+                seen.add(key)
+                fresh += (crossing,)
+        return fresh
+
+    def forget(self):
+        self._seen.clear()
+
+
 class AlertQueue:
     """This process's crossings waiting to be stored, and the thread that stores them.
 
@@ -101,6 +135,7 @@ class AlertQueue:
         self.dropped = 0
         self.stored = 0
         self._queue = deque()
+        self.reported = ReportedCrossings()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None
@@ -112,10 +147,13 @@ class AlertQueue:
             atexit.register(_drain_at_exit, weakref.ref(self))
 
     def note(self, buckets, statuses, identity):
-        """Queue the crossings of an allowed decision (see ``crossings``)."""
+        """Queue the thresholds an allowed decision reached that this process has not queued
+        in their period yet (see ``crossings``)."""
         found = crossings(buckets, statuses, identity, self.now_ms())
         if found:
-            self.put(found)
+            found = self.reported.new(found)
+            if found:
+                self.put(found)
 
     def put(self, found):
         """Queue ``found`` crossings (dropped and counted when the queue is full)."""

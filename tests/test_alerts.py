@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from ratelimit_app.alert_models import QuotaAlert, WebhookDelivery, WebhookEndpoint
-from ratelimit_app.alerts import crossings
+from ratelimit_app.alerts import ReportedCrossings, crossings
 from ratelimit_app.models import ALERT_MIN_PERIOD_S, Rule, parse_alert_thresholds
 
 from .helpers import limiter, make_bucket, make_rule, take, use_fake_clock
@@ -69,7 +69,7 @@ def test_clean_normalises_and_refuses_what_cannot_alert():
 
 # --- detection -------------------------------------------------------------------------------
 
-def test_a_crossing_is_the_request_that_moves_usage_across_the_threshold():
+def test_a_threshold_is_reached_by_every_allowed_request_at_or_past_it_and_queued_once():
     use_fake_clock(now_ms=HOUR_START_MS)
     rule = dataclasses.replace(make_rule(rate=10, calendar="day"), alerts=(50, 100))
     bucket = make_bucket(rule, cost=3)
@@ -77,7 +77,15 @@ def test_a_crossing_is_the_request_that_moves_usage_across_the_threshold():
     for _ in range(4):  # used 3, 6, 9, then refused (12 > 10)
         allowed, statuses, _ = take([bucket])
         seen.append(crossings([bucket], statuses, None, HOUR_START_MS) if allowed else None)
-    assert [None if c is None else [x.threshold for x in c] for c in seen] == [[], [50], [], None]
+    assert [None if c is None else [x.threshold for x in c] for c in seen] == \
+        [[], [50], [50], None]
+    # what a process queues: the first request that reached it in the period
+    reported = ReportedCrossings()
+    assert [[x.threshold for x in reported.new(c)] for c in seen[:3]] == [[], [50], []]
+    bounded = ReportedCrossings(capacity=1)  # full: starts afresh (the database dedupes)
+    other = (seen[1][0]._replace(identity_key="rl:{ip.other}"),)
+    assert bounded.new(seen[1]) and not bounded.new(seen[1])
+    assert bounded.new(other) and bounded.new(seen[1])  # forgotten when the other came
     assert seen[1][0].used == 6 and seen[1][0].limit == 10
     # the day in UTC (CALENDAR_TIME_ZONE), whatever the hour
     assert seen[1][0].period_start_ms == HOUR_START_MS - 22 * HOUR_MS

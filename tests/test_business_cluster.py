@@ -104,8 +104,15 @@ def test_alerts_on_three_masters_are_stored_signalled_and_delivered_once(
     assert sorted(a.pk for a in received) == sorted(a.pk for a in stored)
 
     # the same crossings seen again (another worker, or the buckets refilled after a failover
-    # that lost their levels): no row, no signal, no delivery
+    # that lost their levels): this process queues none of them again; another worker (one
+    # that has not seen them: forget) queues them, and they make no row, no signal, no delivery
     cluster.flushall()
+    for address in addresses:
+        assert [client.get("/hello/", REMOTE_ADDR=address).status_code
+                for _ in range(4)] == [200] * 4
+    assert queue.pending() == 0
+    cluster.flushall()
+    queue.reported.forget()
     for address in addresses:
         assert [client.get("/hello/", REMOTE_ADDR=address).status_code
                 for _ in range(5)] == [200] * 5
@@ -214,6 +221,7 @@ def test_a_single_node_restart_loses_no_stored_alert_and_repeats_no_crossing(
 
     redis_server.kill()
     redis_server.start()
+    limiter().alerts.reported.forget()  # as a worker started since would: it has seen nothing
     responses = [call(raw) for _ in range(6)]
     assert [r.status_code for r in responses] == [200] * 5 + [429]  # the quota starts afresh
     assert not any(r.wsgi_request.ratelimit.degraded for r in responses)
@@ -323,11 +331,11 @@ def test_a_killed_master_s_replica_keeps_the_quota_usage_and_alerts_stay_once(
         cluster.restart_node(old_master)
 
 
-def test_a_crossing_whose_reply_is_lost_is_missed_and_the_next_threshold_is_not(
+def test_a_threshold_crossed_by_a_request_whose_reply_is_lost_is_reported_by_the_next(
         redis_server, settings, received):
-    """Documented limitation: Redis debited the request that crossed 80 %, and its reply was
-    lost; that request was decided by the fail mode, so no worker saw the crossing. The next
-    threshold is reported as usual."""
+    """Redis debited the request that crossed 80 % and its reply was lost: that request was
+    decided by the fail mode, so no worker saw its levels. The caller's next allowed request
+    has reached 80 % and 100 %: both are reported, each once."""
     proxy = ReplyDroppingProxy(redis_server.port).start()
     try:
         settings.CACHES = caches_for(f"redis://127.0.0.1:{proxy.port}/0")
@@ -344,5 +352,5 @@ def test_a_crossing_whose_reply_is_lost_is_missed_and_the_next_threshold_is_not(
         assert call(raw).status_code == 429  # (the lost request was charged)
     finally:
         proxy.stop()
-    assert [a.threshold for a in limiter().alerts.drain()] == [100]
-    assert [a.threshold for a in received] == [100]
+    assert [a.threshold for a in limiter().alerts.drain()] == [80, 100]
+    assert [(a.threshold, a.used) for a in received] == [(80, 5), (100, 5)]
