@@ -9,7 +9,9 @@ threshold of p % is reached when the units used, ``capacity - level``, are at or
 (``ReportedCrossings``, bounded), so a caller past 80 % is reported once, not on every request.
 Reached, not crossed by this request: when the reply of the request that crossed is lost (a
 timeout, a failover), that request is decided by the fail mode and no worker sees its levels;
-the caller's next allowed request reports the threshold instead.
+the caller's next allowed request reports the threshold instead. A crossing's ``used`` is the
+usage the crossing request left, or the threshold's own mark when it was reached earlier, so
+that workers racing to report it report the same numbers.
 
 Off the request path, the queue's thread stores the crossings (``store_crossings``): one
 ``QuotaAlert`` row each, whose unique constraint on (rule, identity key, threshold, period start)
@@ -46,7 +48,8 @@ quota_threshold_crossed = Signal()
 
 
 class Crossing(NamedTuple):
-    """One threshold a caller's usage reached (units: tokens, or a calendar quota's units)."""
+    """One threshold a caller's usage reached (units: tokens, or a calendar quota's units;
+    ``used``: see ``crossings``)."""
 
     rule_id: int
     identity_key: str
@@ -66,14 +69,20 @@ def crossings(buckets, statuses, identity, now_ms):
         if not thresholds or status.short:  # short: this bucket was not debited
             continue
         capacity, level = bucket.capacity_units, status.level_units
+        before = level + bucket.cost_units
         for percent in thresholds:
             # the level at which ``percent`` of the capacity is used (rounded up)
-            if level <= capacity + (capacity * percent // -100):
-                found += (_crossing(bucket, status, identity, percent, now_ms),)
+            mark = capacity + (capacity * percent // -100)
+            if level <= mark:
+                # crossed by this request: the usage it left; reached before it (a request
+                # whose reply was lost, or another worker's): the threshold's own mark, so that
+                # every worker reports the same numbers
+                at_level = level if mark < before else mark
+                found += (_crossing(bucket, status, identity, percent, now_ms, at_level),)
     return found
 
 
-def _crossing(bucket, status, identity, percent, now_ms):
+def _crossing(bucket, status, identity, percent, now_ms, at_level):
     rule, unit = bucket.rule, bucket.period_ms  # a token's units (1 for a calendar quota)
     if rule.calendar:
         # the status's period ends ``reset_s`` (rounded up) from now: a moment just before
@@ -82,7 +91,7 @@ def _crossing(bucket, status, identity, percent, now_ms):
         start_ms = periods.bounds_at(rule.calendar, inside).start_ms
     else:
         start_ms = now_ms - now_ms % (rule.period_s * 1000)
-    used = -((status.level_units - bucket.capacity_units) // unit)
+    used = -((at_level - bucket.capacity_units) // unit)
     display = f"{identity.ref} ({identity.display})" if identity is not None else ""
     return Crossing(rule.id, status.key, display[:300], percent, start_ms, used,
                     bucket.capacity_units // unit)

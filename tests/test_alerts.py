@@ -79,6 +79,8 @@ def test_a_threshold_is_reached_by_every_allowed_request_at_or_past_it_and_queue
         seen.append(crossings([bucket], statuses, None, HOUR_START_MS) if allowed else None)
     assert [None if c is None else [x.threshold for x in c] for c in seen] == \
         [[], [50], [50], None]
+    # crossed by the request: the usage it left; reached before it: the threshold's own mark
+    assert seen[1][0].used == 6 and seen[2][0].used == 5
     # what a process queues: the first request that reached it in the period
     reported = ReportedCrossings()
     assert [[x.threshold for x in reported.new(c)] for c in seen[:3]] == [[], [50], []]
