@@ -10,8 +10,9 @@ threshold of p % is reached when the units used, ``capacity - level``, are at or
 Reached, not crossed by this request: when the reply of the request that crossed is lost (a
 timeout, a failover), that request is decided by the fail mode and no worker sees its levels;
 the caller's next allowed request reports the threshold instead. A crossing's ``used`` is the
-usage the crossing request left, or the threshold's own mark when it was reached earlier, so
-that workers racing to report it report the same numbers.
+usage the crossing request left, or the threshold's own mark when it was reached earlier: a
+worker racing the crossing one then reports no later usage than the crossing's (the same, for
+requests of one unit).
 
 Off the request path, the queue's thread stores the crossings (``store_crossings``): one
 ``QuotaAlert`` row each, whose unique constraint on (rule, identity key, threshold, period start)
@@ -75,8 +76,7 @@ def crossings(buckets, statuses, identity, now_ms):
             mark = capacity + (capacity * percent // -100)
             if level <= mark:
                 # crossed by this request: the usage it left; reached before it (a request
-                # whose reply was lost, or another worker's): the threshold's own mark, so that
-                # every worker reports the same numbers
+                # whose reply was lost, or another worker's): the threshold's own mark
                 at_level = level if mark < before else mark
                 found += (_crossing(bucket, status, identity, percent, now_ms, at_level),)
     return found
