@@ -28,7 +28,6 @@ epoch (a bucket of period 1 h alerts at most once per threshold per clock hour, 
 import atexit
 import logging
 import threading
-import time
 import weakref
 from collections import deque
 from datetime import datetime, timezone
@@ -277,8 +276,3 @@ def store_crossings(found):
                 logger.error("ratelimit_app: a quota_threshold_crossed receiver (%r) failed: "
                              "%s: %s", receiver, type(result).__name__, result)
     return stored
-
-
-def wall_clock_ms():
-    """Return this host's time in ms (the default clock of an AlertQueue)."""
-    return int(time.time() * 1000)

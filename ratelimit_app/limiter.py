@@ -20,7 +20,7 @@ from typing import NamedTuple
 from asgiref.sync import sync_to_async
 
 from . import engine, keys, metrics
-from .alerts import AlertQueue, wall_clock_ms
+from .alerts import AlertQueue
 from .breaker import CircuitBreaker
 from .buckets import ConcurrencySlot, slot_member
 from .conf import get_config, reload_interval_s
@@ -140,6 +140,9 @@ class Limiter:
         # time.monotonic itself when the clock is real: read several times per decision, and
         # SystemClock.monotonic would add a Python call each time
         monotonic = time.monotonic if type(self.clock) is SystemClock else self.clock.monotonic
+        # the wall clock (unix s) of dated overrides, metrics, usage days and alert periods: a
+        # test clock's time while it sets one (so a test's usage lands on the test's day)
+        wall_time = time.time if type(self.clock) is SystemClock else self.clock.wall_time
         self.version_key = keys.config_version_key(config["KEY_PREFIX"])
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
@@ -150,11 +153,11 @@ class Limiter:
                                     clock=monotonic,
                                     reload_interval_s=reload_interval_s(config),
                                     announce=self.bump_config_version,
-                                    wall_clock=getattr(self.clock, "wall_time", time.time),
+                                    wall_clock=wall_time,
                                     noticed=_record_outside_change)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
-        self.recorder = metrics.Recorder(clock=self._recorder_clock(), config=lambda: self.config)
+        self.recorder = metrics.Recorder(clock=wall_time, config=lambda: self.config)
         # the flush goes straight to the store: a failing flush never opens the breaker above
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
                                        config=lambda: self.config,
@@ -165,20 +168,8 @@ class Limiter:
         store.run_while_waiting(self._count_metrics_while_waiting)
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
         # threshold crossings seen in decisions, stored by a background thread (alerts.py)
-        self.alerts = AlertQueue(lambda: self.clock.redis_now_ms() or wall_clock_ms(),
+        self.alerts = AlertQueue(lambda: int(wall_time() * 1000),
                                  config=lambda: self.config, autostart=metrics_autostart)
-
-    def _recorder_clock(self):
-        """Return the unix-seconds clock decisions are counted by: this host's, or a test
-        clock's time while it sets one (so a test's usage lands on the test's day)."""
-        if type(self.clock) is SystemClock:
-            return time.time
-
-        def test_time_s():
-            now_ms = self.clock.redis_now_ms()
-            return time.time() if now_ms is None else now_ms / 1000
-
-        return test_time_s
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
