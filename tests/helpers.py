@@ -164,3 +164,19 @@ def breadcrumbs_of(page):
 def first_option_text(page, select):
     """Return the text of the first option (the blank choice) of the ``select`` selector."""
     return page.locator(f"{select} option").first.text_content().strip()
+
+
+def create_usage_records(display="{identity}", other_tenant="globex"):
+    """Store usage records of two callers, one of them over three days across February and
+    March; ``display`` formats each record's display name, ``other_tenant`` is the second
+    caller's tenant."""
+    from ratelimit_app.models import UsageRecord
+
+    for day, identity, tenant, rule, units, allowed, refused in (
+            ("2026-02-28", "key:1", "acme", "daily-units", 5, 5, 0),
+            ("2026-03-01", "key:1", "acme", "daily-units", 7, 3, 1),
+            ("2026-03-02", "key:1", "acme", "daily-units", 10, 4, 2),
+            ("2026-03-02", "user:9", other_tenant, "daily-units", 1, 1, 0)):
+        UsageRecord.objects.create(day=day, identity=identity, tenant=tenant, rule=rule,
+                                   display=display.format(identity=identity), units=units,
+                                   allowed=allowed, refused=refused)

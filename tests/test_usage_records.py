@@ -19,7 +19,7 @@ from ratelimit_app.models import RollupBatch, Rule, UsageRecord
 from ratelimit_app.rollup import UsageRollup
 from ratelimit_app.usage_records import MONTH, usage_rows
 
-from .helpers import api_key, limiter, use_fake_clock
+from .helpers import api_key, create_usage_records, limiter, use_fake_clock
 from .reply_dropping_proxy import ReplyDroppingProxy
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
@@ -215,18 +215,6 @@ def test_anonymous_callers_are_one_identity_and_refused_requests_charge_nothing(
 
 # --- reading the records: the command, the staff API, the usage endpoint ----------------------
 
-def some_records():
-    """Records of two tenants over two days and two months."""
-    for day, identity, tenant, rule, units, allowed, refused in (
-            ("2026-02-28", "key:1", "acme", "daily-units", 5, 5, 0),
-            ("2026-03-01", "key:1", "acme", "daily-units", 7, 3, 1),
-            ("2026-03-02", "key:1", "acme", "daily-units", 10, 4, 2),
-            ("2026-03-02", "user:9", "=cmd", "daily-units", 1, 1, 0)):
-        UsageRecord.objects.create(day=day, identity=identity, tenant=tenant, rule=rule,
-                                   display=identity, units=units, allowed=allowed,
-                                   refused=refused)
-
-
 def run_command(*args):
     import io
 
@@ -239,7 +227,7 @@ def run_command(*args):
 
 @pytest.mark.django_db
 def test_the_usage_command_exports_csv_and_json_per_day_and_month():
-    some_records()
+    create_usage_records(other_tenant="=cmd")
     out, _ = run_command("usage", "--from", "2026-03-01", "--to", "2026-03-31",
                          "--tenant", "acme")
     assert out.splitlines() == [
@@ -284,7 +272,7 @@ def test_the_rollup_command_reports_what_it_added(in_berlin):
 
 @pytest.mark.django_db
 def test_the_staff_api_serves_the_records_to_staff_only(client, admin_user):
-    some_records()
+    create_usage_records(other_tenant="=cmd")
     url = "/ratelimit/usage-records/?from=2026-03-01&to=2026-03-31&tenant=acme"
     refused = client.get(url)
     assert refused.status_code == 403 and refused["Content-Type"] == "application/problem+json"

@@ -5,28 +5,22 @@ import json
 
 import pytest
 
-from ratelimit_app.models import UsageRecord
-
+from .helpers import create_usage_records
 from .test_admin_browser import (SCREENSHOTS, _orm_beside_playwright, base_url,  # noqa: F401
                                  signed_in_page)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def march_records():
-    for day, identity, tenant, rule, units, allowed, refused in (
-            ("2026-02-28", "key:1", "acme", "daily-units", 5, 5, 0),
-            ("2026-03-01", "key:1", "acme", "daily-units", 7, 3, 1),
-            ("2026-03-02", "key:1", "acme", "daily-units", 10, 4, 2),
-            ("2026-03-02", "user:9", "globex", "daily-units", 1, 1, 0)):
-        UsageRecord.objects.create(day=day, identity=identity, tenant=tenant, rule=rule,
-                                   display=f"caller {identity}", units=units, allowed=allowed,
-                                   refused=refused)
-
-
 def table_rows(page):
     return [[cell.strip() for cell in row.locator("td").all_inner_texts()]
             for row in page.locator("#usage-records tbody tr").all()]
+
+
+def submit(page):
+    """Submit the date-range form and wait for the page it loads."""
+    with page.expect_navigation():
+        page.click("#usage-form input[type=submit]")
 
 
 def download(page, selector):
@@ -39,15 +33,14 @@ def download(page, selector):
 
 def test_a_date_range_shows_its_records_and_downloads_them(signed_in_page):
     page = signed_in_page
-    march_records()
+    create_usage_records(display="caller {identity}")
     page.goto(f"{page.base}/admin/")
     page.click("text=Usage records")
     page.wait_for_selector("#usage-form")
     page.fill("#id_date_from", "2026-03-01")
     page.fill("#id_date_to", "2026-03-31")
     page.fill("#id_tenant", "acme")
-    with page.expect_navigation():
-        page.click("#usage-form input[type=submit]")
+    submit(page)
     assert table_rows(page) == [
         ["2026-03-01", "caller key:1", "acme", "daily-units", "7", "3", "1"],
         ["2026-03-02", "caller key:1", "acme", "daily-units", "10", "4", "2"]]
@@ -69,8 +62,7 @@ def test_a_date_range_shows_its_records_and_downloads_them(signed_in_page):
 
     page.select_option("#id_period", "month")
     page.fill("#id_tenant", "")
-    with page.expect_navigation():
-        page.click("#usage-form input[type=submit]")
+    submit(page)
     assert table_rows(page) == [
         ["2026-03", "caller key:1", "acme", "daily-units", "17", "7", "3"],
         ["2026-03", "caller user:9", "globex", "daily-units", "1", "1", "0"]]
@@ -85,7 +77,6 @@ def test_a_range_that_ends_before_it_starts_says_so(signed_in_page):
     page.goto(f"{page.base}/admin/ratelimit_app/usagerecord/")
     page.fill("#id_date_from", "2026-03-31")
     page.fill("#id_date_to", "2026-03-01")
-    with page.expect_navigation():
-        page.click("#usage-form input[type=submit]")
+    submit(page)
     assert "The range ends before it starts" in page.locator(".errornote").inner_text()
     assert page.locator("#usage-downloads").count() == 0
