@@ -41,7 +41,8 @@ from django.http import HttpResponse
 from .conf import get_config
 from .header_fields import policy_item, sf_string, window_s
 
-__all__ = ["window_s", "apply_headers", "problem_body", "problem_response", "retry_after_s",
+__all__ = ["window_s", "apply_headers", "problem_body", "problem_response", "plain_problem",
+           "retry_after_s",
            "retry_after_with_jitter", "uncharged_preflight", "QUOTA_EXCEEDED",
            "TEMPORARY_REDUCED_CAPACITY"]
 
@@ -137,6 +138,16 @@ def problem_body(decision):
         # the body too: browser scripts cannot read Retry-After unless CORS exposes it
         body["retry-after"] = decision.retry_after_s
     return body
+
+
+def plain_problem(status, title, detail):
+    """Return an RFC 9457 ``about:blank`` problem response that no cache keeps (the usage
+    endpoint's and the staff API's errors)."""
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    response = HttpResponse(json.dumps(body), status=status,
+                            content_type="application/problem+json")
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def problem_response(decision):

@@ -32,7 +32,6 @@ answer that is not a refusal: that answer could predate the IP running out, and 
 
 import collections
 import datetime
-import json
 import math
 import threading
 import time
@@ -40,14 +39,14 @@ import weakref
 import zoneinfo
 from typing import NamedTuple
 
-from django.http import HttpResponse, JsonResponse
+from django.http import JsonResponse
 from django.views.decorators.http import require_safe
 
 from . import engine
 from .conf import get_config, meta_key
 from .decorators import ratelimit_exempt
 from .guard import mark_authentication_failed
-from .headers import OWN_SCOPES, problem_response, window_s
+from .headers import OWN_SCOPES, plain_problem, problem_response, window_s
 from .identity import identify
 from .limiter import default_limiter
 from .metrics.usage import usage_caller
@@ -234,8 +233,6 @@ def _json_response(body):
 
 
 def _problem_response(status, title, detail, *, retry_after_s):
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    response = HttpResponse(json.dumps(body), status=status,
-                            content_type="application/problem+json")
+    response = plain_problem(status, title, detail)
     response["Retry-After"] = str(retry_after_s)
-    return _no_store(response)
+    return response

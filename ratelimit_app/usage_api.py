@@ -7,12 +7,11 @@ saying what to fix, 403 for anyone who is not active staff with
 ``ratelimit_app.view_usagerecord``. Not limited by the quotas: a staff tool, like the admin.
 """
 
-import json
-
 from django.http import HttpResponse
 from django.views.decorators.http import require_safe
 
 from .decorators import ratelimit_exempt
+from .headers import plain_problem
 from .usage_records import DAY, UsageQueryError, parse_range, render, usage_rows
 
 __all__ = ["usage_records_view"]
@@ -26,8 +25,8 @@ def usage_records_view(request):
     """Return the usage records of the query's range as JSON (see the module docstring)."""
     user = getattr(request, "user", None)
     if user is None or not (user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION)):
-        return _problem(403, "Staff only", "Sign in as staff with the permission to view usage "
-                                           "records (ratelimit_app.view_usagerecord).")
+        return plain_problem(403, "Staff only", "Sign in as staff with the permission to view "
+                                                "usage records (ratelimit_app.view_usagerecord).")
     params = request.GET
     try:
         first, last = parse_range(params.get("from"), params.get("to"))
@@ -36,15 +35,7 @@ def usage_records_view(request):
                           identity=params.get("identity"), period=period)
         text, content_type = render(rows, first, last, period, "json")
     except UsageQueryError as exc:
-        return _problem(400, "Bad usage query", str(exc))
+        return plain_problem(400, "Bad usage query", str(exc))
     response = HttpResponse(text, content_type=content_type)
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-def _problem(status, title, detail):
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    response = HttpResponse(json.dumps(body), status=status,
-                            content_type="application/problem+json")
     response["Cache-Control"] = "no-store"
     return response
