@@ -45,9 +45,9 @@ def raw_take_like(decide, host, port):
     sent: the store keeps each decision's encoded command, so the bytes are taken from there
     (same keys, same arguments, the server's clock)."""
     store = default_limiter().store
-    store._packed.clear()
+    store.encoded_takes.commands.clear()
     decide()
-    commands = list(store._packed.values())
+    commands = list(store.encoded_takes.commands.values())
     if len(commands) != 1:
         raise RuntimeError(f"expected our path to send one take, it cached {len(commands)}")
     command = commands[0]

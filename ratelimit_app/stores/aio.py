@@ -37,7 +37,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .aio_wire import AsyncWire
 from .base import StoreUnavailable, script_source
-from .redis import MAX_PACKED_COMMANDS, RedisStore, parse_take_reply
+from .redis import EncodedTakes, RedisStore, parse_take_reply
 
 __all__ = ["AsyncWireStore", "AsyncRedisStore", "ThreadedAsyncStore", "async_store_for",
            "CLIENT_NAME"]
@@ -78,7 +78,7 @@ class AsyncWireStore:
         source = script_source("take")
         self._sha = hashlib.sha1(source.encode()).hexdigest()
         self._script_load = hiredis.pack_command(("SCRIPT", "LOAD", source))
-        self._packed = {}  # (keys, args, version key) -> the EVALSHA's bytes
+        self.encoded_takes = EncodedTakes(hiredis.pack_command)
         self._wires = weakref.WeakKeyDictionary()  # event loop -> its AsyncWire
 
     @classmethod
@@ -108,7 +108,8 @@ class AsyncWireStore:
 
     async def take(self, bucket_keys, args, *, version_key):
         """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
-        command = self._command(tuple(bucket_keys), tuple(args), version_key)
+        command = self.encoded_takes.command(self._sha, tuple(bucket_keys), tuple(args),
+                                             version_key)
         wire = self._wire()
         try:
             try:
@@ -119,20 +120,6 @@ class AsyncWireStore:
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return parse_take_reply(reply)
-
-    def _command(self, bucket_keys, args, version_key):
-        """Return take.lua's EVALSHA as bytes, encoded once per (keys, args) on the server's
-        clock (the same bytes request after request)."""
-        memo_key = (bucket_keys, args, version_key)
-        command = self._packed.get(memo_key)
-        if command is None:
-            command = hiredis.pack_command(("EVALSHA", self._sha, len(bucket_keys) + 1,
-                                            *bucket_keys, version_key, *args))
-            if args[0] == b"":
-                if len(self._packed) >= MAX_PACKED_COMMANDS:
-                    self._packed.clear()
-                self._packed[memo_key] = command
-        return command
 
     async def aclose(self):
         """Close the running loop's connection (before that loop ends)."""

@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, Redi
 from .base import Store, StoreUnavailable, TakeReply, script_source
 from .connections import HeldConnections
 
-__all__ = ["RedisStore", "SentinelStore", "parse_take_reply"]
+__all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
 
 
 def parse_take_reply(reply, with_version=True):
@@ -37,6 +37,30 @@ _new_reply = tuple.__new__  # positionally, without the NamedTuple's Python-leve
 MAX_PACKED_COMMANDS = 4096
 
 
+class EncodedTakes:
+    """take.lua's EVALSHA as bytes on the wire, per (keys, args, version key): a decision's keys
+    and arguments are the same request after request, so they are encoded once. Only calls on
+    the server's clock (``args[0] == b""``) are kept (a test clock's differ each time); at most
+    MAX_PACKED_COMMANDS, then it starts afresh. ``encode`` packs a command tuple."""
+
+    def __init__(self, encode):
+        self.encode = encode
+        self.commands = {}
+
+    def command(self, sha, bucket_keys, args, version_key):
+        """Return the encoded EVALSHA of ``sha`` for these keys and arguments (tuples)."""
+        memo_key = (bucket_keys, args, version_key)
+        command = self.commands.get(memo_key)
+        if command is None:
+            command = self.encode(("EVALSHA", sha, len(bucket_keys) + 1, *bucket_keys,
+                                   version_key, *args))
+            if args[0] == b"":  # the server's clock: the same bytes every time
+                if len(self.commands) >= MAX_PACKED_COMMANDS:
+                    self.commands.clear()
+                self.commands[memo_key] = command
+        return command
+
+
 class RedisStore(Store):
     """Buckets on one Redis node (a standalone server, or a master behind a proxy)."""
 
@@ -47,9 +71,7 @@ class RedisStore(Store):
         # register_script runs EVALSHA and reloads the script on NOSCRIPT (after a restart or
         # SCRIPT FLUSH), so the source is sent only when needed
         self._take = client.register_script(script_source("take"))
-        # (keys, args, version key) -> the EVALSHA as bytes on the wire: a decision's keys and
-        # arguments are the same request after request, so they are encoded once
-        self._packed = {}
+        self.encoded_takes = EncodedTakes(self._pack)
         self._connections = HeldConnections(client.connection_pool)
 
     @classmethod
@@ -81,15 +103,7 @@ class RedisStore(Store):
         No retry on purpose: a take whose reply was lost may have debited. NOSCRIPT (after a
         restart or SCRIPT FLUSH: the script did not run) loads the script and sends it again.
         """
-        memo_key = (bucket_keys, args, version_key)
-        command = self._packed.get(memo_key)
-        if command is None:
-            command = self._pack(("EVALSHA", self._take.sha, len(bucket_keys) + 1, *bucket_keys,
-                                  version_key, *args))
-            if args[0] == b"":  # the server's clock: the same bytes every time
-                if len(self._packed) >= MAX_PACKED_COMMANDS:
-                    self._packed.clear()
-                self._packed[memo_key] = command
+        command = self.encoded_takes.command(self._take.sha, bucket_keys, args, version_key)
         try:
             return self._send(command)
         except NoScriptError:
