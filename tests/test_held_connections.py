@@ -3,10 +3,14 @@ real redis-server: reused without the pool's checkout, never shared by two calls
 carrying a late reply into the next call, reopened when Redis closed them, given back when their
 store is replaced, and never used by a forked child; calls on plain connections go through a Wire
 (error replies raised as redis-py's exceptions, RESP3 push messages skipped), others through the
-connection's own methods."""
+connection's own methods; a Wire keeps the connection's timeout in the kernel, and gives it
+back."""
 
 import os
+import socket
+import struct
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +19,7 @@ from django.test import RequestFactory
 from django_redis import get_redis_connection
 from redis import ConnectionPool
 from redis.connection import Connection
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
 from ratelimit_app import guard
 from ratelimit_app.limiter import install_limiter
@@ -274,3 +278,67 @@ def test_a_resp3_push_message_before_a_reply_is_skipped(redis_server, redis_clie
         held.give_back()
         pool.disconnect()
         redis_client.delete("held:tracked")
+
+
+def kernel_timeout_s(sock, option):
+    seconds, microseconds = struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, option, 16))
+    return seconds + microseconds / 1_000_000
+
+
+def test_a_wire_times_out_in_the_kernel_and_gives_the_timeout_back(redis_server, redis_client):
+    """The connection's socket_timeout moves into the kernel (the socket blocks without
+    CPython's poll), still bounds a call to a stalled Redis, is taken again after redis-py set
+    it back, and is handed back to the pool with the connection."""
+    pool = ConnectionPool(host="127.0.0.1", port=redis_server.port, socket_timeout=0.3)
+    held = HeldConnections(pool, recheck_after_s=3600)
+    try:
+        first = held.request(CLIENT_ID)
+        connection, _, wire = held._idle[0]
+        sock = wire.sock
+        assert sock.gettimeout() is None  # blocking: no poll before each send and receive
+        assert kernel_timeout_s(sock, socket.SO_RCVTIMEO) == pytest.approx(0.3)
+        assert kernel_timeout_s(sock, socket.SO_SNDTIMEO) == pytest.approx(0.3)
+
+        # redis-py may set a timeout again (older parsers' can_read; a relaxed timeout while
+        # the server announces maintenance): the next call moves that one into the kernel
+        assert connection.can_read() is False
+        sock.settimeout(0.4)
+        assert held.request(CLIENT_ID) == first
+        assert sock.gettimeout() is None
+        assert kernel_timeout_s(sock, socket.SO_RCVTIMEO) == pytest.approx(0.4)
+        sock.settimeout(0.3)
+        assert held.request(CLIENT_ID) == first
+
+        redis_client.client_pause(3000, all=True)  # Redis answers nothing for 3 s
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):  # redis-py's, as for a Python socket timeout
+                held.request(CLIENT_ID)
+            assert 0.25 <= time.monotonic() - started < 2
+        finally:
+            redis_client.client_unpause()
+        assert held._idle == []  # a call that timed out never leaves its socket in use
+
+        second = held.request(CLIENT_ID)
+        connection, _, wire = held._idle[0]
+        assert second != first and wire.sock.gettimeout() is None
+        held.give_back()
+        assert connection._sock.gettimeout() == 0.3  # redis-py gets the socket it set up
+        assert pool.get_connection() is connection
+        pool.release(connection)
+    finally:
+        held.give_back()
+        pool.disconnect()
+
+
+def test_a_connection_without_a_timeout_is_left_as_it_is(redis_server):
+    pool = ConnectionPool(host="127.0.0.1", port=redis_server.port, socket_timeout=None)
+    held = HeldConnections(pool)
+    try:
+        held.request(CLIENT_ID)
+        (_, _, wire), = held._idle
+        assert wire.timeout is None and wire.sock.gettimeout() is None
+        assert kernel_timeout_s(wire.sock, socket.SO_RCVTIMEO) == 0  # none set
+    finally:
+        held.give_back()
+        pool.disconnect()

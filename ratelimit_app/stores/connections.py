@@ -24,6 +24,13 @@ replies into its exceptions. Other connection classes (Sentinel's, which reacts 
 its ``read_response``; client-side caching proxies) and a process without hiredis use the
 connection's own methods.
 
+On a socket with a timeout (redis-py's ``socket_timeout``), CPython polls before every send and
+every receive: four system calls per round trip instead of two. A Wire on a plain socket moves
+the timeout into the kernel instead (``SO_SNDTIMEO``/``SO_RCVTIMEO``, Linux) and puts the socket
+in blocking mode: the same timeout per send and receive, about 1.5 µs of CPU less per decision
+on the development machine. The socket gets its timeout back before redis-py uses it again
+(``Wire.restore``); one that redis-py set again meanwhile is moved by the next exchange.
+
 Between writing a command and reading its reply the process only waits (tens of microseconds
 for a round trip even on one host). ``while_waiting``, when set, is run in that gap: the Limiter
 counts the metrics of earlier decisions there, work that would otherwise run after the reply,
@@ -32,6 +39,8 @@ in the request's time.
 
 import os
 import socket
+import struct
+import sys
 import time
 
 from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
@@ -47,6 +56,9 @@ __all__ = ["HeldConnections", "Wire"]
 
 # the connection classes whose sockets carry nothing but the commands sent and their replies
 WIRE_CLASSES = (Connection, SSLConnection, UnixDomainSocketConnection)
+# kernel timeouts take a struct timeval (two C longs on Linux's 64-bit ABIs)
+_TIMEVAL = struct.Struct("ll")
+KERNEL_TIMEOUTS = sys.platform == "linux" and _TIMEVAL.size == 16
 
 
 class _Forks:
@@ -121,21 +133,21 @@ class HeldConnections:
                 held = self._idle.pop()
             except IndexError:
                 break
-            connection = held[0]
+            connection, _, wire = held
             if self.pool.owns_connection(connection):
                 kept.append(held)
             else:
-                self.pool.release(connection)
+                _give_back(self.pool, connection, wire)
         self._idle.extend(kept)
 
     def give_back(self):
         """Give the idle connections back to the pool (a replaced store's)."""
         while True:
             try:
-                connection = self._idle.pop()[0]
+                connection, _, wire = self._idle.pop()
             except IndexError:
                 return
-            self.pool.release(connection)
+            _give_back(self.pool, connection, wire)
 
     @staticmethod
     def _reopen_if_stale(connection):
@@ -149,11 +161,18 @@ class HeldConnections:
             connection.disconnect()
 
 
+def _give_back(pool, connection, wire):
+    """Give ``connection`` back to ``pool`` with its socket as redis-py left it."""
+    if wire is not None and wire.sock is connection._sock:
+        wire.restore()
+    pool.release(connection)
+
+
 class Wire:
     """A connected redis-py connection's socket and a hiredis reader of our own: one command
     written, its reply read. Built per socket (``sock`` tells a reopened connection apart)."""
 
-    __slots__ = ("sock", "reader", "buffer")
+    __slots__ = ("sock", "reader", "buffer", "timeout")
 
     def __init__(self, sock, parse_error):
         self.sock = sock
@@ -161,6 +180,32 @@ class Wire:
         # ReadOnlyError, a cluster parser's ClusterCrossSlotError, ...)
         self.reader = hiredis.Reader(protocolError=InvalidResponse, replyError=parse_error)
         self.buffer = bytearray(16384)
+        # the socket's own timeout, given back by restore(); None: it stays as it is
+        self.timeout = self._time_out_in_kernel(sock)
+
+    @staticmethod
+    def _time_out_in_kernel(sock):
+        """Give a plain socket with a timeout the same timeout in the kernel, so that it can
+        block without CPython's poll (see the module's docstring). Returns the socket's
+        timeout, or None when it keeps it (no timeout, TLS, not Linux)."""
+        timeout = sock.gettimeout()
+        if not KERNEL_TIMEOUTS or type(sock) is not socket.socket or not timeout:
+            return None
+        # (at least 1 µs: a zero timeval means no timeout at all)
+        timeval = _TIMEVAL.pack(*divmod(max(1, round(timeout * 1_000_000)), 1_000_000))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+            sock.settimeout(None)
+        except OSError:
+            sock.settimeout(timeout)
+            return None
+        return timeout
+
+    def restore(self):
+        """Give the socket its own timeout back (before redis-py uses it again)."""
+        if self.timeout is not None:
+            self.sock.settimeout(self.timeout)
 
     @classmethod
     def for_connection(cls, connection):
@@ -179,6 +224,10 @@ class Wire:
         ``while_waiting`` (if given) and return the reply; an error reply is raised as
         redis-py's exception for it."""
         sock, reader, buffer = self.sock, self.reader, self.buffer
+        if sock.timeout is not None and self.timeout is not None:
+            # redis-py set a timeout again (an older parser's can_read; a relaxed timeout
+            # during a server's maintenance): the kernel takes that one
+            self.timeout = self._time_out_in_kernel(sock)
         try:
             for part in packed_command:
                 sock.sendall(part)
@@ -196,7 +245,7 @@ class Wire:
                 # (a server that moved is noticed when the connection fails)
                 elif type(reply) is not PUSH:
                     break
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):  # a Python timeout, or the kernel's (EAGAIN)
             raise TimeoutError("Timeout reading from socket") from None
         if isinstance(reply, ResponseError):
             raise reply
