@@ -6,6 +6,7 @@ import math
 
 import http_sfv
 import pytest
+from django.http import HttpResponse
 from django.test import Client
 
 from ratelimit_app.buckets import PolicyStatus
@@ -398,6 +399,26 @@ def test_a_cost_above_capacity_is_refused_without_a_retry_after():
     assert throttle.wait() is None
     throttle.decision = decision._replace(over_capacity=())
     assert throttle.wait() == 9
+
+
+def test_fields_set_directly_are_the_ones_djangos_own_setter_gives():
+    """apply_headers writes an HttpResponse's field store directly (Django's setter re-checks
+    values that are ASCII by construction): the fields must be exactly what setting them
+    through Django gives, replace a field of the same name in another case, and be read back
+    case-insensitively."""
+    refused = over_capacity_decision()._replace(over_capacity=())
+    for decision in (refused, refused._replace(allowed=True, retry_after_s=0, violated=())):
+        direct = HttpResponse("body")
+        direct["ratelimit"] = "set by the view"
+        apply_headers(direct, decision)
+        through_django = HttpResponse("body")
+        through_django["ratelimit"] = "set by the view"
+        for name, value in apply_headers({}, decision).items():
+            through_django[name] = value
+        assert list(direct.items()) == list(through_django.items())
+        assert direct.serialize_headers() == through_django.serialize_headers()
+        assert direct["RATELIMIT"] == '"free-ip";r=35;t=3, "free-reports";r=5;t=0'
+        assert ("Retry-After" in direct) == (not decision.allowed)
 
 
 # --- policy names ----------------------------------------------------------------------------
