@@ -96,7 +96,7 @@ class Bucket:
     """One rule's bucket for one scope value, and the tokens this request costs in it."""
 
     __slots__ = ("rule", "key", "id", "cost", "gate", "period_ms", "capacity_units", "cost_units",
-                 "spec", "shown")
+                 "spec", "shown", "short_below")
 
     def __init__(self, rule, key, cost, gate=False):
         self.rule = rule        # policy.CompiledRule
@@ -109,6 +109,7 @@ class Bucket:
         self.period_ms = period_ms = rule.period_s * 1000
         self.capacity_units = rule.burst * period_ms
         self.cost_units = cost * period_ms
+        self.short_below = _short_below(rule, self.cost_units)
         # take.lua's argument for this bucket (see _spec)
         mode = GATE if gate else SHADOW if rule.shadow else ENFORCE
         self.spec = _spec(rule.id, period_ms, rule.burst, rule.rate, cost, mode)
@@ -151,6 +152,12 @@ class Bucket:
 _new_status = tuple.__new__
 
 
+def _short_below(rule, cost_units):
+    """Return a bucket's ``short_below``: the level (units) under which it refuses a request of
+    its cost; -inf for a shadow rule's, which refuses nothing (see DenyCache.learn)."""
+    return -math.inf if rule.shadow else cost_units
+
+
 @functools.lru_cache(maxsize=4096)
 def _calendar_spec(rule_id, limit, cost, mode, bounds):
     return _CALENDAR_SPEC.pack(rule_id, bounds.start_ms, limit, bounds.next_ms, cost, mode,
@@ -169,6 +176,7 @@ class CalendarQuota(Bucket):
         self.period_ms = 1  # one unit per token: the level is the units left
         self.capacity_units = rule.rate
         self.cost_units = cost
+        self.short_below = _short_below(rule, cost)
         self.spec = None
         # (no RateLimit-Policy member: its window is the period's length, which varies)
         self.shown = (rule.name, rule.rate, 0, rule.rate, cost, rule.shadow, key, rule.scope,
@@ -223,6 +231,7 @@ class ConcurrencySlot(Bucket):
         self.period_ms = 1
         self.capacity_units = rule.rate
         self.cost_units = 1
+        self.short_below = _short_below(rule, 1)
         self.spec = None
         # window_s = 0: no window (headers.py then names the unit, qu="concurrent-requests")
         self.shown = (rule.name, rule.rate, 0, rule.rate, 1, rule.shadow, self.key, rule.scope,

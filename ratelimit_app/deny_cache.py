@@ -16,6 +16,7 @@ A Redis restart that loses the buckets is the one case where Redis would briefly
 entries live at most until the bucket would be full again, so that window is bounded too.
 """
 
+import operator
 import threading
 import time
 
@@ -26,6 +27,10 @@ __all__ = ["DenyCache"]
 # Every request in this window before a token is due goes to Redis, so a larger margin costs
 # Redis calls under a flood; raise it only for a Redis across a slow network.
 SAFETY_MARGIN_S = 0.002
+
+
+_level = operator.attrgetter("level_units")  # a PolicyStatus's
+_short_below = operator.attrgetter("short_below")  # a Bucket's
 
 
 class DenyCache:
@@ -51,12 +56,9 @@ class DenyCache:
         """Remember a reply from Redis if it can answer later requests: every denial, and an
         allowed call that left an enforced bucket short of the same cost (the next identical
         request would be denied, so there is no need to ask)."""
-        if allowed:
-            for bucket, status in zip(buckets, statuses, strict=True):
-                if status.level_units < bucket.cost_units and not bucket.rule.shadow:
-                    break
-            else:
-                return  # the common case: plenty left, nothing worth remembering
+        # (compared in C: no Python frame per bucket on the common path)
+        if allowed and not any(map(operator.lt, map(_level, statuses), map(_short_below, buckets))):
+            return  # the common case: every enforced bucket holds the cost again: nothing to add
         self.remember(buckets, statuses, version, sent_at)
 
     def remember(self, buckets, statuses, version, sent_at):
