@@ -20,7 +20,7 @@ from .engine import Decision
 from .headers import problem_response
 from .limiter import default_limiter
 
-__all__ = ["DECISION_ATTR", "decide", "adecide", "hold_slot", "release_slot", "endpoint_name", "mark_authentication_failed",
+__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot", "release_slot", "endpoint_name", "mark_authentication_failed",
            "charge_failed_authentication", "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication"]
 
@@ -28,6 +28,10 @@ logger = logging.getLogger("ratelimit_app")
 
 DECISION_ATTR = "ratelimit"
 AUTH_FAILED_ATTR = "_ratelimit_authentication_failed"
+# set by QuotaMiddleware on a request it leaves to QuotaThrottle: the middleware puts the
+# headers on the response (directly, see headers.apply_headers), so the throttle need not hand
+# them to DRF (which would set each through Django's checks)
+HEADERS_ON_THE_WAY_OUT_ATTR = "_ratelimit_headers_on_the_way_out"
 
 
 def endpoint_name(request):

@@ -4,7 +4,8 @@ It decides in ``process_view`` (the URL is resolved by then, so the endpoint is 
 ``RateLimit-Policy`` / ``RateLimit`` to every limited response on the way out. DRF views are left
 to ``QuotaThrottle`` unless ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF authenticates (tokens,
 keys) inside the view; the throttle's refusals are DRF responses (the project's exception
-handler, its renderers) and carry the headers already. CORS preflights are not charged unless
+handler, its renderers), and this middleware adds the headers of the throttle's decision to
+them as to any other response (without it, the throttle hands them to DRF). CORS preflights are not charged unless
 ``CHARGE_PREFLIGHT`` is set.
 
 Sync and async (Django's ``sync_capable``/``async_capable``). Under an ASGI server, with every
@@ -21,9 +22,10 @@ from .conf import ensure_installed, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
-from .guard import (DECISION_ATTR, acharge_failed_authentication,  # noqa: E402 (needs models)
-                    acheck_failed_authentication, adecide, charge_failed_authentication,
-                    check_failed_authentication, decide, hold_slot, release_slot)
+from .guard import (DECISION_ATTR, HEADERS_ON_THE_WAY_OUT_ATTR,  # noqa: E402 (needs models)
+                    acharge_failed_authentication, acheck_failed_authentication, adecide,
+                    charge_failed_authentication, check_failed_authentication, decide,
+                    hold_slot, release_slot)
 from .headers import apply_headers, problem_response, uncharged_preflight  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
@@ -74,6 +76,13 @@ def _late_decision_needed(request, response):
     accepting only application/problem+json): the middleware decides then, so a limited client
     hears 429."""
     return response.status_code == 406 and _quota_throttle_never_ran(request)
+
+
+def _leave_to_throttle(request, limited_by):
+    """Let QuotaThrottle decide a DRF view's request; this middleware sets the headers of its
+    decision on the response (see _with_headers)."""
+    if limited_by == "throttle":
+        setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
 
 
 def _with_headers(response, decision):
@@ -160,6 +169,7 @@ class QuotaMiddleware:
             # failed authentications may not try credentials there either
             return check_failed_authentication(request)
         if limited_by != "middleware":
+            _leave_to_throttle(request, limited_by)
             return None
         decision = decide(request, getattr(request, "user", None))
         if not decision.allowed:
@@ -171,6 +181,7 @@ class QuotaMiddleware:
         if limited_by is None and request.method == "POST":
             return await acheck_failed_authentication(request)
         if limited_by != "middleware":
+            _leave_to_throttle(request, limited_by)
             return None
         decision = await adecide(request, await _auser(request))
         if not decision.allowed:

@@ -7,7 +7,7 @@ from .conf import ensure_installed
 
 ensure_installed("ratelimit_app.throttling.QuotaThrottle")
 
-from .guard import decide  # noqa: E402  (needs the app's models)
+from .guard import HEADERS_ON_THE_WAY_OUT_ATTR, decide  # noqa: E402  (needs the app's models)
 from .headers import (apply_headers, problem_body, retry_after_s,  # noqa: E402
                       uncharged_preflight)
 
@@ -51,14 +51,14 @@ class QuotaThrottle(BaseThrottle):
         A refused request raises :class:`QuotaThrottled` instead of returning False, so the
         project's exception handler receives the problem fields (DRF's ``throttled()`` would
         raise a bare ``Throttled``). The rate-limit headers go on DRF's response, refused or
-        not, through the view's ``headers``.
+        not: QuotaMiddleware sets them, or else DRF, through the view's ``headers``.
         """
         django_request = request._request
         if uncharged_preflight(django_request):
             return True
         self.decision = decision = decide(django_request, request.user)
         headers = getattr(view, "headers", None)  # set by APIView.dispatch
-        if headers is not None:
+        if headers is not None and not hasattr(django_request, HEADERS_ON_THE_WAY_OUT_ATTR):
             apply_headers(headers, decision)
         if not decision.allowed:
             raise QuotaThrottled(decision)

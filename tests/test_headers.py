@@ -11,6 +11,7 @@ from django.test import Client
 
 from ratelimit_app.buckets import PolicyStatus
 from ratelimit_app.engine import Decision
+from ratelimit_app.guard import HEADERS_ON_THE_WAY_OUT_ATTR
 from ratelimit_app.headers import (QUOTA_EXCEEDED, apply_headers, problem_response,
                                    retry_after_with_jitter)
 from ratelimit_app.keys import scope_token
@@ -200,6 +201,34 @@ def test_drf_denial_carries_every_header_without_the_middleware(settings, demo, 
     assert response.data["violated-policies"] == ["free-ip"]
     allowed = Client(REMOTE_ADDR="198.51.100.9").get("/api/items/")
     assert limit_state(allowed)["free-ip"] == (40, 120, 39, 3)
+
+
+def test_a_drf_views_headers_are_the_same_whether_the_middleware_or_the_throttle_sets_them(
+        settings, demo, clock):
+    """With QuotaMiddleware installed, it sets the headers of QuotaThrottle's decision on the
+    response (the throttle then leaves DRF's view headers alone); without it, the throttle
+    hands them to DRF. A client sees the same fields either way, allowed or refused."""
+    no_jitter(settings)
+    with_middleware = settings.MIDDLEWARE
+    fields = {}
+    for setter, middleware, address in (
+            ("middleware", with_middleware, "198.51.100.21"),
+            ("throttle", [m for m in with_middleware if m != MIDDLEWARE_PATH], "198.51.100.22")):
+        settings.MIDDLEWARE = middleware
+        client = Client(REMOTE_ADDR=address)
+        allowed = client.get("/api/items/")
+        assert hammer(client, "/api/items/", 39) == [200] * 39
+        refused = client.get("/api/items/")
+        assert (allowed.status_code, refused.status_code) == (200, 429)
+        for response in (allowed, refused):
+            assert hasattr(response.wsgi_request, HEADERS_ON_THE_WAY_OUT_ATTR) == \
+                (setter == "middleware")
+        fields[setter] = [[(name, value) for name, value in response.items()
+                           if name in ("RateLimit-Policy", "RateLimit", "Retry-After")]
+                          for response in (allowed, refused)]
+    assert fields["middleware"] == fields["throttle"]
+    assert [name for name, _ in fields["throttle"][1]] == [
+        "Retry-After", "RateLimit-Policy", "RateLimit"]
 
 
 def test_cached_denials_carry_the_same_headers(demo, clock, client):
