@@ -120,16 +120,19 @@ MAX_PLANS_MEMOISED = 4096
 
 class PlannedBuckets(tuple):
     """The buckets of one (identity, endpoint, cost) as ``plan_buckets`` memoises them: a plain
-    tuple of buckets that also carries what every decision on them sends, computed once rather
+    tuple of buckets that also carries what every decision on them needs, computed once rather
     than per request: ``keys`` and ``debit_args``, take.lua's arguments for a debit on the Redis
     clock (None when a bucket's argument depends on the moment: a calendar quota, a concurrency
-    limit; ``take_args`` builds those per call)."""
+    limit; ``take_args`` builds those per call), and how the Limiter sends them: ``takes_slot``
+    (one is a concurrency limit) and ``leases`` (one's rule leases tokens)."""
 
     def __new__(cls, buckets):
         planned = super().__new__(cls, buckets)
         planned.keys = tuple([bucket.key for bucket in buckets])
         timeless = all(bucket.spec is not None for bucket in buckets)
         planned.debit_args = tuple(take_args(buckets)) if timeless else None
+        planned.takes_slot = any(isinstance(bucket, ConcurrencySlot) for bucket in buckets)
+        planned.leases = any(bucket.rule.lease for bucket in buckets)
         return planned
 
 

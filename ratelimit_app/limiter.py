@@ -117,7 +117,7 @@ class _Pending(NamedTuple):
     identity: object
     endpoint: str
     cost: int
-    buckets: tuple
+    buckets: tuple       # engine.PlannedBuckets
     deny_cache: object   # the DenyCache to learn from the answer, or None
     sent_at: float | None
 
@@ -222,11 +222,10 @@ class Limiter:
         pending = self._prepare(self.policies.get(), request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
-        if pending.snapshot.has_concurrency and any(map(_takes_slot, pending.buckets)):
+        if pending.buckets.takes_slot:
             return self._decide_with_slot(pending, now_ms)
         try:
-            # (the snapshot's flag first: most snapshots lease nothing)
-            if pending.snapshot.has_leases and any(b.rule.lease for b in pending.buckets):
+            if pending.buckets.leases:
                 allowed, statuses = self._take_with_leases(
                     pending.buckets, pending.snapshot.version, now_ms)
             else:
@@ -370,15 +369,15 @@ class Limiter:
         pending = self._prepare(await self.asnapshot(), request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
-        if pending.snapshot.has_concurrency and any(map(_takes_slot, pending.buckets)):
+        if pending.buckets.takes_slot:
             # a concurrency limit (rare, and its release is sync anyway): the sync path in a
             # worker thread
             return await sync_to_async(self._decide_with_slot, thread_sensitive=False)(
                 pending, now_ms)
         try:
-            # (the snapshot's flag first: most snapshots lease nothing; a snapshot that leases
-            # for some rules still sends the other requests straight to the async store)
-            if pending.snapshot.has_leases and any(b.rule.lease for b in pending.buckets):
+            # (a snapshot that leases for some rules still sends the other requests straight to
+            # the async store)
+            if pending.buckets.leases:
                 # leases may need a second call and keep local state between the two: the sync
                 # path in a worker thread (hot shared buckets only; most of their requests are
                 # then served from the lease without any call)

@@ -103,8 +103,6 @@ class Snapshot:
     version: str
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
-    has_leases: bool = False       # a rule leases tokens to workers (see leases.py)
-    has_concurrency: bool = False  # a rule limits requests in flight (see buckets.py)
     has_alerts: bool = False       # a rule has alert thresholds (see alerts.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
@@ -255,8 +253,6 @@ def _read_snapshot(version, now):
         version=version,
         rules=rules,
         failed_auth_rules=tuple(r for r in rules if r.failed_auth),
-        has_leases=any(r.lease for r in rules),
-        has_concurrency=any(r.concurrency for r in rules),
         has_alerts=any(r.alerts for r in rules),
         plans=frozenset(p.slug for p in plans),
         default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
