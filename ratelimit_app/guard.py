@@ -20,7 +20,8 @@ from .engine import Decision
 from .headers import problem_response
 from .limiter import default_limiter
 
-__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot", "release_slot", "endpoint_name", "mark_authentication_failed",
+__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot",
+           "release_slot", "endpoint_name", "mark_authentication_failed",
            "charge_failed_authentication", "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication"]
 

@@ -5,8 +5,8 @@ It decides in ``process_view`` (the URL is resolved by then, so the endpoint is 
 to ``QuotaThrottle`` unless ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF authenticates (tokens,
 keys) inside the view; the throttle's refusals are DRF responses (the project's exception
 handler, its renderers), and this middleware adds the headers of the throttle's decision to
-them as to any other response (without it, the throttle hands them to DRF). CORS preflights are not charged unless
-``CHARGE_PREFLIGHT`` is set.
+them as to any other response (without it, the throttle hands them to DRF). CORS preflights are
+not charged unless ``CHARGE_PREFLIGHT`` is set.
 
 Sync and async (Django's ``sync_capable``/``async_capable``). Under an ASGI server, with every
 middleware below it async-capable, it runs in async mode: ``__call__`` and ``process_view`` are
@@ -86,7 +86,9 @@ def _leave_to_throttle(request, limited_by):
 
 
 def _with_headers(response, decision):
-    if not response.has_header("RateLimit-Policy"):  # QuotaThrottle set DRF's already
+    # (already set: by the view itself, or by QuotaThrottle on a request whose process_view
+    # this middleware did not see)
+    if not response.has_header("RateLimit-Policy"):
         apply_headers(response, decision)
     return response
 
