@@ -309,14 +309,16 @@ def test_a_wire_times_out_in_the_kernel_and_gives_the_timeout_back(redis_server,
         sock.settimeout(0.3)
         assert held.request(CLIENT_ID) == first
 
-        redis_client.client_pause(3000, all=True)  # Redis answers nothing for 3 s
+        # writes wait for 3 s (CLIENT UNPAUSE, not a write, still gets through)
+        redis_client.client_pause(3000, all=False)
         try:
             started = time.monotonic()
             with pytest.raises(TimeoutError):  # redis-py's, as for a Python socket timeout
-                held.request(CLIENT_ID)
+                held.request(Connection().pack_command("INCR", "held:paused"))
             assert 0.25 <= time.monotonic() - started < 2
         finally:
             redis_client.client_unpause()
+            redis_client.delete("held:paused")
         assert held._idle == []  # a call that timed out never leaves its socket in use
 
         second = held.request(CLIENT_ID)
