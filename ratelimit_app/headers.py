@@ -42,10 +42,9 @@ from django.http.response import ResponseHeaders
 from .conf import get_config
 from .header_fields import policy_item, sf_string, window_s
 
-__all__ = ["window_s", "apply_headers", "problem_body", "problem_response", "plain_problem",
-           "retry_after_s",
-           "retry_after_with_jitter", "uncharged_preflight", "QUOTA_EXCEEDED",
-           "TEMPORARY_REDUCED_CAPACITY"]
+__all__ = ["window_s", "apply_headers", "apply_headers_unless_set", "problem_body",
+           "problem_response", "plain_problem", "retry_after_s", "retry_after_with_jitter",
+           "uncharged_preflight", "QUOTA_EXCEEDED", "TEMPORARY_REDUCED_CAPACITY"]
 
 # Problem types the draft registers (RFC 9457 "type" members).
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -96,10 +95,27 @@ def retry_after_with_jitter(seconds, identity_token):
 def apply_headers(response, decision):
     """Set RateLimit-Policy, RateLimit and (on a denial that waiting can cure) Retry-After on
     ``response`` (an HttpResponse, or a DRF view's ``headers`` dict)."""
+    return _set_fields(response, _field_store(response), decision)
+
+
+def apply_headers_unless_set(response, decision):
+    """``apply_headers``, unless ``response`` has a RateLimit-Policy field already (the view
+    set its own, or QuotaThrottle handed them to DRF)."""
+    store = _field_store(response)
+    # the store's own lookup: Django's has_header raises and catches a KeyError for a field
+    # that is absent (the common answer; about 0.5 µs)
+    if "ratelimit-policy" in store if store is not None else \
+            response.has_header("RateLimit-Policy"):
+        return response
+    return _set_fields(response, store, decision)
+
+
+def _set_fields(response, store, decision):
+    """Set the decision's fields in ``store`` (see _field_store), or through ``response``'s own
+    ``__setitem__`` when ``store`` is None."""
     visible = decision.policies
     if any(map(_is_shadow, visible)):  # (in C; shadow policies are the exception)
         visible = [p for p in visible if not p.shadow]
-    store = _field_store(response)
     fields = {} if store is None else store  # {lower-case name: (name, value)}
     if visible:
         fields["ratelimit-policy"] = ("RateLimit-Policy", policy_header(visible))

@@ -26,7 +26,7 @@ from .guard import (DECISION_ATTR, HEADERS_ON_THE_WAY_OUT_ATTR,  # noqa: E402 (n
                     acharge_failed_authentication, acheck_failed_authentication, adecide,
                     charge_failed_authentication, check_failed_authentication, decide,
                     hold_slot, release_slot)
-from .headers import apply_headers, problem_response, uncharged_preflight  # noqa: E402
+from .headers import apply_headers_unless_set, problem_response, uncharged_preflight  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
 
@@ -80,17 +80,10 @@ def _late_decision_needed(request, response):
 
 def _leave_to_throttle(request, limited_by):
     """Let QuotaThrottle decide a DRF view's request; this middleware sets the headers of its
-    decision on the response (see _with_headers)."""
+    decision on the response (unless QuotaThrottle, on a request whose process_view this
+    middleware did not see, handed them to DRF)."""
     if limited_by == "throttle":
         setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
-
-
-def _with_headers(response, decision):
-    # (already set: by the view itself, or by QuotaThrottle on a request whose process_view
-    # this middleware did not see)
-    if not response.has_header("RateLimit-Policy"):
-        apply_headers(response, decision)
-    return response
 
 
 async def _auser(request):
@@ -143,7 +136,7 @@ class QuotaMiddleware:
             decision = decide(request, getattr(request, "user", None))
             if not decision.allowed:
                 return problem_response(decision)
-        return _with_headers(response, decision)
+        return apply_headers_unless_set(response, decision)
 
     async def __acall__(self, request):
         try:
@@ -162,7 +155,7 @@ class QuotaMiddleware:
             decision = await adecide(request, await _auser(request))
             if not decision.allowed:
                 return problem_response(decision)
-        return _with_headers(response, decision)
+        return apply_headers_unless_set(response, decision)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)

@@ -12,8 +12,8 @@ from django.test import Client
 from ratelimit_app.buckets import PolicyStatus
 from ratelimit_app.engine import Decision
 from ratelimit_app.guard import HEADERS_ON_THE_WAY_OUT_ATTR
-from ratelimit_app.headers import (QUOTA_EXCEEDED, apply_headers, problem_response,
-                                   retry_after_with_jitter)
+from ratelimit_app.headers import (QUOTA_EXCEEDED, apply_headers, apply_headers_unless_set,
+                                   problem_response, retry_after_with_jitter)
 from ratelimit_app.keys import scope_token
 from ratelimit_app.models import Plan, Rule, Scope
 from ratelimit_app.throttling import QuotaThrottle, QuotaThrottled
@@ -448,6 +448,35 @@ def test_fields_set_directly_are_the_ones_djangos_own_setter_gives():
         assert direct.serialize_headers() == through_django.serialize_headers()
         assert direct["RATELIMIT"] == '"free-ip";r=35;t=3, "free-reports";r=5;t=0'
         assert ("Retry-After" in direct) == (not decision.allowed)
+
+
+
+def test_fields_a_response_set_itself_are_left_as_they_are():
+    """The middleware's apply_headers_unless_set: a response whose RateLimit-Policy is set (by
+    its view, in any case of the name) keeps its own fields, on an HttpResponse (whose field
+    store is read directly) as on any other response class; one without gets ours."""
+    decision = over_capacity_decision()._replace(over_capacity=())
+
+    class OtherHeaders(HttpResponse):  # headers not written directly (see _field_store)
+        def __init__(self):
+            super().__init__("body")
+            self.headers = dict(self.headers.items())
+
+        def has_header(self, header):
+            return header.lower() in (name.lower() for name in self.headers)
+
+        def __setitem__(self, header, value):
+            self.headers[header] = value
+
+    for response_class in (HttpResponse, OtherHeaders):
+        own = response_class() if response_class is OtherHeaders else response_class("body")
+        own["ratelimit-POLICY"] = '"view";q=1;w=1'
+        assert apply_headers_unless_set(own, decision) is own
+        assert "RateLimit" not in own.headers and "Retry-After" not in own.headers
+        bare = response_class() if response_class is OtherHeaders else response_class("body")
+        apply_headers_unless_set(bare, decision)
+        assert dict(bare.headers.items())["RateLimit"] == \
+            '"free-ip";r=35;t=3, "free-reports";r=5;t=0'
 
 
 # --- policy names ----------------------------------------------------------------------------
