@@ -436,6 +436,7 @@ class Limiter:
             from .stores.aio import async_store_for
 
             store = self._async_store = async_store_for(self.store)
+            store.run_while_waiting(self._count_metrics_while_waiting)
         return store
 
     async def _aguarded(self, operation, *args, **kwargs):

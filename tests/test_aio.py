@@ -6,11 +6,15 @@ Each call runs in ``async_to_sync`` from the test's thread (as Django runs async
 caller), so the ORM work the async path hands to a thread sees the test's database.
 """
 
+from types import SimpleNamespace
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
+from ratelimit_app import guard
+from ratelimit_app.metrics import WAIT_BATCH
 from ratelimit_app.models import FailureMode, Plan, Rule, Scope
 from ratelimit_app.stores import RedisStore
 from ratelimit_app.stores.aio import AsyncRedisStore, AsyncWireStore, ThreadedAsyncStore, \
@@ -144,3 +148,28 @@ def test_a_lease_on_another_plan_does_not_send_this_decision_to_a_thread(rules, 
     decision = adecide()
     assert any(rule.lease for rule in limiter().snapshot().rules)  # pro's buckets lease
     assert decision.allowed and not leased  # this request's buckets lease nothing
+
+
+def test_decisions_are_counted_in_batches_while_the_async_store_waits_for_redis(rules):
+    """As on the sync path (test_held_connections): once WAIT_BATCH decisions are queued, the
+    next decision's command is written and they are counted while Redis runs it, instead of
+    one request counting COUNT_BATCH of them on the event loop."""
+    recorder = limiter().recorder
+
+    def request(i):
+        made = RequestFactory().get("/", REMOTE_ADDR=f"192.0.2.{100 + i}")
+        made.resolver_match = SimpleNamespace(view_name="hello")
+        return made
+
+    async def decide_in_one_loop():
+        try:
+            for i in range(WAIT_BATCH):
+                assert (await guard.adecide(request(i), AnonymousUser())).allowed
+            queued_before = recorder.queued()  # not counted yet: nothing has waited since
+            await guard.adecide(request(WAIT_BATCH), AnonymousUser())
+            return queued_before, recorder.queued()
+        finally:
+            await limiter().async_store().aclose()
+
+    assert async_to_sync(decide_in_one_loop)() == (WAIT_BATCH, 1)
+    assert recorder.counts()[("endpoint", "hello", "allowed")] == WAIT_BATCH + 1

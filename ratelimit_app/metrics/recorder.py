@@ -37,11 +37,12 @@ NEAR_LIMIT_CAPACITY = 200
 # Decisions are queued as they are made and counted in batches, in one loop (warm caches:
 # counted one by one, between requests, each costs a few µs more). A batch of WAIT_BATCH is
 # counted while a decision waits for Redis's reply (``count_queued_now``: the process would only
-# wait then; on one host a round trip is tens of µs, about what 16 decisions take to count). A
-# batch of COUNT_BATCH is counted by the request that fills it when no wait came first (the
-# async store, whose waits the event loop fills with other requests; a threaded server whose
-# other thread holds the lock; it spends about a millisecond), and whoever reads the counts
-# (the flush thread each second, the dashboard) counts what is queued.
+# wait then; on one host a round trip is tens of µs, about what 16 decisions take to count; on
+# an event loop, once a turn's commands are written, so no request stalls the loop for long). A
+# batch of COUNT_BATCH is counted by the request that fills it when no wait came first (an
+# async store on redis.asyncio, which offers no such gap; a threaded server whose other thread
+# holds the lock; it spends about a millisecond), and whoever reads the counts (the flush
+# thread each second, the dashboard) counts what is queued.
 WAIT_BATCH = 16
 COUNT_BATCH = 256
 MAX_DETAILED_MINUTES = 3

@@ -99,6 +99,12 @@ class AsyncWireStore:
                    password=kwargs.get("password"), timeout_s=timeout_s,
                    connect_timeout_s=kwargs.get("socket_connect_timeout") or timeout_s)
 
+    def run_while_waiting(self, work):
+        """Run ``work`` (a callable that must not raise) each time a turn of the loop has
+        written its commands, while Redis runs them (see Store.run_while_waiting): on
+        connections opened from now on."""
+        self._wire_options["while_waiting"] = work
+
     def _wire(self):
         loop = asyncio.get_running_loop()
         wire = self._wires.get(loop)
@@ -179,6 +185,10 @@ class AsyncRedisStore:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return parse_take_reply(reply)
 
+    def run_while_waiting(self, work):
+        """Nothing: redis.asyncio's client offers no gap between writing and reading (what
+        ``work`` would fill is counted in the recorder's COUNT_BATCH batches instead)."""
+
     async def aclose(self):
         """Close the running loop's connections (before that loop ends)."""
         script = self._scripts.pop(asyncio.get_running_loop(), None)
@@ -193,6 +203,9 @@ class ThreadedAsyncStore:
         self.store = store
         self.kind = store.kind
         self._take = sync_to_async(store.take, thread_sensitive=False)
+
+    def run_while_waiting(self, work):
+        """Nothing to add: the sync store runs its own (Store.run_while_waiting)."""
 
     async def take(self, bucket_keys, args, *, version_key):
         return await self._take(bucket_keys, args, version_key=version_key)

@@ -39,9 +39,11 @@ class _RespProtocol(asyncio.Protocol):
     """The protocol object of one connection: writes commands, hands replies to futures in
     order."""
 
-    def __init__(self, loop, timeout_s):
+    def __init__(self, loop, timeout_s, while_waiting=None):
         self.loop = loop
         self.timeout_s = timeout_s
+        # run once a turn's commands are written, while Redis runs them (it must not raise)
+        self.while_waiting = while_waiting
         self.transport = None
         self.closed = False
         # error replies become redis-py's exceptions (NoScriptError, ReadOnlyError, ...)
@@ -76,6 +78,8 @@ class _RespProtocol(asyncio.Protocol):
         outgoing, self._outgoing = self._outgoing, []
         if not self.closed:
             self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
+            if self.while_waiting is not None:
+                self.while_waiting()
 
     def data_received(self, data):
         reader, waiting = self.reader, self.waiting
@@ -137,13 +141,17 @@ class _RespProtocol(asyncio.Protocol):
 class AsyncWire:
     """The connection of one event loop to one Redis node (opened on first use, reopened after
     a failure). ``address`` is ``(host, port)`` or a Unix socket path; ``setup_commands`` are
-    sent (encoded) on every new connection before anything else (AUTH, SELECT, CLIENT SETNAME)."""
+    sent (encoded) on every new connection before anything else (AUTH, SELECT, CLIENT SETNAME).
+    ``while_waiting`` (a callable that must not raise), if given, runs each time commands have
+    been written, while Redis runs them: the sync ``Wire``'s gap, on the event loop."""
 
-    def __init__(self, address, setup_commands=(), timeout_s=None, connect_timeout_s=None):
+    def __init__(self, address, setup_commands=(), timeout_s=None, connect_timeout_s=None,
+                 while_waiting=None):
         self.address = address
         self.setup_commands = [hiredis.pack_command(command) for command in setup_commands]
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.while_waiting = while_waiting
         self._protocol = None
         self._connecting = None  # the future of a connection being opened
 
@@ -171,7 +179,7 @@ class AsyncWire:
         timeout_s = self.timeout_s
 
         def protocol_factory():
-            return _RespProtocol(loop, timeout_s)
+            return _RespProtocol(loop, timeout_s, self.while_waiting)
 
         if isinstance(self.address, str):
             opening = loop.create_unix_connection(protocol_factory, self.address)
