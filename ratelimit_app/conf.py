@@ -115,6 +115,13 @@ def get_config():
 
 
 @functools.cache
+def exempt_path_prefixes():
+    """Return EXEMPT_PATHS as the tuple ``str.startswith`` takes (built once per settings, like
+    ``get_config``: the middleware asks on every request)."""
+    return tuple(get_config()["EXEMPT_PATHS"])
+
+
+@functools.cache
 def meta_key(header):
     """Return the ``request.META`` name of an HTTP header: ``X-Api-Key`` -> ``HTTP_X_API_KEY``."""
     return "HTTP_" + header.upper().replace("-", "_")
@@ -167,3 +174,4 @@ def reset_config(**kwargs):
     receivers that forget what was built from them)."""
     if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES"):
         get_config.cache_clear()
+        exempt_path_prefixes.cache_clear()

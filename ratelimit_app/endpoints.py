@@ -20,7 +20,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 from django.utils.regex_helper import normalize
 
-from .conf import get_config
+from .conf import exempt_path_prefixes
 
 __all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
 
@@ -51,7 +51,7 @@ class Endpoint:
 def list_endpoints(urlconf=None):
     """Return the project's endpoints (admin excluded, exempt ones included), sorted by name,
     each name once."""
-    exempt_prefixes = tuple(get_config()["EXEMPT_PATHS"])
+    exempt_prefixes = exempt_path_prefixes()
     return _endpoints_of(get_resolver(urlconf), exempt_prefixes)
 
 

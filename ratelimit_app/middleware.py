@@ -18,7 +18,7 @@ the sync path's, in the same order.
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
-from .conf import ensure_installed, get_config
+from .conf import ensure_installed, exempt_path_prefixes, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
@@ -40,25 +40,12 @@ def _is_drf_view(view_func):
 def _limited_by(request, view_func):
     """Return what limits this request: "middleware", "throttle" (a DRF view left to its
     throttles) or None (an exempt path or view, or a preflight that is not charged)."""
-    config = get_config()
-    if request.path_info.startswith(_exempt_prefixes(config)) or \
+    if request.path_info.startswith(exempt_path_prefixes()) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
-    if _is_drf_view(view_func) and not config["MIDDLEWARE_INCLUDES_DRF"]:
+    if _is_drf_view(view_func) and not get_config()["MIDDLEWARE_INCLUDES_DRF"]:
         return "throttle"
     return "middleware"
-
-
-_exempt = (None, ())  # (the settings mapping, its EXEMPT_PATHS as a tuple)
-
-
-def _exempt_prefixes(config):
-    """Return EXEMPT_PATHS as the tuple str.startswith takes, built once per settings mapping
-    (get_config returns the same one until the settings change)."""
-    global _exempt
-    if _exempt[0] is not config:
-        _exempt = (config, tuple(config["EXEMPT_PATHS"]))
-    return _exempt[1]
 
 
 def _quota_throttle_never_ran(request):

@@ -171,8 +171,9 @@ def test_record_decision_is_off_when_metrics_are_disabled():
 
 def test_hot_key_memory_is_bounded_when_an_attacker_uses_100k_identities(redis_client):
     """100 000 distinct attacker IPs and one heavy hitter: the process keeps at most
-    HOT_KEYS_CAPACITY identities per sketch, Redis at most METRICS_HOT_KEYS_STORED per set, and
-    the heavy hitter is ranked first with its exact count."""
+    HOT_KEYS_CAPACITY identities per sketch (and MAX_MEMBERS_MEMOISED identities' fields),
+    Redis at most METRICS_HOT_KEYS_STORED per set, and the heavy hitter is ranked first with
+    its exact count."""
     clock = FakeClock()
     recorder = Recorder(clock=clock)
     heavy = ip_identity("203.0.113.7")
@@ -182,6 +183,8 @@ def test_hot_key_memory_is_bounded_when_an_attacker_uses_100k_identities(redis_c
             if i % 10 == 0:
                 recorder.record(decision(False, identity=heavy))
         assert recorder.sketch_sizes() <= 2 * 50
+        # the identities' metrics fields the recorder remembers are bounded too
+        assert 0 < len(recorder._members) <= metrics.recorder.MAX_MEMBERS_MEMOISED
         Flusher(recorder, suite_redis, clock=clock).flush_now()
         hot = limiter().reader.hot_keys("5m", now=clock.now)
     for key in redis_client.keys("rl:m:hot*"):

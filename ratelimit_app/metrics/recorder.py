@@ -78,20 +78,7 @@ def _count_keys(allowed, plan, endpoint, names, violated, shadow_violations, deg
 _name = operator.attrgetter("name")  # a PolicyStatus's; in C, for map()
 
 
-def _member(identity):
-    """Return ``(identity_member(identity), usage_caller(identity))``, memoised: the same
-    callers come back decision after decision (about 0.3 µs each). An Identity's fields are
-    length-bounded (identity.py), and the memo starts afresh when full, so it is bounded in
-    bytes too."""
-    member = _members.get(identity)
-    if member is None:
-        if len(_members) >= MAX_MEMBERS_MEMOISED:
-            _members.clear()
-        member = _members[identity] = (identity_member(identity), usage_caller(identity))
-    return member
-
-
-_members = {}
+# Identities whose metrics fields a Recorder remembers (see Recorder._member).
 MAX_MEMBERS_MEMOISED = 4096
 
 
@@ -170,6 +157,7 @@ class Recorder:
         # and popleft are atomic), counted under it (see COUNT_BATCH)
         self._queue = deque()
         self.dropped = 0  # decisions lost to the MAX_BUFFERED_MINUTES bound
+        self._members = {}  # Identity -> its metrics fields (see _member)
 
     def record(self, decision):
         """Queue one decision for counting (see COUNT_BATCH). Returns True when it is the first
@@ -231,7 +219,7 @@ class Recorder:
         pending.shapes[shape] += 1
         if identity is None:
             return
-        member, caller = _member(identity)
+        member, caller = self._member(identity)
         if policies:  # it charged buckets (or was refused by them): usage for billing, per
             # caller (anonymous ones together: no key per IP address) and what each bucket
             # charged (a refusal charged nothing: its costs are not needed)
@@ -247,6 +235,19 @@ class Recorder:
                     and any(tag in status.key for tag in _CLIENT_TAGS):
                 _note_near(pending.near, (member, status.name),
                            (status.remaining, status.burst, now))
+
+    def _member(self, identity):
+        """Return ``(identity_member(identity), usage_caller(identity))``, memoised: the same
+        callers come back decision after decision (about 0.3 µs each). An Identity's fields
+        are length-bounded (identity.py), and the memo starts afresh when full, so it is
+        bounded in bytes too (caller holds the lock)."""
+        members = self._members
+        member = members.get(identity)
+        if member is None:
+            if len(members) >= MAX_MEMBERS_MEMOISED:
+                members.clear()
+            member = members[identity] = (identity_member(identity), usage_caller(identity))
+        return member
 
     def _new_minute(self, minute, now):
         pending = self._minutes[minute] = PendingMinute(self.config()["HOT_KEYS_CAPACITY"], now)
