@@ -3,6 +3,7 @@ Django), interleaved timing, medians, ratios and markdown tables."""
 
 import gc
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -88,6 +89,18 @@ def interleave(variants, rounds, batch, warmup=200):
 
 def median(values):
     return statistics.median(values) if values else float("nan")
+
+
+def median_interval(values, share=0.9, resamples=2000):
+    """Return ``(low, high)``: a bootstrap ``share`` interval of the median of ``values`` (per
+    round figures), to show how far a median could move with other rounds of the same run. The
+    resampling is seeded, so the same rounds always give the same interval."""
+    if len(values) < 4:
+        return float("nan"), float("nan")
+    draw = random.Random(0).choices
+    medians = sorted(statistics.median(draw(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - share) / 2
+    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
 
 
 def paired_ratio(samples, name, baseline):
