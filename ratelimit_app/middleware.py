@@ -67,8 +67,7 @@ def _late_decision_needed(request, response):
 
 def _leave_to_throttle(request, limited_by):
     """Let QuotaThrottle decide a DRF view's request; this middleware sets the headers of its
-    decision on the response (unless QuotaThrottle, on a request whose process_view this
-    middleware did not see, handed them to DRF)."""
+    decision on the response (see headers.apply_headers_unless_set)."""
     if limited_by == "throttle":
         setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
 
