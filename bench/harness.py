@@ -103,9 +103,14 @@ def median_interval(values, share=0.9, resamples=2000):
     return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
 
 
+def round_ratios(samples, name, baseline):
+    """name/baseline for each round, both measured in the same round."""
+    return [a / b for a, b in zip(samples[name], samples[baseline]) if b]
+
+
 def paired_ratio(samples, name, baseline):
     """Median over rounds of name/baseline measured in the same round (robust to drift)."""
-    return median([a / b for a, b in zip(samples[name], samples[baseline]) if b])
+    return median(round_ratios(samples, name, baseline))
 
 
 def spread(values):

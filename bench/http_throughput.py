@@ -7,7 +7,7 @@ event loop in an async middleware), each serving an ``async def`` Django view an
 import math
 
 from . import servers
-from .harness import median, median_interval, table, verdict
+from .harness import median, median_interval, paired_ratio, round_ratios, table, verdict
 
 VARIANTS = {
     "none": "no throttle",
@@ -75,11 +75,8 @@ def run(env, quick):
     finally:
         servers.stop_all(running)
 
-    def per_round(name, baseline):
-        return [a / b for a, b in zip(samples[name], samples[baseline])]
-
     def paired(name, baseline):
-        return median(per_round(name, baseline))
+        return paired_ratio(samples, name, baseline)
 
     def baseline(variant):
         """The no-throttle run of the same server kind and view."""
@@ -108,7 +105,7 @@ def run(env, quick):
     # how far the borderline medians could move with other rounds (not part of the verdicts)
     intervals = {"http.overhead_vs_drf_second": median_interval(overhead_rounds),
                  "asgi.vs_none.async_view": median_interval(
-                     per_round("ours-asgi-async", "none-asgi-async"))}
+                     round_ratios(samples, "ours-asgi-async", "none-asgi-async"))}
     # the same on CPU alone (workers + Redis per request, medians): what the throttle costs
     # apart from the time workers sit blocked on Redis (see docs/explanation/performance.md)
     cpu_none = median(cpu["none"])

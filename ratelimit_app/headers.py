@@ -104,10 +104,11 @@ def apply_headers_unless_set(response, decision):
     store = _field_store(response)
     # the store's own lookup: Django's has_header raises and catches a KeyError for a field
     # that is absent (the common answer; about 0.5 µs)
-    if "ratelimit-policy" in store if store is not None else \
-            response.has_header("RateLimit-Policy"):
-        return response
-    return _set_fields(response, store, decision)
+    if store is not None:
+        already_set = "ratelimit-policy" in store
+    else:
+        already_set = response.has_header("RateLimit-Policy")
+    return response if already_set else _set_fields(response, store, decision)
 
 
 def _set_fields(response, store, decision):

@@ -450,7 +450,6 @@ def test_fields_set_directly_are_the_ones_djangos_own_setter_gives():
         assert ("Retry-After" in direct) == (not decision.allowed)
 
 
-
 def test_fields_a_response_set_itself_are_left_as_they_are():
     """The middleware's apply_headers_unless_set: a response whose RateLimit-Policy is set (by
     its view, in any case of the name) keeps its own fields, on an HttpResponse (whose field
@@ -458,8 +457,8 @@ def test_fields_a_response_set_itself_are_left_as_they_are():
     decision = over_capacity_decision()._replace(over_capacity=())
 
     class OtherHeaders(HttpResponse):  # headers not written directly (see _field_store)
-        def __init__(self):
-            super().__init__("body")
+        def __init__(self, content):
+            super().__init__(content)
             self.headers = dict(self.headers.items())
 
         def has_header(self, header):
@@ -469,11 +468,11 @@ def test_fields_a_response_set_itself_are_left_as_they_are():
             self.headers[header] = value
 
     for response_class in (HttpResponse, OtherHeaders):
-        own = response_class() if response_class is OtherHeaders else response_class("body")
+        own = response_class("body")
         own["ratelimit-POLICY"] = '"view";q=1;w=1'
         assert apply_headers_unless_set(own, decision) is own
         assert "RateLimit" not in own.headers and "Retry-After" not in own.headers
-        bare = response_class() if response_class is OtherHeaders else response_class("body")
+        bare = response_class("body")
         apply_headers_unless_set(bare, decision)
         assert dict(bare.headers.items())["RateLimit"] == \
             '"free-ip";r=35;t=3, "free-reports";r=5;t=0'
