@@ -94,7 +94,6 @@ bench: $(VENV)/.installed
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
-	command -v hey >/dev/null || missing="$$missing hey"; \
 	if [ -n "$$missing" ]; then scripts/apt-install.sh $$missing; fi
 	$(PY) bench/run.py $(BENCH_ARGS)
 

@@ -1,31 +1,30 @@
 """3. Latency at a fixed request rate: p50 / p99 / p99.9 of the response time of each variant,
 WSGI (gunicorn, 2 sync workers, the DRF view) and ASGI (uvicorn, 2 workers, the async def view),
-at the same rate for every variant of a server kind: half of what that kind's no-throttle
-server serves flat out (measured with wrk at the start of the section).
+at the same rate for every variant of a server kind: half of what the slowest of them serves
+flat out (each measured with wrk at the start of the section), so that every variant runs below
+saturation. Half of the no-throttle server's capacity, the rate used before, loads a throttled
+gunicorn to 80-90 % of its own: its p99 then comes from queues that build in a noisy second and
+take the next second to drain (both throttles showed 0.3-1 s episodes of 30-50 ms waits), and a
+few per cent of capacity between two variants decides how many such episodes each gets.
 
-The load generator is Debian's ``hey``: ``-c`` workers each sending ``-q`` requests per second
-for ``-z`` seconds, ``-o csv`` writing every request's response time (so p99.9 is computed here;
-hey's own summary stops at p99). wrk2, the usual open-loop tool, is not packaged by Debian;
-``h2load --rps`` is (nghttp2-client), but paces each client the same way and gunicorn's sync
-workers close the connection after every response, which Go's client simply reopens. hey is
-closed-loop per worker (a worker sends its next request only after the previous answer), so
-it is made nearly open-loop by using many workers, each at a low rate: at 64 workers a worker
-sends every ~50 ms while a response takes a few ms, so a slow response delays only its own
-worker's next request, and the rate holds.
+The load comes from bench/fixed_rate.py, an open-loop client: evenly spaced requests whatever
+the server does, each response timed. Debian packages no open-loop generator that spaces its
+requests evenly (wrk2 is not packaged). hey's ``-q`` workers, used here before, all tick
+together: its 64 workers sent 64 requests at once every 1/(rate/64) seconds, so the section
+measured how long a burst of 64 took to drain (a p50 of 17 ms at 5 % of the no-throttle
+server's capacity, against 1.7 ms with the same requests spread out), and a throttled server,
+slower to drain, fell behind the rate. ``h2load --rps`` paces its clients the same way and does
+not reopen the connections gunicorn's sync workers close.
 
 The figure that matters is the p99 a throttle adds over the no-throttle server of the same
 kind; ours is compared with the bare 4-key Lua throttle's.
 """
 
-import csv
-import io
-import subprocess
-
 from . import servers
+from .fixed_rate import run_fixed_rate
 from .harness import table, verdict
 
-WORKERS = 64
-LOAD_SHARE = 0.5  # of the no-throttle server's capacity
+LOAD_SHARE = 0.5  # of the capacity of the slowest variant of the server kind
 KINDS = {  # kind -> (server names by variant, path, label)
     "wsgi": ({"none": "none", "lua": "lua", "ours": "ours"}, "/item/",
              "WSGI (gunicorn 2 sync workers), DRF view"),
@@ -50,21 +49,6 @@ def start_servers():
     return running
 
 
-def hey(url, rate, seconds, workers=WORKERS):
-    """Send ``rate`` requests per second in all for ``seconds`` with hey; return (response
-    times in ms, non-2xx count, requests sent)."""
-    out = subprocess.run(
-        ["hey", "-z", f"{seconds}s", "-c", str(workers), "-q", f"{rate / workers:.3f}",
-         "-t", "10", "-o", "csv", url],
-        capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
-    times, failed = [], 0
-    for row in csv.DictReader(io.StringIO(out)):
-        times.append(float(row["response-time"]) * 1000)
-        if not row["status-code"].startswith("2"):
-            failed += 1
-    return times, failed, len(times)
-
-
 def percentile(values, share):
     """The ``share`` (0..1) percentile of ``values`` (nearest rank)."""
     ordered = sorted(values)
@@ -78,21 +62,27 @@ def run(env, quick):
     running = start_servers()
     times = {name: [] for name in running}
     failed = {name: 0 for name in running}
+    late = {name: [] for name in running}  # how far after its slot each request went out
     rates = {}
     try:
         for kind, (names, path, _) in KINDS.items():
             for name in names.values():
                 servers.wrk(running[name].url(path), 1)  # warm up both workers
-            capacity = servers.wrk(running[names["none"]].url(path), 3)["rps"]
+            capacity = min(servers.wrk(running[name].url(path), 3)["rps"]
+                           for name in names.values())
             rates[kind] = round(capacity * LOAD_SHARE)
         order = [(kind, name) for kind, (names, _, _) in KINDS.items() for name in names.values()]
         for round_number in range(rounds):
             shift = round_number % len(order)
             for kind, name in order[shift:] + order[:shift]:
-                sent, bad, _ = hey(running[name].url(KINDS[kind][1]), rates[kind], seconds)
-                times[name] += sent
-                failed[name] += bad
-            env.client().flushall()
+                result = run_fixed_rate("127.0.0.1", running[name].port, KINDS[kind][1],
+                                         rates[kind], seconds)
+                times[name] += result.times_ms
+                failed[name] += result.failed
+                late[name] += result.late_ms
+        # no FLUSHALL between rounds (one client, so no bucket or key grows): it would also wipe
+        # the config version, and ours would then reload its rules (about 40 ms per worker
+        # with the bench's rows) inside a measured round
     finally:
         servers.stop_all(running)
 
@@ -104,11 +94,12 @@ def run(env, quick):
             added = p[variant][0.99] - p["none"][0.99]
             rows.append([label, VARIANT_LABELS[variant], rates[kind], len(times[name]),
                          p[variant][0.5], p[variant][0.99], p[variant][0.999],
-                         f"{added:+.2f}", failed[name]])
+                         f"{added:+.2f}", failed[name], percentile(late[name], 0.99)])
             results[name] = {"rate_rps": rates[kind], "requests": len(times[name]),
                              "p50_ms": p[variant][0.5], "p99_ms": p[variant][0.99],
                              "p999_ms": p[variant][0.999], "p99_added_ms": added,
-                             "non_2xx": failed[name]}
+                             "non_2xx": failed[name],
+                             "send_late_p99_ms": percentile(late[name], 0.99)}
         ours_added = p["ours"][0.99] - p["none"][0.99]
         lua_added = p["lua"][0.99] - p["none"][0.99]
         # a throttle whose added p99 is lost in the noise (≤ 0) cannot be a divisor: ours then
@@ -124,7 +115,7 @@ def run(env, quick):
     ratios["latency.p99_added_vs_bare_lua"] = max(
         ratios[f"latency.p99_added_vs_bare_lua.{kind}"] for kind in KINDS)
     markdown = table(["server", "variant", "rate (req/s)", "requests", "p50 ms", "p99 ms",
-                      "p99.9 ms", "p99 added (ms)", "non-2xx"], rows)
-    return {"title": f"3. Latency at a fixed rate (hey, {WORKERS} workers, {LOAD_SHARE:.0%} of "
-                     f"the no-throttle server's capacity, {seconds} s × {rounds} rounds each)",
+                      "p99.9 ms", "p99 added (ms)", "non-2xx", "sent late, p99 ms"], rows)
+    return {"title": f"3. Latency at a fixed rate (open loop, evenly spaced, {LOAD_SHARE:.0%} of "
+                     f"the slowest variant's capacity, {seconds} s × {rounds} rounds each)",
             "markdown": markdown, "results": results, "ratios": ratios, "targets": targets}

@@ -16,7 +16,6 @@ from .harness import ROOT
 
 # the virtualenv running the bench (or the test suite's cell)
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
-UVICORN = str(Path(sys.executable).parent / "uvicorn")
 
 
 def _free_port():
@@ -98,9 +97,9 @@ class Uvicorn(Gunicorn):
     extra_env = {"BENCH_MIDDLEWARE_DECIDES": "1"}
 
     def command(self):
-        return [UVICORN, "project.asgi:application", "--workers", str(self.workers),
-                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
-                "--backlog", "2048", "--no-access-log"]
+        # uvicorn workers on a socket each, with TCP_NODELAY (bench/asgi_server.py says why)
+        return [sys.executable, "-m", "bench.asgi_server", "project.asgi:application",
+                "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port)]
 
 
 def cpu_seconds(pid):
