@@ -5,6 +5,8 @@ per day and per month (usage_records.py)."""
 import datetime
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import zoneinfo
@@ -416,6 +418,33 @@ def test_records_from_several_processes_are_exact_to_the_unit(tmp_path, redis_se
     assert got == expected
     assert {r["identity"] for r in document["records"]} == \
         {f"key:{key_id}" for key_id, _ in keys.values()}
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_the_rollup_loop_stops_cleanly_on_ctrl_c_and_sigterm(tmp_path, redis_server,
+                                                              stop_signal):
+    # `rollup --every` runs as a process of its own (make run starts one); a signal stops it
+    # between two rounds, without a traceback, rather than killing it in the middle of one
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.usage_site",
+           "SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": redis_server.url,
+           "DJANGO_DEBUG": "0"}
+    manage(env, "migrate", "--verbosity", "0")
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "ratelimit", "rollup", "--every", "3600"], cwd=ROOT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "the rollup loop did not start"
+        assert process.stdout.readline().startswith("Rolling up the usage counts every 3600 s")
+        process.send_signal(stop_signal)
+        out, err = process.communicate(timeout=30)  # not an hour: the wait ends at the signal
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert out.strip() == "Usage rollup stopped."
+    assert "Traceback" not in err
 
 
 # --- Redis Cluster: a refused decision's refunded group charged nothing -------------------------

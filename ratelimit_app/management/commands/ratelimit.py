@@ -59,6 +59,15 @@ def _redis_down(message, exc):
     return CommandError(f"Redis is unavailable; {message} ({exc}).", returncode=FAILED)
 
 
+def _stop_on_signals():
+    """Return an Event that SIGINT or SIGTERM sets: a long-running command stops between two
+    rounds, after the one under way, instead of dying in the middle of it."""
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *args: stop.set())
+    return stop
+
+
 class Command(BaseCommand):
     help = ("Quotas as code (export, import), operator tools (check, reload, inspect, reset, "
             "top) and usage records (rollup, usage).")
@@ -250,9 +259,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{sent_text} sent, {counted(failed, 'attempt')} failed (retried "
                               f"later).")
             return
-        stop = threading.Event()
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, lambda *args: stop.set())
+        stop = _stop_on_signals()
         self.stdout.write("Sending webhook deliveries; stop with Ctrl-C.")
         self.stdout.flush()
         sender.run(stop)
@@ -335,9 +342,10 @@ class Command(BaseCommand):
             return
         if every <= 0:
             raise _bad_input("--every must be a positive number of seconds.")
-        stop = threading.Event()
+        stop = _stop_on_signals()
         self.stdout.write(f"Rolling up the usage counts every {every:g} s (stop with Ctrl-C "
                           f"or SIGTERM).")
+        self.stdout.flush()
         while True:
             try:
                 self._roll_up()
@@ -347,7 +355,8 @@ class Command(BaseCommand):
             except Exception:  # a database error: logged; the next round tries again
                 logger.exception("ratelimit_app: usage rollup failed")
             if stop.wait(every):
-                return
+                break
+        self.stdout.write("Usage rollup stopped.")
 
     def _roll_up(self):
         return UsageRollup(default_limiter().store.metrics_client()).run()
