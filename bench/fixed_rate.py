@@ -80,10 +80,13 @@ def run_fixed_rate(host, port, path, rate, seconds):
     start = clock() + 0.01
     sent = 0
 
-    def finish(exchange, ok):
-        nonlocal failed
+    def forget(exchange):
         selector.unregister(exchange.sock)
         del in_flight[exchange.sock]
+
+    def finish(exchange, ok):
+        nonlocal failed
+        forget(exchange)
         if ok and 200 <= exchange.status() < 300:
             times.append((clock() - exchange.started) * 1000)
         else:
@@ -108,8 +111,7 @@ def run_fixed_rate(host, port, path, rate, seconds):
     def resend(exchange):
         """A kept-alive connection the server had closed meanwhile: the same request again on a
         new connection, timed from its first send."""
-        selector.unregister(exchange.sock)
-        del in_flight[exchange.sock]
+        forget(exchange)
         exchange.sock.close()
         send(exchange.started, reuse=False)
 

@@ -347,6 +347,15 @@ def manage(env, *args):
     return done.stdout
 
 
+def usage_site_env(tmp_path, redis_server):
+    """The environment of tests/usage_site.py on a migrated SQLite file of its own."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.usage_site",
+           "SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": redis_server.url,
+           "DJANGO_DEBUG": "0"}
+    manage(env, "migrate", "--verbosity", "0")
+    return env
+
+
 def traffic_plan(worker, start_ms, costs_from):
     """12 requests a second apart from ``start_ms``, both keys in turn, costs 1 to 3."""
     return [[start_ms + 1000 * i + worker, ("acme", "globex")[(i + worker) % 2],
@@ -370,10 +379,7 @@ def run_workers(env, plans, keys):
 
 @pytest.mark.django_db  # (the records live in the workers' own SQLite file)
 def test_records_from_several_processes_are_exact_to_the_unit(tmp_path, redis_server):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.usage_site",
-           "SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": redis_server.url,
-           "DJANGO_DEBUG": "0"}
-    manage(env, "migrate", "--verbosity", "0")
+    env = usage_site_env(tmp_path, redis_server)
     done = subprocess.run([sys.executable, "-c", SETUP], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -425,10 +431,7 @@ def test_the_rollup_loop_stops_cleanly_on_ctrl_c_and_sigterm(tmp_path, redis_ser
                                                               stop_signal):
     # `rollup --every` runs as a process of its own (make run starts one); a signal stops it
     # between two rounds, without a traceback, rather than killing it in the middle of one
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.usage_site",
-           "SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": redis_server.url,
-           "DJANGO_DEBUG": "0"}
-    manage(env, "migrate", "--verbosity", "0")
+    env = usage_site_env(tmp_path, redis_server)
     process = subprocess.Popen(
         [sys.executable, "manage.py", "ratelimit", "rollup", "--every", "3600"], cwd=ROOT,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
