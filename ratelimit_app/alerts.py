@@ -33,10 +33,11 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 
 from . import periods
+from .background import WorkerThread
 
 __all__ = ["quota_threshold_crossed", "Crossing", "crossings", "ReportedCrossings", "AlertQueue",
            "store_crossings"]
@@ -144,10 +145,8 @@ class AlertQueue:
         self.stored = 0
         self._queue = deque()
         self.reported = ReportedCrossings()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = None
-        self._start_lock = threading.Lock()
+        self._thread = WorkerThread(self._drain_logged, "ratelimit-alerts",
+                                    every_s=lambda: self.config()["ALERTS_DRAIN_INTERVAL_S"])
         self._drain_lock = threading.Lock()
         if autostart if drain_at_exit is None else drain_at_exit:
             # a worker stopped gracefully (a deploy, gunicorn's max_requests) stores what it
@@ -171,8 +170,7 @@ class AlertQueue:
             return
         self._queue.extend(found)
         if self.autostart:
-            self._ensure_running()
-            self._wake.set()
+            self._thread.wake()
 
     def pending(self):
         """Return how many crossings wait to be stored."""
@@ -196,35 +194,18 @@ class AlertQueue:
             self.stored += len(stored)
             return stored
 
-    def _ensure_running(self):
-        if self._thread is not None and self._thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name="ratelimit-alerts",
-                                                daemon=True)
-                self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self._wake.wait(self.config()["ALERTS_DRAIN_INTERVAL_S"])
-            self._wake.clear()
-            try:
-                self.drain()
-            except Exception as exc:  # the database is down or locked: retried next round
-                logger.warning("ratelimit_app: alerts not stored yet (%s: %s); retrying",
-                               type(exc).__name__, exc)
-            finally:
-                connections.close_all()  # this thread's connections only
+    def _drain_logged(self):
+        """``drain`` as the thread runs it: a database that is down or locked is retried at the
+        next round."""
+        try:
+            self.drain()
+        except Exception as exc:
+            logger.warning("ratelimit_app: alerts not stored yet (%s: %s); retrying",
+                           type(exc).__name__, exc)
 
     def stop(self):
         """Stop the thread (what is queued stays queued)."""
-        self._stop.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
+        self._thread.stop()
 
 
 def _drain_at_exit(queue_ref):

@@ -131,7 +131,10 @@ _new_pending = tuple.__new__
 
 class Limiter:
     """Decide requests against the quotas in ``store``. ``config`` is the RATELIMIT_APP mapping
-    (``conf.get_config()``); ``clock`` a SystemClock or a test clock."""
+    (``conf.get_config()``); ``clock`` a SystemClock or a test clock. ``metrics_autostart``
+    starts the background threads when they have work (the metrics flush, the alerts' drain,
+    the comparison of the quota rows); tests pass False and run that work themselves (the
+    comparison then runs in the request that finds it due)."""
 
     def __init__(self, config, store, clock=None, *, metrics_autostart=True):
         self.config = config
@@ -154,7 +157,8 @@ class Limiter:
                                     reload_interval_s=reload_interval_s(config),
                                     announce=self.bump_config_version,
                                     wall_clock=wall_time,
-                                    noticed=_record_outside_change)
+                                    noticed=_record_outside_change,
+                                    compare_in_thread=metrics_autostart)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(clock=wall_time, config=lambda: self.config)
@@ -178,10 +182,11 @@ class Limiter:
         return cls(config, build_store(config), clock, metrics_autostart=metrics_autostart)
 
     def close(self):
-        """Stop this Limiter's background work (the metrics flush thread) and close the
-        connections its store opened itself."""
+        """Stop this Limiter's background threads and close the connections its store opened
+        itself."""
         self.flusher.stop()
         self.alerts.stop()
+        self.policies.close()
         self.store.close()
 
     def record(self, decision):

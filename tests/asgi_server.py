@@ -1,6 +1,7 @@
-"""A real uvicorn for the tests (tests/test_asgi.py, tests/test_concurrency_limits.py): started on a
-free 127.0.0.1 port with the environment given (settings module, SQLite file, Redis URL), stopped
-by PID; and ``get``, one real HTTP request to it."""
+"""A real uvicorn for the tests (tests/test_asgi.py, tests/test_concurrency_limits.py), and a real
+gunicorn with sync workers beside it (tests/test_reload_live.py): started on a free 127.0.0.1
+port with the environment given (settings module, SQLite file, Redis URL), stopped by PID; and
+``get``, one real HTTP request to either."""
 
 import json
 import subprocess
@@ -19,27 +20,30 @@ POLL_INTERVAL_S = 0.05
 class Uvicorn:
     """``uvicorn project.asgi:application`` on a free port, stopped by PID."""
 
+    name = "uvicorn"
+
     def __init__(self, env, workdir):
         self.env, self.workdir = env, workdir
         self.port = _free_port()
-        self.log_path = workdir / "uvicorn.log"
+        self.log_path = workdir / f"{self.name}.log"
         self.process = None
+
+    def command(self):
+        return [sys.executable, "-m", "uvicorn", "project.asgi:application", "--host",
+                "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}{path}"
 
     def start(self, timeout_s=30):
         with open(self.log_path, "wb") as log:  # a file, not a pipe nobody reads
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "project.asgi:application", "--host",
-                 "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level",
-                 "warning"], cwd=PROJECT_ROOT, env=self.env, stdout=subprocess.DEVNULL,
-                stderr=log)
+            self.process = subprocess.Popen(self.command(), cwd=PROJECT_ROOT, env=self.env,
+                                            stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout_s
         while get(self, "/health/").status != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"uvicorn did not start:\n{self.log()}")
+                raise RuntimeError(f"{self.name} did not start:\n{self.log()}")
             time.sleep(POLL_INTERVAL_S)
         return self
 
@@ -54,6 +58,19 @@ class Uvicorn:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+
+
+class Gunicorn(Uvicorn):
+    """``gunicorn project.wsgi:application`` with two sync worker processes, stopped by PID."""
+
+    name = "gunicorn"
+
+    def command(self):
+        return [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application",
+                "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--worker-class", "sync",
+                "--log-level", "warning",
+                # gunicorn's default control socket is one path in $HOME, shared by every server
+                "--no-control-socket"]
 
 
 class Answer:

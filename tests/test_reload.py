@@ -11,6 +11,7 @@ unless the test's database commits for real (``django_db(transaction=True)``).
 import io
 import json
 import logging
+import os
 import threading
 
 import pytest
@@ -23,11 +24,12 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 import ratelimit_app
+from ratelimit_app import policy
 from ratelimit_app.limiter import Limiter
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, Rule, Scope
 from ratelimit_app.policy import PolicyCache, Snapshot, config_fingerprint
 
-from .helpers import commands_sent, limiter, use_fake_clock
+from .helpers import commands_sent, limiter, poll_until, use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -256,6 +258,97 @@ def test_one_thread_compares_while_the_others_serve_the_rules_in_memory():
     assert cache.get() is snapshot and cache.compare_at == 2 * INTERVAL_S + 1
 
 
+
+class HeldFingerprint:
+    """A ``fingerprint`` for PolicyCache: the first load's digest at once, then each one held
+    until ``release``, recording the thread that asked."""
+
+    def __init__(self, digests):
+        self.digests = iter(digests)
+        self.loaded = False
+        self.comparing, self.release = threading.Event(), threading.Event()
+        self.threads, self.priorities = [], []
+
+    def __call__(self):
+        if self.loaded:
+            self.threads.append(threading.current_thread().name)
+            self.priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            self.comparing.set()
+            assert self.release.wait(10)
+        self.loaded = True
+        return next(self.digests)
+
+
+def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
+    now = [0.0]
+    fingerprint = HeldFingerprint(["rows-1", "rows-2", "rows-2"])
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
+                        load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
+                        compare_in_thread=True)
+    try:
+        snapshot = cache.get()
+        now[0] = INTERVAL_S + 1
+        # the comparison is held in the database: requests are served meanwhile, the first
+        # one included, on both paths (current() is the event loop's)
+        assert cache.get() is snapshot
+        assert fingerprint.comparing.wait(10)
+        assert [cache.get() for _ in range(50)] == [snapshot] * 50
+        assert cache.current() is snapshot
+        assert fingerprint.threads == ["ratelimit-row-comparison"]
+        assert fingerprint.priorities == [19]  # the lowest: the cores go to requests first
+        assert cache.compare_at == 2 * INTERVAL_S + 1  # the next one is due an interval later
+        fingerprint.release.set()
+        poll_until(lambda: cache.stale, timeout_s=10, what="the comparison's verdict")
+        assert cache.get() is not snapshot  # the rows differ: the next request reloads
+        # one comparison, then the reload's digest, taken by the request that reloads
+        assert fingerprint.threads == ["ratelimit-row-comparison",
+                                       threading.current_thread().name]
+    finally:
+        cache.close()
+    assert not cache._row_comparison.running
+
+
+def test_the_event_loop_wakes_the_comparison_thread_and_serves_the_rules_in_memory():
+    now = [0.0]
+    fingerprint = HeldFingerprint(["rows-1", "rows-1"])
+    fingerprint.release.set()
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
+                        load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
+                        compare_in_thread=True)
+    try:
+        snapshot = cache.get()
+        now[0] = INTERVAL_S + 1
+        assert cache.current() is snapshot  # not None: no thread of the loop's is needed
+        assert fingerprint.comparing.wait(10)
+        poll_until(lambda: not cache._compare_lock.locked() and fingerprint.threads,
+                   timeout_s=10, what="the comparison to finish")
+        assert not cache.stale and cache.current() is snapshot  # the same rows
+    finally:
+        cache.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_limiter_compares_in_its_thread_and_serves_an_update(settings):
+    """A Limiter as a server builds it (background threads on, the system clock), on rows
+    committed for real: the comparison thread's own connection sees them."""
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": 1}
+    free = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+    Rule.objects.create(name="free-ip", plan=free, scope=Scope.IP, endpoint="hello", rate=1,
+                        period_s=60, burst=HUGE)
+    worker = Limiter.from_settings()
+    try:
+        assert bursts(worker) == {"free-ip": HUGE}
+        Rule.objects.filter(name="free-ip").update(burst=9)
+        with CaptureQueriesContext(connection) as captured:
+            poll_until(lambda: bursts(worker) == {"free-ip": 9}, timeout_s=10,
+                       what="the update to be served")
+        # this thread's digests: the reload's only, never a comparison's
+        assert len(fingerprint_queries(captured)) == 1
+        assert worker.policies._row_comparison.running
+    finally:
+        worker.close()
+
+
 # --- what announces at once ---------------------------------------------------------------
 
 def test_reload_config_makes_every_worker_reload(plan, clock):
@@ -357,6 +450,23 @@ def test_the_fingerprint_changes_with_any_change_of_a_row_and_only_then(plan):
     assert changed()
     Plan.objects.filter(slug="pro").update(description="x")
     assert changed()
+
+
+def test_the_comparison_threads_digest_in_chunks_is_the_same_digest(plan, monkeypatch):
+    """The thread's digest (read and hashed in chunks, pausing between them) equals the
+    request path's, over rows spanning several chunks, and changes with a row of a later one."""
+    Rule.objects.bulk_create(
+        Rule(name=f"many-{i}", plan=plan, scope=Scope.IP, endpoint="hello", rate=1,
+             period_s=60, burst=HUGE) for i in range(2 * policy.FINGERPRINT_CHUNK_ROWS + 50))
+    pauses = []
+    monkeypatch.setattr(policy.time, "sleep", pauses.append)
+    whole = config_fingerprint()
+    assert pauses == []  # the request path's digest never sleeps
+    assert config_fingerprint(pause_s=0.001) == whole
+    assert len(pauses) >= 2 * 3 and set(pauses) == {0.001}  # >= 3 chunks read, 3 hashed
+    last = Rule.objects.order_by("pk").last()
+    Rule.objects.filter(pk=last.pk).update(burst=9)
+    assert config_fingerprint(pause_s=0.001) == config_fingerprint() != whole
 
 
 # --- the setting -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Edits made without a signal reach a real server process, and `manage.py ratelimit reload`
 applies them at once.
 
-Each test module fixture runs one uvicorn (project.asgi, so the async path: the comparison of
-the rows runs in a thread) on its own migrated SQLite file and the suite's redis-server. The
+Each module fixture runs a real server on its own migrated database (of the suite's kind) and
+the suite's redis-server: uvicorn (project.asgi, the async path) and, for the comparison of the
+rows, gunicorn too (two sync worker processes, forked: each compares in a thread of its own). The
 edits are made by another Python process on that file, as a script or a data migration would;
 the test polls the server with a deadline until it serves the new numbers.
 """
@@ -17,7 +18,7 @@ import pytest
 
 from ratelimit_app import keys
 
-from .asgi_server import POLL_INTERVAL_S, PROJECT_ROOT, Uvicorn, get
+from .asgi_server import POLL_INTERVAL_S, PROJECT_ROOT, Gunicorn, Uvicorn, get
 
 pytestmark = pytest.mark.slow
 
@@ -60,26 +61,26 @@ def environment(workdir, redis_server, database_env, reload_interval_s):
             "REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0"}
 
 
-def start_server(workdir, env):
+def start_server(workdir, env, server_class=Uvicorn):
     python(["manage.py", "migrate", "--verbosity", "0"], env)
     python(["-c", SETUP], env)
-    return Uvicorn(env, workdir).start()
+    return server_class(env, workdir).start()
 
 
-def stop_server(uvicorn):
-    uvicorn.stop()
-    log = uvicorn.log()
+def stop_server(server):
+    server.stop()
+    log = server.log()
     assert "Traceback" not in log, log
 
 
-@pytest.fixture(scope="module")
-def comparing_server(tmp_path_factory, redis_server, database_env):
+@pytest.fixture(scope="module", params=[Uvicorn, Gunicorn], ids=["uvicorn", "gunicorn"])
+def comparing_server(request, tmp_path_factory, redis_server, database_env):
     """A server that compares the rows every SHORT_INTERVAL_S; returns (server, env)."""
     workdir = tmp_path_factory.mktemp("reload-compare")
     env = environment(workdir, redis_server, database_env, SHORT_INTERVAL_S)
-    uvicorn = start_server(workdir, env)
-    yield uvicorn, env
-    stop_server(uvicorn)
+    server = start_server(workdir, env, request.param)
+    yield server, env
+    stop_server(server)
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +89,9 @@ def signal_only_server(tmp_path_factory, redis_server, database_env):
     (server, env)."""
     workdir = tmp_path_factory.mktemp("reload-signals")
     env = environment(workdir, redis_server, database_env, 0)
-    uvicorn = start_server(workdir, env)
-    yield uvicorn, env
-    stop_server(uvicorn)
+    server = start_server(workdir, env)
+    yield server, env
+    stop_server(server)
 
 
 def served_burst(server):
