@@ -89,7 +89,8 @@ def _record_after_commit(actor):
 
 def record_outside_change():
     """Record what changed without a signal since the last entry (called by the worker that
-    noticed it); return the entry, or None. Never raises: it runs in a request."""
+    noticed it); return the entry, or None. Never raises: it runs in that worker's comparison
+    thread, or in a request where the comparison runs there (tests)."""
     from .models import AuditSource
 
     try:
