@@ -386,18 +386,19 @@ class PolicyCache:
     ``noticed`` (the audit trail's record of the change) is called too.
 
     Where that comparison runs: with ``compare_in_thread`` (what a Limiter in a server does),
-    in a thread of its own (``background.WorkerThread``, with database connections of its own,
-    closed after each comparison, at the lowest CPU priority), which the request that finds it
-    due wakes and does not wait for. The query and the digest take milliseconds of CPU (about 7 ms with the bench's 1,954
-    rows, more on a loaded machine): on a request's path they held up that request and, on a
-    sync worker, every request queued behind it (ours' p99 at a fixed rate was 0.6 ms above
-    the bare Lua throttle's with it there, level with it without). The thread gives the GIL
-    back at each row the database returns, so it runs in what the worker leaves idle. Without
-    ``compare_in_thread`` (tests, whose rows are in a transaction no other connection sees,
-    and whose test clock decides when it is due), the request that finds it due compares.
-    Either way one comparison at a time, and the other requests serve the snapshot meanwhile.
-    The version poll and a reload stay on the request path: a poll is one Redis GET, and a
-    reload must finish before the new rules can be served.
+    in a thread of its own (``background.WorkerThread``: database connections of its own,
+    closed after each comparison; the lowest CPU priority), which the request that finds it
+    due wakes and does not wait for. The query and the digest take milliseconds of CPU (about
+    7 ms with the bench's 1,954 rows, more on a loaded machine): on a request's path they held
+    up that request and, on a sync worker, every request queued behind it (ours' p99 at a
+    fixed rate was 0.6 ms above the bare Lua throttle's with it there, level with it
+    without). The thread reads and hashes in chunks with pauses (``config_fingerprint``), so a
+    request wanting the GIL back seldom waits for it. Without ``compare_in_thread`` (tests,
+    whose rows are in a transaction no other connection sees, and whose test clock decides
+    when it is due), the request that finds it due compares. Either way one comparison at a
+    time, and the other requests serve the snapshot meanwhile. The version poll and a reload
+    stay on the request path: a poll is one Redis GET, and a reload must finish before the new
+    rules can be served.
     """
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
