@@ -279,15 +279,22 @@ class HeldFingerprint:
         return next(self.digests)
 
 
-def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
+def comparing_in_a_thread(fingerprint):
+    """A PolicyCache that compares in its thread, its snapshot loaded and the comparison due;
+    returns (cache, snapshot)."""
     now = [0.0]
-    fingerprint = HeldFingerprint(["rows-1", "rows-2", "rows-2"])
     cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
                         load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
                         compare_in_thread=True)
+    snapshot = cache.get()
+    now[0] = INTERVAL_S + 1
+    return cache, snapshot
+
+
+def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
+    fingerprint = HeldFingerprint(["rows-1", "rows-2", "rows-2"])
+    cache, snapshot = comparing_in_a_thread(fingerprint)
     try:
-        snapshot = cache.get()
-        now[0] = INTERVAL_S + 1
         # the comparison is held in the database: requests are served meanwhile, the first
         # one included, on both paths (current() is the event loop's)
         assert cache.get() is snapshot
@@ -309,15 +316,10 @@ def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
 
 
 def test_the_event_loop_wakes_the_comparison_thread_and_serves_the_rules_in_memory():
-    now = [0.0]
     fingerprint = HeldFingerprint(["rows-1", "rows-1"])
     fingerprint.release.set()
-    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
-                        load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
-                        compare_in_thread=True)
+    cache, snapshot = comparing_in_a_thread(fingerprint)
     try:
-        snapshot = cache.get()
-        now[0] = INTERVAL_S + 1
         assert cache.current() is snapshot  # not None: no thread of the loop's is needed
         assert fingerprint.comparing.wait(10)
         poll_until(lambda: not cache._compare_lock.locked() and fingerprint.threads,
