@@ -146,7 +146,8 @@ class AlertQueue:
         self._queue = deque()
         self.reported = ReportedCrossings()
         self._thread = WorkerThread(self._drain_logged, "ratelimit-alerts",
-                                    every_s=lambda: self.config()["ALERTS_DRAIN_INTERVAL_S"])
+                                    every_s=lambda: self.config()["ALERTS_DRAIN_INTERVAL_S"],
+                                    final_round=True)
         self._drain_lock = threading.Lock()
         if autostart if drain_at_exit is None else drain_at_exit:
             # a worker stopped gracefully (a deploy, gunicorn's max_requests) stores what it
@@ -204,7 +205,7 @@ class AlertQueue:
                            type(exc).__name__, exc)
 
     def stop(self):
-        """Stop the thread (what is queued stays queued)."""
+        """Stop the thread, after a last drain (what it cannot store stays queued)."""
         self._thread.stop()
 
 

@@ -25,14 +25,17 @@ class WorkerThread:
 
     ``work`` handles its own errors; one that escapes is logged and the thread waits for the
     next round, so a bug never stops the work for the life of the process. With
-    ``low_priority``, the thread runs at the lowest CPU priority (see ``_lower_priority``).
+    ``low_priority``, the thread runs at the lowest CPU priority (see ``_lower_priority``);
+    with ``final_round``, ``stop()`` has it run ``work`` once more before it ends (what a
+    queue's drain needs: nothing left behind).
     """
 
-    def __init__(self, work, name, every_s=None, *, low_priority=False):
+    def __init__(self, work, name, every_s=None, *, low_priority=False, final_round=False):
         self._work = work
         self.name = name
         self._every_s = every_s
         self._low_priority = low_priority
+        self._final_round = final_round
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None
@@ -58,7 +61,7 @@ class WorkerThread:
                 self._thread.start()
 
     def stop(self):
-        """Stop the thread after the round under way (a wake not yet served is dropped)."""
+        """Stop the thread after the round under way (and its final round, if it has one)."""
         self._stop.set()
         self._wake.set()
         thread = self._thread
@@ -71,7 +74,8 @@ class WorkerThread:
         while True:
             self._wake.wait(self._every_s() if self._every_s is not None else None)
             self._wake.clear()
-            if self._stop.is_set():
+            stopping = self._stop.is_set()
+            if stopping and not self._final_round:
                 return
             try:
                 self._work()
@@ -80,6 +84,8 @@ class WorkerThread:
                                  self.name)
             finally:
                 connections.close_all()  # this thread's connections only
+            if stopping:
+                return
 
 
 def _lower_priority():
