@@ -1,7 +1,8 @@
-"""A daemon thread of this process that does one piece of work when woken, off the request path.
+"""A daemon thread of this process that does one piece of work when woken or at an interval, off
+the request path.
 
-The alerts' drain (alerts.py) and the comparison of the quota rows with the rules in memory
-(policy.py) each own one. The thread starts at the first ``wake()``, and again in a child
+The metrics' flush (metrics/flush.py), the alerts' drain (alerts.py) and the comparison of the
+quota rows with the rules in memory (policy.py) each own one. The thread starts at the first ``wake()``, and again in a child
 process forked after it started (a fork copies no thread: ``is_alive()`` is then False). It
 uses database connections of its own (Django's are per thread), closed after each round, so
 it holds none while it waits.
@@ -37,6 +38,8 @@ class WorkerThread:
         self._low_priority = low_priority
         self._final_round = final_round
         self._wake = threading.Event()
+        # one per started thread: a thread still finishing its round after stop() keeps its
+        # own, so starting the next one can never make it go on
         self._stop = threading.Event()
         self._thread = None
         self._start_lock = threading.Lock()
@@ -56,8 +59,9 @@ class WorkerThread:
             return
         with self._start_lock:  # two first callers at once start one thread
             if not self.running:
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,),
+                                                name=self.name, daemon=True)
                 self._thread.start()
 
     def stop(self):
@@ -68,13 +72,13 @@ class WorkerThread:
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
 
-    def _run(self):
+    def _run(self, stop):
         if self._low_priority:
             _lower_priority()
         while True:
             self._wake.wait(self._every_s() if self._every_s is not None else None)
             self._wake.clear()
-            stopping = self._stop.is_set()
+            stopping = stop.is_set()
             if stopping and not self._final_round:
                 return
             try:

@@ -523,7 +523,7 @@ class PolicyCache:
             self.compare_at = now + self.reload_interval_s
             self.due_at = min(self.compare_at, self.switch_at)
             if self._row_comparison is None:
-                self._compare_with(snapshot)
+                self._compare_with(snapshot, self._fingerprint)
         finally:
             self._compare_lock.release()
         if self._row_comparison is not None:
@@ -536,13 +536,12 @@ class PolicyCache:
             with self._compare_lock:
                 self._compare_with(snapshot, self._fingerprint_in_thread)
 
-    def _compare_with(self, snapshot, fingerprint_now=None):
+    def _compare_with(self, snapshot, fingerprint_now):
         """Compare the rows with those ``snapshot`` was compiled from (one query, through
-        ``fingerprint_now``, by default the fingerprint); on a difference, mark it stale and
-        announce a new version."""
+        ``fingerprint_now``); on a difference, mark it stale and announce a new version."""
         expected = self.fingerprint
         try:
-            fingerprint = (fingerprint_now or self._fingerprint)()
+            fingerprint = fingerprint_now()
         except Exception:  # a DB outage must not turn into 500s: keep the rules we have
             logger.exception("ratelimit_app: could not compare the quota rows with the "
                              "rules in memory")

@@ -1,5 +1,5 @@
 """A real uvicorn for the tests (tests/test_asgi.py, tests/test_concurrency_limits.py), and a real
-gunicorn with sync workers beside it (tests/test_reload_live.py): started on a free 127.0.0.1
+gunicorn with sync workers beside it (tests/test_reload_live.py, tests/test_alerts_processes.py): started on a free 127.0.0.1
 port with the environment given (settings module, SQLite file, Redis URL), stopped by PID; and
 ``get``, one real HTTP request to either."""
 
@@ -61,14 +61,19 @@ class Uvicorn:
 
 
 class Gunicorn(Uvicorn):
-    """``gunicorn project.wsgi:application`` with two sync worker processes, stopped by PID."""
+    """``gunicorn project.wsgi:application`` with ``workers`` sync worker processes, stopped by
+    PID."""
 
     name = "gunicorn"
 
+    def __init__(self, env, workdir, workers=2):
+        super().__init__(env, workdir)
+        self.workers = workers
+
     def command(self):
         return [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application",
-                "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--worker-class", "sync",
-                "--log-level", "warning",
+                "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers),
+                "--worker-class", "sync", "--timeout", "60", "--log-level", "warning",
                 # gunicorn's default control socket is one path in $HOME, shared by every server
                 "--no-control-socket"]
 

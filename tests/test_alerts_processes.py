@@ -23,13 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from ratelimit_app.testing import _free_port
-
+from .asgi_server import Gunicorn
 from .helpers import poll_until
 from .webhook_receiver import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = str(Path(sys.executable).parent / "gunicorn")  # this virtualenv's
 QUOTA = 40
 THRESHOLDS = (25, 50, 100)
 
@@ -81,27 +79,11 @@ def site(tmp_path_factory, redis_server, receiver, database_env):
     workdir = tmp_path_factory.mktemp("alerts")
     env = migrated_env(workdir, redis_server, database_env)
     python(env, "-c", SETUP, receiver.url)
-    port = _free_port()
-    log = open(workdir / "gunicorn.log", "wb")
-    process = subprocess.Popen(
-        [GUNICORN, "project.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "4",
-         "--worker-class", "sync", "--timeout", "60", "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    server = Gunicorn(env, workdir, workers=4).start()
     try:
-        poll(lambda: _up(port, process), "gunicorn")
-        yield port, env
+        yield server.port, env
     finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
-
-
-def _up(port, process):
-    assert process.poll() is None, "gunicorn exited"
-    try:
-        return get(port, "/health/", "10.0.0.1") == 200
-    except OSError:
-        return False
+        server.stop()
 
 
 def python(env, *args):

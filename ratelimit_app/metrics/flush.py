@@ -21,9 +21,9 @@ with its traceback at a bounded rate (``unexpected.py``), not taken for Redis be
 
 import logging
 import os
-import threading
 import time
 
+from ..background import WorkerThread
 from ..conf import get_config
 from ..stores.base import READ_ERRORS
 from ..unexpected import UnexpectedErrorLog, error_text
@@ -97,11 +97,10 @@ class Flusher:
         self.flushes = 0
         self._dropped_before = 0   # recorder.dropped when the outage began
         self._errors_flushed = 0   # request_errors() already added to the totals
-        self._thread = None
-        self._pid = None
         self.usage = UsageBatches()  # the usage taken from the recorder, not yet acknowledged
-        self._stop = threading.Event()
-        self._start_lock = threading.Lock()
+        self._thread = WorkerThread(
+            self._flush_in_thread, "ratelimit-metrics-flush",
+            every_s=lambda: float(self.config()["METRICS_FLUSH_INTERVAL_S"]))
 
     def flush_now(self):
         """Write everything pending in one pipelined round trip. Returns the commands sent
@@ -212,33 +211,19 @@ class Flusher:
 
     def ensure_running(self):
         """Start the background flush thread in this process if it is not running."""
-        pid = os.getpid()
-        if self._pid == pid and self.running:
-            return
-        with self._start_lock:  # two first requests at once start one thread
-            if self._pid == pid and self.running:
-                return
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, args=(self._stop,),
-                                            name="ratelimit-metrics-flush", daemon=True)
-            self._pid = pid
-            self._thread.start()
+        self._thread.ensure_running()
 
     def stop(self):
         """Stop the background thread (pending counts stay until the next flush_now)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
+        self._thread.stop()
 
     @property
     def running(self):
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
-    def _run(self, stop):
-        while not stop.wait(float(self.config()["METRICS_FLUSH_INTERVAL_S"])):
-            try:
-                self.flush_now()
-            except Exception as exc:  # flush_now reports its own; never let the thread die
-                self.unexpected(exc, "running the metrics flush thread; it flushes again "
-                                     "at the next tick")
+    def _flush_in_thread(self):
+        try:
+            self.flush_now()
+        except Exception as exc:  # flush_now reports its own; never let the thread die
+            self.unexpected(exc, "running the metrics flush thread; it flushes again "
+                                 "at the next tick")
