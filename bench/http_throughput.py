@@ -2,7 +2,9 @@
 each throttle, runs interleaved (A B C D E A B C D E …). Every request is allowed. ASGI rows:
 uvicorn (2 workers) with no throttle, a bare async Lua throttle and ours (both deciding on the
 event loop in an async middleware), each serving an ``async def`` Django view and the DRF view
-(run in a thread, as Django runs sync views under ASGI); all rows interleaved in one run."""
+(run in a thread, as Django runs sync views under ASGI), and the two floors of the async view's
+row (ours' take.lua call alone, then with ours' header fields: bench/throttles.py); all rows
+interleaved in one run."""
 
 import math
 
@@ -22,13 +24,22 @@ VARIANTS = {
 ASGI_SERVERS = {"none-asgi": "no throttle", "lua-asgi": "bare 4-key Lua throttle (async "
                 "middleware, redis.asyncio)", "ours-asgi": "ours (async middleware decides)"}
 ASGI_VIEWS = {"async": ("/aitem/", "async def view"), "drf": ("/item/", "DRF view")}
+# what the async view's row cannot go below on this machine (not targets): ours' one take.lua
+# call alone, and with the RateLimit-Policy and RateLimit fields ours sends
+ASGI_FLOORS = {"take-asgi": "floor: ours' take.lua call alone (no policy, no fields)",
+               "take-fields-asgi": "floor: ours' take.lua call and ours' header fields"}
+# their ratios' names in the JSON (asgi.floor.<name>_vs_none)
+FLOOR_RATIO_NAMES = {"take-asgi": "take_alone", "take-fields-asgi": "take_and_fields"}
 # run name -> (server, path); the WSGI runs all serve the DRF view
 RUNS = {**{name: (name, "/item/") for name in VARIANTS},
         **{f"{server}-{kind}": (server, path) for server in ASGI_SERVERS
-           for kind, (path, _) in ASGI_VIEWS.items()}}
+           for kind, (path, _) in ASGI_VIEWS.items()},
+        **{f"{server}-async": (server, ASGI_VIEWS["async"][0]) for server in ASGI_FLOORS}}
 LABELS = {**VARIANTS, **{f"{server}-{kind}": f"ASGI {view}: {label}"
                          for server, label in ASGI_SERVERS.items()
-                         for kind, (_, view) in ASGI_VIEWS.items()}}
+                         for kind, (_, view) in ASGI_VIEWS.items()},
+          **{f"{server}-async": f"ASGI async def view: {label}"
+             for server, label in ASGI_FLOORS.items()}}
 # issue 19: the CPU ours adds per request under ASGI, over what it adds under WSGI
 ASGI_OVERHEAD_LIMIT, ASGI_VS_NONE_LIMIT = 1.25, 0.95
 
@@ -36,7 +47,7 @@ ASGI_OVERHEAD_LIMIT, ASGI_VS_NONE_LIMIT = 1.25, 0.95
 def start_asgi(running):
     """Add the ASGI servers to ``running`` (stopping them all if one fails)."""
     try:
-        for name in ASGI_SERVERS:
+        for name in [*ASGI_SERVERS, *ASGI_FLOORS]:
             running[name] = servers.Uvicorn(name.removesuffix("-asgi")).start()
     except Exception:
         servers.stop_all(running)
@@ -80,8 +91,7 @@ def run(env, quick):
 
     def baseline(variant):
         """The no-throttle run of the same server kind and view."""
-        return variant.replace("ours-asgi", "none-asgi").replace("lua-asgi", "none-asgi") \
-            if "-asgi-" in variant else "none"
+        return "none-asgi-" + variant.rsplit("-", 1)[1] if "-asgi-" in variant else "none"
 
     def ours_of(variant):
         """Ours on the same server kind and view."""
@@ -139,6 +149,14 @@ def asgi_ratios(samples, cpu, wsgi_overhead_cpu, paired, ratios, vs_none_interva
     The overhead of a throttle is the CPU (workers + Redis, µs per request, medians) its server
     spends over the no-throttle server of the same kind serving the same view."""
     lines, targets = [], []
+    floors = {}
+    for server in ASGI_FLOORS:
+        floors[server] = ratios[f"asgi.floor.{FLOOR_RATIO_NAMES[server]}_vs_none"] = \
+            paired(f"{server}-async", "none-asgi-async")
+    lines.append("ASGI, async def view, the floors (not targets): ours' take.lua call alone "
+                 f"{floors['take-asgi']:.2f}× no throttle (req/s), with ours' header fields "
+                 f"{floors['take-fields-asgi']:.2f}×; ours "
+                 f"{paired('ours-asgi-async', 'none-asgi-async'):.2f}×.")
     for kind, (_, view) in ASGI_VIEWS.items():
         none = median(cpu[f"none-asgi-{kind}"])
         ours, lua = (median(cpu[f"{name}-asgi-{kind}"]) - none for name in ("ours", "lua"))

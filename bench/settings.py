@@ -8,6 +8,7 @@ Variants (all serve the same DRF view, so only the throttle differs):
     drf        DRF AnonRateThrottle, rate per second (its most favourable window: a short history)
     drf-min    DRF AnonRateThrottle, rate per minute (the usual window: the history grows)
     ratelimit  django-ratelimit's is_ratelimited
+    take, take-fields   the ASGI rows' floors (async middlewares, below)
 """
 
 import os
@@ -40,6 +41,8 @@ _THROTTLES = {
     "drf": ["rest_framework.throttling.AnonRateThrottle"],
     "drf-min": ["rest_framework.throttling.AnonRateThrottle"],
     "ratelimit": ["bench.throttles.DjangoRatelimitThrottle"],
+    "take": [],
+    "take-fields": [],
 }
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,
@@ -63,6 +66,12 @@ if os.environ.get("BENCH_MIDDLEWARE_DECIDES"):
     if VARIANT == "lua":
         MIDDLEWARE.append("bench.throttles.AsyncBareLuaMiddleware")
         REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = []
+# The floors of the ASGI rows (async def view only): ours' take.lua call alone, then with ours'
+# header fields (bench/throttles.py).
+if VARIANT == "take":
+    MIDDLEWARE.append("bench.throttles.AsyncTakeAloneMiddleware")
+if VARIANT == "take-fields":
+    MIDDLEWARE.append("bench.throttles.AsyncTakeAndFieldsMiddleware")
 
 SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 LOGGING = {"version": 1, "disable_existing_loggers": False,

@@ -1,13 +1,14 @@
-"""DRF throttle classes for the HTTP benchmark's alternatives (ours is QuotaThrottle itself), and
-the bare Lua throttle as an async middleware for the ASGI rows."""
+"""DRF throttle classes for the HTTP benchmark's alternatives (ours is QuotaThrottle itself), the
+bare Lua throttle as an async middleware for the ASGI rows, and the two floors of those rows."""
 
 import asyncio
 import weakref
 
 import redis.asyncio
-from asgiref.sync import markcoroutinefunction
+from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.http import HttpResponse
+from django.urls import resolve
 from django_ratelimit.core import is_ratelimited
 from rest_framework.throttling import BaseThrottle
 
@@ -57,3 +58,57 @@ class AsyncBareLuaMiddleware:
         if reply[0] != 1:
             return HttpResponse(status=429)
         return await self.get_response(request)
+
+
+class AsyncTakeAloneMiddleware:
+    """The floor of the ASGI rows: ours' one take.lua call for this client (the same keys and
+    arguments, sent through ours' async store on the same kind of connection) awaited before
+    the view, and nothing else: no identity, no policy, no metrics, no header fields. What any
+    limiter making that one call on the event loop costs at least; ours' distance from it is
+    the Python of ours' decision and the fields it sends."""
+
+    sync_capable = False
+    async_capable = True
+    with_fields = False
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        markcoroutinefunction(self)
+        self._planned = None  # (async store, keys, args, version key, header fields)
+
+    def _plan(self, request):
+        """Ours' take call and header fields for ``request``'s client, through ours' own path
+        once (the database: in a thread)."""
+        from ratelimit_app.headers import apply_headers
+        from ratelimit_app.limiter import default_limiter
+
+        limiter = default_limiter()
+        endpoint = resolve(request.path_info).view_name  # (a middleware runs before the view's
+        # URL is resolved; the floors serve one view, so its take is the same for every request)
+        decision = limiter.decide(request, None, endpoint)
+        fields = HttpResponse()
+        apply_headers(fields, decision)
+        pending = limiter._prepare(limiter.snapshot(), request, None, endpoint, None)
+        keys, args = limiter._take_call(pending.buckets, None, True)
+        return (limiter.async_store(), tuple(keys), tuple(args), limiter.version_key,
+                [(name, fields[name]) for name in ("RateLimit-Policy", "RateLimit")])
+
+    async def __call__(self, request):
+        if self._planned is None:
+            self._planned = await sync_to_async(self._plan)(request)
+        store, keys, args, version_key, fields = self._planned
+        reply = await store.take(keys, args, version_key=version_key)
+        if not reply.allowed:
+            return HttpResponse(status=429)
+        response = await self.get_response(request)
+        if self.with_fields:
+            for name, value in fields:  # (the values of the first request: the same length)
+                response[name] = value
+        return response
+
+
+class AsyncTakeAndFieldsMiddleware(AsyncTakeAloneMiddleware):
+    """The take alone, plus ours' RateLimit-Policy and RateLimit fields on every response (a
+    limiter that sends the draft's fields pays for them in the server too)."""
+
+    with_fields = True
