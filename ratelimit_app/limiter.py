@@ -158,7 +158,7 @@ class Limiter:
                                     announce=self.bump_config_version,
                                     wall_clock=wall_time,
                                     noticed=_record_outside_change,
-                                    compare_in_thread=metrics_autostart)
+                                    in_threads=metrics_autostart)
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(clock=wall_time, config=lambda: self.config)

@@ -180,11 +180,13 @@ def _next_change(rows, now):
     return min(moments).timestamp() if moments else math.inf
 
 
-def compile_snapshot(version, now=None):
+def compile_snapshot(version, now=None, pause_s=0.0):
     """Read every configuration row and return a Snapshot (the only DB access of the app).
 
     ``now`` (epoch s; default: the wall clock) picks the dated assignments and overrides
-    that are active; the snapshot records when the next one starts or ends.
+    that are active; the snapshot records when the next one starts or ends. With ``pause_s``
+    (the reload thread's), it sleeps that long after every ``FINGERPRINT_CHUNK_ROWS`` rows it
+    builds, for the reason ``config_fingerprint`` does (the GIL; see ``_paced``).
 
     The reads run in an atomic block of their own: inside a caller's transaction (a view under
     ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
@@ -195,17 +197,35 @@ def compile_snapshot(version, now=None):
     from .models import Rule
 
     with transaction.atomic(using=router.db_for_read(Rule)):
-        return _read_snapshot(version, now)
+        return _read_snapshot(version, now, pause_s)
 
 
-def _read_snapshot(version, now):
+def _paced(queryset, pause_s):
+    """Return ``queryset``'s rows as an iterable; with ``pause_s``, one that sleeps that long
+    after every FINGERPRINT_CHUNK_ROWS rows. The ORM builds each row's model instance as it is
+    iterated, holding the GIL (about 30 ms for the bench's 1,954 rows): in a thread that never
+    pauses, a request thread returning from a system call (Redis, its client) waits up to the
+    interpreter's 5 ms switch interval for it, several times per request."""
+    if not pause_s:
+        return queryset
+    return _paced_rows(queryset, pause_s)
+
+
+def _paced_rows(queryset, pause_s):
+    for count, row in enumerate(queryset.iterator(chunk_size=2000), 1):
+        yield row
+        if count % FINGERPRINT_CHUNK_ROWS == 0:
+            time.sleep(pause_s)
+
+
+def _read_snapshot(version, now, pause_s=0.0):
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
                          Plan, PlanAssignment, Rule, parse_alert_thresholds)
 
     moment = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
 
-    plans = list(Plan.objects.all())
+    plans = list(_paced(Plan.objects.all(), pause_s))
     rules = tuple(
         CompiledRule(
             id=r.id, name=r.name, scope=r.scope, plan=r.plan.slug if r.plan_id else None,
@@ -218,14 +238,15 @@ def _read_snapshot(version, now):
             concurrency=r.kind == Kind.CONCURRENCY,
             alerts=_alert_thresholds(r, parse_alert_thresholds),
         )
-        for r in Rule.objects.filter(enabled=True).select_related("plan").order_by("id")
+        for r in _paced(Rule.objects.filter(enabled=True).select_related("plan").order_by("id"),
+                        pause_s)
     )
-    assignment_rows = list(PlanAssignment.objects.select_related("plan"))
+    assignment_rows = list(_paced(PlanAssignment.objects.select_related("plan"), pause_s))
     assignments = {
         str(a.user_id): (a.plan.slug, a.tenant)
         for a in assignment_rows if a.is_active_at(moment)
     }
-    key_rows = list(ApiKey.objects.filter(active=True).select_related("plan"))
+    key_rows = list(_paced(ApiKey.objects.filter(active=True).select_related("plan"), pause_s))
     # a key's plan outside its dates is None: the key is on its user's plan meanwhile
     api_keys = {
         k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
@@ -234,7 +255,7 @@ def _read_snapshot(version, now):
         for k in key_rows
     }
     overrides = {}
-    override_rows = list(IdentityOverride.objects.order_by("id"))
+    override_rows = list(_paced(IdentityOverride.objects.order_by("id"), pause_s))
     # the dated ones after the permanent ones: the engine applies them in order, the last wins
     active = sorted((o for o in override_rows if o.is_active_at(moment)),
                     key=lambda o: o.starts_at is not None or o.ends_at is not None)
@@ -249,7 +270,7 @@ def _read_snapshot(version, now):
             OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
     costs = {
         (c.endpoint, c.method, c.plan.slug if c.plan_id else None): c.cost
-        for c in EndpointCost.objects.select_related("plan")
+        for c in _paced(EndpointCost.objects.select_related("plan"), pause_s)
     }
     return Snapshot(
         version=version,
@@ -269,12 +290,13 @@ def _read_snapshot(version, now):
     )
 
 
-# config_fingerprint reads and hashes this many rows at a time (see its pause_s): a few tenths
-# of a millisecond of CPU; and the comparison thread's pause after each chunk, in which a
-# request thread can take the GIL. The thread is idle most of the time (with the bench's 1,954
-# rows a comparison lasts about 100 ms, for 12.6 ms of CPU against 7.3 ms in one go), so a
-# request that gives the GIL up for a moment (each call to Redis, each write to its client)
-# seldom finds it taken on return.
+# config_fingerprint reads and hashes this many rows at a time (see its pause_s), and the reload
+# thread's compile_snapshot builds this many between pauses: a few tenths of a millisecond of
+# CPU; and the pause of the comparison and reload threads after each chunk, in which a request
+# thread can take the GIL. The thread is idle most of the time (with the bench's 1,954 rows a
+# comparison lasts about 100 ms, for 12.6 ms of CPU against 7.3 ms in one go), so a request
+# that gives the GIL up for a moment (each call to Redis, each write to its client) seldom
+# finds it taken on return.
 FINGERPRINT_CHUNK_ROWS = 50
 COMPARISON_PAUSE_S = 0.001
 
@@ -386,28 +408,40 @@ class PolicyCache:
     version for every worker) is called, unless the store's version has already moved on; then
     ``noticed`` (the audit trail's record of the change) is called too.
 
-    Where that comparison runs: with ``compare_in_thread`` (what a Limiter in a server does),
-    in a thread of its own (``background.WorkerThread``: database connections of its own,
-    closed after each comparison; the lowest CPU priority), which the request that finds it
-    due wakes and does not wait for. The query and the digest take milliseconds of CPU (about
+    Where that comparison runs: with ``in_threads`` (what a Limiter in a server does), in a
+    thread of its own (``background.WorkerThread``: database connections of its own, closed
+    after each comparison; the lowest CPU priority), which the request that finds it due
+    wakes and does not wait for. The query and the digest take milliseconds of CPU (about
     7 ms with the bench's 1,954 rows, more on a loaded machine): on a request's path they held
     up that request and, on a sync worker, every request queued behind it (ours' p99 at a
     fixed rate was 0.6 ms above the bare Lua throttle's with it there, level with it
     without). The thread reads and hashes in chunks with pauses (``config_fingerprint``), so a
-    request wanting the GIL back seldom waits for it. Without ``compare_in_thread`` (tests,
-    whose rows are in a transaction no other connection sees, and whose test clock decides
-    when it is due), the request that finds it due compares. Either way one comparison at a
-    time, and the other requests serve the snapshot meanwhile. The version poll and a reload
-    stay on the request path: a poll is one Redis GET, and a reload must finish before the new
-    rules can be served.
+    request wanting the GIL back seldom waits for it. Without ``in_threads`` (tests, whose
+    rows are in a transaction no other connection sees, and whose test clock decides when it
+    is due), the request that finds it due compares. Either way one comparison at a time, and
+    the other requests serve the snapshot meanwhile. The version poll stays on the request
+    path: it is one Redis GET.
+
+    Where a reload runs: with ``in_threads``, a change this process learns of from elsewhere
+    (a new version in a reply or at the poll, rows that changed, a dated row starting or
+    ending) is compiled in a second thread, at normal priority (a reload must not wait behind
+    a busy machine's requests: the edit is due within about a second), while the requests
+    keep serving the rules in memory; compiling the bench's 1,954 rows takes about 30 ms, which
+    a request, and on a sync worker every request queued behind it, used to wait. An edit made
+    in this process (``invalidate()``: the commit of an admin save announces it) reloads in the
+    next request, as without threads, so the process that saved serves its edit at once; so
+    does the first load (there are no rules to serve meanwhile).
     """
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
-                 wall_clock=time.time, noticed=None, compare_in_thread=False):
+                 wall_clock=time.time, noticed=None, in_threads=False):
         self._read_version = read_version
         self._wall_clock = wall_clock
         self._load = load or self._compile
+        # the reload thread's compile pauses as the comparison's digest does (_paced)
+        self._load_in_thread = load or functools.partial(self._compile,
+                                                         pause_s=COMPARISON_PAUSE_S)
         self.check_interval_s = check_interval_s
         self.reload_interval_s = reload_interval_s
         self._fingerprint = fingerprint or config_fingerprint
@@ -427,20 +461,27 @@ class PolicyCache:
         self.compare_at = math.inf  # clock time the rows are next compared with the snapshot
         self.switch_at = math.inf   # clock time a dated row may start or end (see _schedule)
         self.due_at = math.inf      # the earlier of the two: the request path compares only it
+        # an edit made in this process (invalidate): reload in the request, not in the thread
+        self.reload_here = False
         self._row_comparison = (WorkerThread(self._compare_current_rows,
                                              "ratelimit-row-comparison", low_priority=True)
-                                if compare_in_thread else None)
+                                if in_threads else None)
+        self._reloader = (WorkerThread(self._reload_if_stale, "ratelimit-rules-reload")
+                          if in_threads else None)
 
-    def _compile(self, version):
-        return compile_snapshot(version, self._wall_clock())
+    def _compile(self, version, pause_s=0.0):
+        return compile_snapshot(version, self._wall_clock(), pause_s)
 
     def close(self):
-        """Stop the comparison thread, if one runs."""
-        if self._row_comparison is not None:
-            self._row_comparison.stop()
+        """Stop the comparison and reload threads, if they run."""
+        for thread in (self._row_comparison, self._reloader):
+            if thread is not None:
+                thread.stop()
 
     def invalidate(self):
-        """Reload at the next request, keeping the current rules if the reload fails."""
+        """Reload at the next request (in the request, also with ``in_threads``), keeping the
+        current rules if the reload fails."""
+        self.reload_here = True
         self.stale = True
 
     def reset(self):
@@ -479,7 +520,22 @@ class PolicyCache:
                 return snapshot
         if snapshot is not None and self._clock() < self.retry_at:
             return snapshot  # the last load failed moments ago; replies keep marking it stale
+        if self._reloads_in_thread(snapshot):
+            return snapshot
         return self._reload()
+
+    def _reloads_in_thread(self, snapshot):
+        """Wake the reload thread and return True when the stale ``snapshot`` may be served
+        until the thread has compiled the new one (see the class's docstring)."""
+        if self._reloader is None or snapshot is None or self.reload_here:
+            return False
+        self._reloader.wake()
+        return True
+
+    def _reload_if_stale(self):
+        """The reload thread's work."""
+        if self.stale:
+            self._reload(in_thread=True)
 
     def current(self):
         """Return the snapshot ``get()`` would return without reading the store or the
@@ -496,7 +552,9 @@ class PolicyCache:
                 self._compare_rows(snapshot, now)  # only wakes the thread
                 return snapshot
             return None
-        return snapshot if now < self.retry_at else None
+        if now < self.retry_at or self._reloads_in_thread(snapshot):
+            return snapshot
+        return None
 
     def _version_or(self, fallback):
         from .stores import StoreUnavailable
@@ -527,6 +585,8 @@ class PolicyCache:
         finally:
             self._compare_lock.release()
         if self._row_comparison is not None:
+            # the reload thread is started here, by a request's thread, at normal priority
+            self._reloader.ensure_running()
             self._row_comparison.wake()
 
     def _compare_current_rows(self):
@@ -560,6 +620,10 @@ class PolicyCache:
             if self._noticed is not None:
                 self._noticed()
         self.stale = True
+        if self._reloader is not None and self._reloader.running:
+            # no request needs to come first; but never started from here: on Linux a thread
+            # inherits the nice value of the thread that starts it (19 here)
+            self._reloader.wake()
 
     def _announce_new_version(self):
         from .stores import StoreUnavailable
@@ -573,7 +637,7 @@ class PolicyCache:
                          "the other workers (%s); each notices within CONFIG_RELOAD_INTERVAL_S",
                          exc)
 
-    def _reload(self):
+    def _reload(self, in_thread=False):
         with self._lock:
             if self.snapshot is not None and not self.stale:
                 return self.snapshot  # another thread reloaded while we waited
@@ -582,19 +646,23 @@ class PolicyCache:
             try:
                 # the digest before the rows: a change landing between the two then makes the
                 # next comparison reload once more, rather than hide behind a newer digest
-                fingerprint = self._fingerprint() if self.reload_interval_s else None
-                snapshot = self._load(version)
+                if in_thread:
+                    fingerprint_now, load = self._fingerprint_in_thread, self._load_in_thread
+                else:
+                    fingerprint_now, load = self._fingerprint, self._load
+                fingerprint = fingerprint_now() if self.reload_interval_s else None
+                snapshot = load(version)
             except Exception:  # a DB outage must not turn into 500s: keep the old rules
                 logger.exception("ratelimit_app: could not load the quota configuration")
                 if self.snapshot is None:
                     self.snapshot = Snapshot(version="unknown")
                 # try again at the next version poll, not on every request
-                self.stale = False
+                self.stale = self.reload_here = False
                 self.checked_at = self._clock()
                 self.retry_at = self.checked_at + self.check_interval_s
                 return self.snapshot
             self.snapshot, self.fingerprint = snapshot, fingerprint
-            self.stale = False
+            self.stale = self.reload_here = False
             self.checked_at = self._clock()
             self.compare_at = (self.checked_at + self.reload_interval_s
                                if self.reload_interval_s else math.inf)

@@ -285,7 +285,7 @@ def comparing_in_a_thread(fingerprint):
     now = [0.0]
     cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
                         load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
-                        compare_in_thread=True)
+                        in_threads=True)
     snapshot = cache.get()
     now[0] = INTERVAL_S + 1
     return cache, snapshot
@@ -305,14 +305,16 @@ def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
         assert fingerprint.priorities == [19]  # the lowest: the cores go to requests first
         assert cache.compare_at == 2 * INTERVAL_S + 1  # the next one is due an interval later
         fingerprint.release.set()
-        poll_until(lambda: cache.stale, timeout_s=10, what="the comparison's verdict")
-        assert cache.get() is not snapshot  # the rows differ: the next request reloads
-        # one comparison, then the reload's digest, taken by the request that reloads
-        assert fingerprint.threads == ["ratelimit-row-comparison",
-                                       threading.current_thread().name]
+        # the rows differ: the comparison wakes the reload thread, no request needed
+        poll_until(lambda: cache.snapshot is not snapshot, timeout_s=10,
+                   what="the reload after the comparison's verdict")
+        assert cache.get() is cache.snapshot and not cache.stale
+        # one comparison, then the reload's digest, each in its own thread
+        assert fingerprint.threads == ["ratelimit-row-comparison", "ratelimit-rules-reload"]
+        assert fingerprint.priorities == [19, 0]  # the reload is due within about a second
     finally:
         cache.close()
-    assert not cache._row_comparison.running
+    assert not cache._row_comparison.running and not cache._reloader.running
 
 
 def test_the_event_loop_wakes_the_comparison_thread_and_serves_the_rules_in_memory():
@@ -344,11 +346,109 @@ def test_a_server_limiter_compares_in_its_thread_and_serves_an_update(settings):
         with CaptureQueriesContext(connection) as captured:
             poll_until(lambda: bursts(worker) == {"free-ip": 9}, timeout_s=10,
                        what="the update to be served")
-        # this thread's digests: the reload's only, never a comparison's
-        assert len(fingerprint_queries(captured)) == 1
-        assert worker.policies._row_comparison.running
+        # the comparison and the reload ran in their threads: this one queried nothing
+        assert database_work(captured) == []
+        assert worker.policies._row_comparison.running and worker.policies._reloader.running
     finally:
         worker.close()
+
+
+class HeldLoad:
+    """A ``load`` for PolicyCache: the first snapshot at once, then each one held until
+    ``release``, recording the thread that compiled it."""
+
+    def __init__(self):
+        self.loaded = False
+        self.loading, self.release = threading.Event(), threading.Event()
+        self.threads = []
+
+    def __call__(self, version):
+        if self.loaded:
+            self.threads.append(threading.current_thread().name)
+            self.loading.set()
+            assert self.release.wait(10)
+        self.loaded = True
+        return Snapshot(version=version)
+
+
+def reloading_in_a_thread(versions):
+    """A PolicyCache with threads whose load is held; returns (cache, load, first snapshot).
+    ``versions`` is the store's version, a one-item list the test changes."""
+    load = HeldLoad()
+    cache = PolicyCache(lambda: versions[0], check_interval_s=3600, clock=lambda: 0.0,
+                        load=load, in_threads=True)
+    return cache, load, cache.get()
+
+
+def test_a_new_version_is_compiled_in_a_thread_while_requests_keep_the_rules_in_memory():
+    versions = ["v1"]
+    cache, load, snapshot = reloading_in_a_thread(versions)
+    try:
+        versions[0] = "v2"
+        cache.observe_version("v2")  # what a reply from the store carries after an edit
+        # the compile is held in the database: every request is served meanwhile, the one
+        # that found the snapshot stale included, on both paths (current() is the event loop's)
+        assert cache.get() is snapshot
+        assert load.loading.wait(10)
+        assert [cache.get() for _ in range(50)] == [snapshot] * 50
+        assert cache.current() is snapshot
+        assert load.threads == ["ratelimit-rules-reload"]  # one compile, in the thread
+        load.release.set()
+        poll_until(lambda: cache.get().version == "v2", timeout_s=10, what="the new rules")
+        assert load.threads == ["ratelimit-rules-reload"] and not cache.stale
+    finally:
+        cache.close()
+    assert not cache._reloader.running
+
+
+def test_an_edit_made_in_this_process_is_compiled_in_the_request_that_follows():
+    """The process that saved serves its edit at once (the admin's next page, the simulator)."""
+    versions = ["v1"]
+    cache, load, snapshot = reloading_in_a_thread(versions)
+    load.release.set()
+    try:
+        versions[0] = "v2"
+        cache.invalidate()  # what bump_config_version does on an admin save's commit
+        reloaded = cache.get()
+        assert reloaded is not snapshot and reloaded.version == "v2"
+        assert load.threads == [threading.current_thread().name]
+        assert not cache._reloader.running  # never needed
+        # a later change learnt from the store goes to the thread again
+        versions[0] = "v3"
+        cache.observe_version("v3")
+        poll_until(lambda: cache.get().version == "v3", timeout_s=10, what="the v3 rules")
+        assert load.threads[-1] == "ratelimit-rules-reload"
+    finally:
+        cache.close()
+
+
+def test_a_failed_reload_in_the_thread_keeps_the_rules_in_memory(caplog):
+    versions = ["v1"]
+    loads = iter([Snapshot(version="v1"), RuntimeError("the database is gone"),
+                  Snapshot(version="v2")])
+
+    def load(version):
+        loaded = next(loads)
+        if isinstance(loaded, Exception):
+            raise loaded
+        return loaded
+
+    now = [0.0]
+    cache = PolicyCache(lambda: versions[0], check_interval_s=5, clock=lambda: now[0],
+                        load=load, in_threads=True)
+    snapshot = cache.get()
+    try:
+        versions[0] = "v2"
+        cache.observe_version("v2")
+        assert cache.get() is snapshot
+        poll_until(lambda: cache.retry_at == 5, timeout_s=10, what="the failed reload")
+        assert "could not load the quota configuration" in caplog.text
+        assert cache.get() is snapshot  # the rules in memory, until the next poll's retry
+        now[0] = 6
+        cache.observe_version("v2")
+        poll_until(lambda: cache.get().version == "v2", timeout_s=10, what="the retried reload")
+    finally:
+        cache.close()
 
 
 # --- what announces at once ---------------------------------------------------------------
@@ -469,6 +569,29 @@ def test_the_comparison_threads_digest_in_chunks_is_the_same_digest(plan, monkey
     last = Rule.objects.order_by("pk").last()
     Rule.objects.filter(pk=last.pk).update(burst=9)
     assert config_fingerprint(pause_s=0.001) == config_fingerprint() != whole
+
+
+def test_the_reload_threads_compile_in_chunks_is_the_same_snapshot(plan, monkeypatch):
+    """The reload thread's compile (pausing after every chunk of rows it builds) gives the
+    snapshot the request path's gives, over rows spanning several chunks of several tables."""
+    chunk = policy.FINGERPRINT_CHUNK_ROWS
+    Rule.objects.bulk_create(
+        Rule(name=f"many-{i}", plan=plan, scope=Scope.IP, endpoint=f"e{i}", rate=1 + i,
+             period_s=60, burst=HUGE) for i in range(2 * chunk + 10))
+    EndpointCost.objects.bulk_create(
+        EndpointCost(endpoint=f"e{i}", plan=plan, cost=1 + i % 7) for i in range(chunk + 5))
+    IdentityOverride.objects.bulk_create(
+        IdentityOverride(ip=f"192.0.2.{i}", exempt=i % 2 == 0, burst=None if i % 2 == 0 else 5)
+        for i in range(1, chunk + 5))
+    pauses = []
+    monkeypatch.setattr(policy.time, "sleep", pauses.append)
+    now = 1_800_000_000.0
+    whole = policy.compile_snapshot("v1", now)
+    assert pauses == []  # the request path's compile never sleeps
+    paced = policy.compile_snapshot("v1", now, pause_s=0.001)
+    assert paced == whole and len(paced.rules) == 2 * chunk + 11 and len(paced.costs) == chunk + 5
+    # rules: 2 chunks, costs and overrides: 1 each (the plan's one row and the rest: none)
+    assert len(pauses) == 4 and set(pauses) == {0.001}
 
 
 # --- the setting -----------------------------------------------------------------------------
