@@ -17,8 +17,14 @@ slower to drain, fell behind the rate. ``h2load --rps`` paces its clients the sa
 not reopen the connections gunicorn's sync workers close.
 
 The figure that matters is the p99 a throttle adds over the no-throttle server of the same
-kind; ours is compared with the bare 4-key Lua throttle's.
+kind; ours is compared with the bare 4-key Lua throttle's. One more WSGI row (not a target):
+ours' server again while this process writes a new config version every second, as if an
+operator saved a quota each second; each worker then compiles the bench's 1,954 rows anew
+each second (see docs/howto/apply-edits.md, "Where the reload runs").
 """
+
+import contextlib
+import threading
 
 from . import servers
 from .fixed_rate import run_fixed_rate
@@ -31,7 +37,10 @@ KINDS = {  # kind -> (server names by variant, path, label)
     "asgi": ({"none": "none-asgi", "lua": "lua-asgi", "ours": "ours-asgi"}, "/aitem/",
              "ASGI (uvicorn 2 workers), async def view"),
 }
-VARIANT_LABELS = {"none": "no throttle", "lua": "bare 4-key Lua throttle", "ours": "ours"}
+VARIANT_LABELS = {"none": "no throttle", "lua": "bare 4-key Lua throttle", "ours": "ours",
+                  "ours-edits": "ours, a config edit every second"}
+# the row of ours under edits: its server, and the seconds between two new config versions
+EDITS_RUN, EDITS_SERVER, EDIT_EVERY_S = "ours-edits", "ours", 1.0
 P99_ADDED_LIMIT = 1.1  # ours' added p99 over the bare Lua throttle's (issue 19)
 
 
@@ -57,12 +66,35 @@ def percentile(values, share):
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
+@contextlib.contextmanager
+def config_edits(every_s):
+    """Write a new config version every ``every_s`` seconds while the block runs (the admin's
+    save does the same on commit); yield a list that ends up holding how many were written."""
+    from ratelimit_app.limiter import default_limiter
+
+    limiter, stop, written = default_limiter(), threading.Event(), [0]
+
+    def edit():
+        while not stop.wait(every_s):
+            limiter.bump_config_version()
+            written[0] += 1
+    thread = threading.Thread(target=edit, name="bench-config-edits", daemon=True)
+    thread.start()
+    try:
+        yield written
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def run(env, quick):
     rounds, seconds = (1, 4) if quick else (4, 8)
     running = start_servers()
-    times = {name: [] for name in running}
-    failed = {name: 0 for name in running}
-    late = {name: [] for name in running}  # how far after its slot each request went out
+    runs = [*running, EDITS_RUN]
+    times = {name: [] for name in runs}
+    failed = {name: 0 for name in runs}
+    late = {name: [] for name in runs}  # how far after its slot each request went out
+    edits = 0
     rates = {}
     try:
         for kind, (names, path, _) in KINDS.items():
@@ -72,11 +104,16 @@ def run(env, quick):
                            for name in names.values())
             rates[kind] = round(capacity * LOAD_SHARE)
         order = [(kind, name) for kind, (names, _, _) in KINDS.items() for name in names.values()]
+        order.append(("wsgi", EDITS_RUN))
         for round_number in range(rounds):
             shift = round_number % len(order)
             for kind, name in order[shift:] + order[:shift]:
-                result = run_fixed_rate("127.0.0.1", running[name].port, KINDS[kind][1],
-                                         rates[kind], seconds)
+                server = running[EDITS_SERVER if name == EDITS_RUN else name]
+                with config_edits(EDIT_EVERY_S) if name == EDITS_RUN else \
+                        contextlib.nullcontext([0]) as written:
+                    result = run_fixed_rate("127.0.0.1", server.port, KINDS[kind][1],
+                                            rates[kind], seconds)
+                edits += written[0]
                 times[name] += result.times_ms
                 failed[name] += result.failed
                 late[name] += result.late_ms
@@ -108,6 +145,9 @@ def run(env, quick):
             (0.0 if ours_added <= 0 else float("inf"))
         ratios[f"latency.p99_added_vs_bare_lua.{kind}"] = ratio
         ratios[f"latency.p999_ms.{kind}.ours"] = p["ours"][0.999]
+        if kind == "wsgi":
+            rows.append(_edits_row(label, rates[kind], times, failed, late, p["none"][0.99],
+                                   results, ratios, edits))
         targets.append((f"3. latency {kind.upper()}: ours' added p99 ≤ {P99_ADDED_LIMIT}× the "
                         f"bare Lua throttle's (over no throttle, {rates[kind]} req/s)",
                         f"{ratio:.2f}× ({ours_added:+.2f} vs {lua_added:+.2f} ms)",
@@ -119,3 +159,18 @@ def run(env, quick):
     return {"title": f"3. Latency at a fixed rate (open loop, evenly spaced, {LOAD_SHARE:.0%} of "
                      f"the slowest variant's capacity, {seconds} s × {rounds} rounds each)",
             "markdown": markdown, "results": results, "ratios": ratios, "targets": targets}
+
+
+def _edits_row(label, rate, times, failed, late, none_p99, results, ratios, edits):
+    """The table row of ours under edits (and its results and ratios, not a target)."""
+    name = EDITS_RUN
+    p = {share: percentile(times[name], share) for share in (0.5, 0.99, 0.999)}
+    added = p[0.99] - none_p99
+    results[name] = {"rate_rps": rate, "requests": len(times[name]), "p50_ms": p[0.5],
+                     "p99_ms": p[0.99], "p999_ms": p[0.999], "p99_added_ms": added,
+                     "non_2xx": failed[name], "send_late_p99_ms": percentile(late[name], 0.99),
+                     "config_edits": edits}
+    ratios["latency.wsgi.ours_with_edits.p99_added_ms"] = added
+    ratios["latency.wsgi.ours_with_edits.p999_ms"] = p[0.999]
+    return [label, f"{VARIANT_LABELS[name]} ({edits} edits)", rate, len(times[name]), p[0.5],
+            p[0.99], p[0.999], f"{added:+.2f}", failed[name], percentile(late[name], 0.99)]
