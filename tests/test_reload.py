@@ -422,6 +422,29 @@ def test_an_edit_made_in_this_process_is_compiled_in_the_request_that_follows():
         cache.close()
 
 
+def test_an_edit_made_here_while_the_thread_reloads_is_reloaded_after_it():
+    """The thread may have read the rows before this process's edit committed: its snapshot
+    must not pass for the edit's."""
+    versions = ["v1"]
+    cache, load, snapshot = reloading_in_a_thread(versions)
+    try:
+        versions[0] = "v2"
+        cache.observe_version("v2")
+        assert cache.get() is snapshot
+        assert load.loading.wait(10)  # the thread has read version v2 and holds the rows
+        versions[0] = "v3"
+        cache.invalidate()  # an admin save in this process commits meanwhile
+        load.release.set()
+        poll_until(lambda: cache.snapshot.version == "v2" and not cache._lock.locked(),
+                   timeout_s=10, what="the thread's reload")
+        assert cache.stale and cache.reload_here
+        assert cache.get().version == "v3"  # reloaded in the request, after the thread's
+        assert load.threads == ["ratelimit-rules-reload", threading.current_thread().name]
+        assert not cache.stale
+    finally:
+        cache.close()
+
+
 def test_a_failed_reload_in_the_thread_keeps_the_rules_in_memory(caplog):
     versions = ["v1"]
     loads = iter([Snapshot(version="v1"), RuntimeError("the database is gone"),
