@@ -155,7 +155,7 @@ class Limiter:
                                     check_interval_s=config["CONFIG_CHECK_INTERVAL_S"],
                                     clock=monotonic,
                                     reload_interval_s=reload_interval_s(config),
-                                    announce=self.bump_config_version,
+                                    announce=self._announce_noticed_change,
                                     wall_clock=wall_time,
                                     noticed=_record_outside_change,
                                     in_threads=metrics_autostart)
@@ -508,8 +508,19 @@ class Limiter:
         worker already holds, and that worker would never load the edit. The value is the clock
         in ms (readable when debugging) plus 64 random bits. This process reloads at once.
         """
-        version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
         self.policies.invalidate()
+        return self._write_new_version()
+
+    def _announce_noticed_change(self):
+        """Tell every worker to reload: what the comparison of the rows does when it finds
+        them changed. Unlike ``bump_config_version``, this process's snapshot is left to the
+        comparison, which marks it stale and has its reload thread compile the rows (an edit
+        made here reloads in the request instead: see PolicyCache)."""
+        self._write_new_version()
+
+    def _write_new_version(self):
+        """Write a config version never used before (see bump_config_version); return it."""
+        version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
         self._guarded(self.store.write_version, self.version_key, version)
         return version
 
