@@ -472,9 +472,9 @@ class PolicyCache:
         self.compare_at = math.inf  # clock time the rows are next compared with the snapshot
         self.switch_at = math.inf   # clock time a dated row may start or end (see _schedule)
         self.due_at = math.inf      # the earlier of the two: the request path compares only it
-        # an edit made in this process (invalidate): reload in the request, not in the thread
-        self.reload_here = False
-        self._edits_here = 0  # invalidate() calls so far (see _reload)
+        # invalidate() calls so far, and how many of them the last reload covered (see
+        # reload_here and _reload)
+        self._edits_here = self._edits_reloaded = 0
         self._row_comparison = (WorkerThread(self._compare_current_rows,
                                              "ratelimit-row-comparison", low_priority=True)
                                 if in_threads else None)
@@ -494,8 +494,13 @@ class PolicyCache:
         """Reload at the next request (in the request, also with ``in_threads``), keeping the
         current rules if the reload fails."""
         self._edits_here += 1
-        self.reload_here = True
         self.stale = True
+
+    @property
+    def reload_here(self):
+        """True after an edit made in this process that no reload has covered yet: the next
+        request reloads itself rather than leave it to the reload thread."""
+        return self._edits_here != self._edits_reloaded
 
     def reset(self):
         """Drop the snapshot; the next request compiles a new one."""
@@ -673,12 +678,14 @@ class PolicyCache:
                 if self.snapshot is None:
                     self.snapshot = Snapshot(version="unknown")
                 # try again at the next version poll, not on every request
-                self.stale = self.reload_here = False
+                self.stale = False
+                self._edits_reloaded = self._edits_here
                 self.checked_at = self._clock()
                 self.retry_at = self.checked_at + self.check_interval_s
                 return self.snapshot
             self.snapshot, self.fingerprint = snapshot, fingerprint
-            self.stale = self.reload_here = self._edits_here != edits_seen
+            self._edits_reloaded = edits_seen
+            self.stale = self.reload_here
             self.checked_at = self._clock()
             self.compare_at = (self.checked_at + self.reload_interval_s
                                if self.reload_interval_s else math.inf)
