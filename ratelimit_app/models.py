@@ -95,6 +95,24 @@ def schedule_fields(what="the row"):
     )
 
 
+def schedule_of(starts_at, ends_at, now):
+    """Return the Schedule value, at the datetime ``now``, of a row starting at ``starts_at``
+    and ending at ``ends_at`` (None: no start, no end). The policy compile reads rows as
+    tuples, not model instances, and asks this directly."""
+    if ends_at is not None and ends_at <= now:
+        return Schedule.EXPIRED
+    if starts_at is not None and starts_at > now:
+        return Schedule.SCHEDULED
+    if starts_at is None and ends_at is None:
+        return Schedule.PERMANENT
+    return Schedule.ACTIVE
+
+
+def active_at(starts_at, ends_at, now):
+    """Return True if a row with these dates applies at the datetime ``now``."""
+    return schedule_of(starts_at, ends_at, now) in (Schedule.PERMANENT, Schedule.ACTIVE)
+
+
 class Scheduled:
     """What a model with ``schedule_fields()`` can say about its dates.
 
@@ -104,17 +122,11 @@ class Scheduled:
 
     def schedule_at(self, now):
         """Return the Schedule value of this row at the datetime ``now``."""
-        if self.ends_at is not None and self.ends_at <= now:
-            return Schedule.EXPIRED
-        if self.starts_at is not None and self.starts_at > now:
-            return Schedule.SCHEDULED
-        if self.starts_at is None and self.ends_at is None:
-            return Schedule.PERMANENT
-        return Schedule.ACTIVE
+        return schedule_of(self.starts_at, self.ends_at, now)
 
     def is_active_at(self, now):
         """Return True if the row applies at the datetime ``now``."""
-        return self.schedule_at(now) in (Schedule.PERMANENT, Schedule.ACTIVE)
+        return active_at(self.starts_at, self.ends_at, now)
 
     def clean_schedule(self):
         """Raise ValidationError if the end is not after the start."""

@@ -202,10 +202,10 @@ def compile_snapshot(version, now=None, pause_s=0.0):
 
 def _paced(queryset, pause_s):
     """Return ``queryset``'s rows as an iterable; with ``pause_s``, one that sleeps that long
-    after every FINGERPRINT_CHUNK_ROWS rows. The ORM builds each row's model instance as it is
-    iterated, holding the GIL (about 30 ms for the bench's 1,954 rows): in a thread that never
-    pauses, a request thread returning from a system call (Redis, its client) waits up to the
-    interpreter's 5 ms switch interval for it, several times per request."""
+    after every FINGERPRINT_CHUNK_ROWS rows. Building the rows holds the GIL (about 10 ms for
+    the bench's 1,954 rows): in a thread that never pauses, a request thread returning from a
+    system call (Redis, its client) waits up to the interpreter's 5 ms switch interval for it,
+    several times per request."""
     if not pause_s:
         return queryset
     return _paced_rows(queryset, pause_s)
@@ -218,46 +218,62 @@ def _paced_rows(queryset, pause_s):
             time.sleep(pause_s)
 
 
+def _rows(queryset, *fields, pause_s=0.0):
+    """Return ``queryset``'s rows as named tuples of ``fields`` (paced, see _paced). Tuples,
+    not model instances: building those was about 90 % of a compile (33 ms against 11 ms for
+    the bench's rows), and a worker compiles at every edit."""
+    return list(_paced(queryset.values_list(*fields, named=True), pause_s))
+
+
 def _read_snapshot(version, now, pause_s=0.0):
     from .identity import limited_ip
     from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
-                         Plan, PlanAssignment, Rule, parse_alert_thresholds)
+                         Plan, PlanAssignment, Rule, active_at, parse_alert_thresholds)
 
     moment = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
 
-    plans = list(_paced(Plan.objects.all(), pause_s))
+    plans = _rows(Plan.objects.all(), "slug", "default_for_authenticated",
+                  "default_for_anonymous", pause_s=pause_s)
+    fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
     rules = tuple(
         CompiledRule(
-            id=r.id, name=r.name, scope=r.scope, plan=r.plan.slug if r.plan_id else None,
+            id=r.id, name=r.name, scope=r.scope, plan=r.plan__slug,
             endpoint=r.endpoint, rate=r.rate, period_s=r.period_s, burst=r.burst,
             shadow=r.mode == Mode.SHADOW,
-            fail_open={FailureMode.OPEN: True, FailureMode.CLOSED: False}.get(r.on_redis_failure),
+            fail_open=fail_open.get(r.on_redis_failure),
             failed_auth=r.counts == Counts.FAILED_AUTH,
             lease=r.lease,
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
             concurrency=r.kind == Kind.CONCURRENCY,
             alerts=_alert_thresholds(r, parse_alert_thresholds),
         )
-        for r in _paced(Rule.objects.filter(enabled=True).select_related("plan").order_by("id"),
-                        pause_s)
+        for r in _rows(Rule.objects.filter(enabled=True).order_by("id"),
+                       "id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s",
+                       "burst", "mode", "on_redis_failure", "counts", "lease", "calendar_period",
+                       "kind", "alert_thresholds", pause_s=pause_s)
     )
-    assignment_rows = list(_paced(PlanAssignment.objects.select_related("plan"), pause_s))
+    assignment_rows = _rows(PlanAssignment.objects.all(), "user_id", "plan__slug", "tenant",
+                            "starts_at", "ends_at", pause_s=pause_s)
     assignments = {
-        str(a.user_id): (a.plan.slug, a.tenant)
-        for a in assignment_rows if a.is_active_at(moment)
+        str(a.user_id): (a.plan__slug, a.tenant)
+        for a in assignment_rows if active_at(a.starts_at, a.ends_at, moment)
     }
-    key_rows = list(_paced(ApiKey.objects.filter(active=True).select_related("plan"), pause_s))
+    key_rows = _rows(ApiKey.objects.filter(active=True), "id", "digest", "prefix", "user_id",
+                     "plan_id", "plan__slug", "tenant", "starts_at", "ends_at", pause_s=pause_s)
     # a key's plan outside its dates is None: the key is on its user's plan meanwhile
     api_keys = {
         k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
-                              k.plan.slug if k.plan_id and k.is_active_at(moment) else None,
+                              k.plan__slug if k.plan_id and active_at(k.starts_at, k.ends_at,
+                                                                      moment) else None,
                               k.tenant)
         for k in key_rows
     }
     overrides = {}
-    override_rows = list(_paced(IdentityOverride.objects.order_by("id"), pause_s))
+    override_rows = _rows(IdentityOverride.objects.order_by("id"), "user_id", "api_key_id", "ip",
+                          "exempt", "rule_id", "rate", "period_s", "burst", "starts_at",
+                          "ends_at", pause_s=pause_s)
     # the dated ones after the permanent ones: the engine applies them in order, the last wins
-    active = sorted((o for o in override_rows if o.is_active_at(moment)),
+    active = sorted((o for o in override_rows if active_at(o.starts_at, o.ends_at, moment)),
                     key=lambda o: o.starts_at is not None or o.ends_at is not None)
     for o in active:
         if o.user_id:
@@ -269,8 +285,9 @@ def _read_snapshot(version, now, pause_s=0.0):
         overrides.setdefault(who, []).append(
             OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
     costs = {
-        (c.endpoint, c.method, c.plan.slug if c.plan_id else None): c.cost
-        for c in _paced(EndpointCost.objects.select_related("plan"), pause_s)
+        (c.endpoint, c.method, c.plan__slug): c.cost
+        for c in _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug", "cost",
+                       pause_s=pause_s)
     }
     return Snapshot(
         version=version,
@@ -302,11 +319,12 @@ COMPARISON_PAUSE_S = 0.001
 # The reload thread's pause, longer: it runs at normal priority (a reload is due within about a
 # second, even on a busy machine; and a thread of low priority holding the GIL would hold up
 # the requests waiting for it), so its share of its worker's GIL is kept down by pausing
-# instead: with 3 ms after each chunk of about half a millisecond, at most about 15 %. With the
-# bench's 1,954 rows a reload (digest and compile) then lasts about 0.4 s, for 43 ms of CPU
-# (39 ms in one go). Measured with a config edit every second at 1,250 req/s (gunicorn, 2 sync
-# workers): ours' p99 40 ms compiling in the request, 22 ms in the thread pausing 1 ms,
-# 8-10 ms pausing 3 ms.
+# instead: with 3 ms after each chunk of a few tenths of a millisecond, at most about 10 %.
+# With the bench's 1,954 rows a reload (digest and compile) then lasts about 0.4 s, for 28 ms
+# of CPU (26 ms in one go; 51 ms while the compile built model instances). Measured with a
+# config edit every second at 1,250 req/s (gunicorn, 2 sync workers), with model instances:
+# ours' p99 40 ms compiling in the request, 22 ms in the thread pausing 1 ms, 8-10 ms pausing
+# 3 ms.
 RELOAD_PAUSE_S = 0.003
 
 
@@ -436,8 +454,9 @@ class PolicyCache:
     ending) is compiled in a second thread, at normal priority (a reload must not wait behind
     a busy machine's requests: the edit is due within about a second), while the requests
     keep serving the rules in memory. A reload (digest and compile) of the bench's 1,954 rows
-    takes about 40 ms of CPU, which a request, and on a sync worker every request queued behind
-    it, used to wait; the thread paces itself (``RELOAD_PAUSE_S``). An edit made
+    takes about 26 ms of CPU (51 ms before the compile read tuples), which a request, and on a
+    sync worker every request queued behind it, used to wait; the thread paces itself
+    (``RELOAD_PAUSE_S``). An edit made
     in this process (``invalidate()``: the commit of an admin save announces it) reloads in the
     next request, as without threads, so the process that saved serves its edit at once; so
     does the first load (there are no rules to serve meanwhile).
