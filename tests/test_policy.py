@@ -92,6 +92,51 @@ def test_compiled_rule_carries_mode_and_failure_mode():
     assert by_name["opens"].fail_open is True
 
 
+def test_the_compile_reads_tuples_and_builds_no_model_instance():
+    """A reload reads every configuration row: as model instances that took three times the
+    CPU (33 ms against 11 ms for the bench's rows), each edit stalling requests for longer.
+    The snapshot still carries every field, through the joins included (a rule's plan, a key's
+    plan, a cost's plan) and the dates (an assignment not yet started is left out)."""
+    from datetime import datetime, timedelta, timezone
+
+    from django.db.models.signals import post_init
+
+    from ratelimit_app import policy
+    from ratelimit_app.models import ApiKey, hash_api_key
+
+    pro = add_plan("pro", default_for_authenticated=True)
+    rule = add_rule("pro-user", pro, mode=Mode.SHADOW, on_redis_failure=FailureMode.OPEN,
+                    alert_thresholds="50,90")
+    user, later = add_user("ann", pro), add_user("bob")
+    now = datetime(2027, 1, 1, tzinfo=timezone.utc)
+    PlanAssignment.objects.create(user=later, plan=pro, starts_at=now + timedelta(days=1))
+    key, _ = ApiKey.create_key(user, "ci", raw_key="rk_test_compile", plan=pro, tenant="acme")
+    IdentityOverride.objects.create(user=user, rule=rule, rate=5, period_s=10, burst=7)
+    EndpointCost.objects.create(endpoint="api:search", plan=pro, cost=3)
+    built = []
+
+    def count(sender, **kwargs):
+        built.append(sender.__name__)
+    post_init.connect(count)
+    try:
+        snapshot = policy.compile_snapshot("v", now.timestamp())
+    finally:
+        post_init.disconnect(count)
+
+    assert built == []
+    (compiled,) = snapshot.rules
+    assert (compiled.plan, compiled.shadow, compiled.fail_open, compiled.alerts) == \
+        ("pro", True, True, (50, 90))
+    assert snapshot.default_authenticated_plan == "pro" and snapshot.plans == {"pro"}
+    assert snapshot.assignments == {str(user.pk): ("pro", "")}
+    assert snapshot.next_change_at == (now + timedelta(days=1)).timestamp()
+    entry = snapshot.api_keys[hash_api_key("rk_test_compile")]
+    assert (entry.id, entry.user_id, entry.plan, entry.tenant) == (key.pk, str(user.pk), "pro",
+                                                                   "acme")
+    assert snapshot.overrides[("user", str(user.pk))][0].rule_id == rule.pk
+    assert snapshot.costs == {("api:search", "*", "pro"): 3}
+
+
 # --- cost_for ----------------------------------------------------------------------------------
 
 def test_cost_for_prefers_the_most_specific_row():
