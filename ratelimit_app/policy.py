@@ -468,17 +468,10 @@ class PolicyCache:
                  wall_clock=time.time, noticed=None, in_threads=False):
         self._read_version = read_version
         self._wall_clock = wall_clock
-        self._load = load or self._compile
-        self._load_in_thread = load or functools.partial(self._compile, pause_s=RELOAD_PAUSE_S)
+        # the compile and the digest of the rows, when a test gives its own (see _load, _digest)
+        self._given_load, self._given_fingerprint = load, fingerprint
         self.check_interval_s = check_interval_s
         self.reload_interval_s = reload_interval_s
-        self._fingerprint = fingerprint or config_fingerprint
-        # the comparison thread's digest yields the GIL between chunks (config_fingerprint)
-        self._fingerprint_in_thread = fingerprint or functools.partial(
-            config_fingerprint, pause_s=COMPARISON_PAUSE_S)
-        # the reload thread's digest and compile pause longer (see RELOAD_PAUSE_S)
-        self._fingerprint_in_reload = fingerprint or functools.partial(
-            config_fingerprint, pause_s=RELOAD_PAUSE_S)
         self._announce = announce
         self._noticed = noticed  # called once this worker announced rows changed unannounced
         self._clock = clock
@@ -501,8 +494,18 @@ class PolicyCache:
         self._reloader = (WorkerThread(self._reload_if_stale, "ratelimit-rules-reload")
                           if in_threads else None)
 
-    def _compile(self, version, pause_s=0.0):
+    def _load(self, version, pause_s=0.0):
+        """Compile the rows into a snapshot of ``version``; a thread passes its pause
+        (COMPARISON_PAUSE_S, RELOAD_PAUSE_S: it yields the GIL between chunks of rows)."""
+        if self._given_load is not None:
+            return self._given_load(version)
         return compile_snapshot(version, self._wall_clock(), pause_s)
+
+    def _digest(self, pause_s=0.0):
+        """Return the digest of the rows (``config_fingerprint``), pausing as ``_load`` does."""
+        if self._given_fingerprint is not None:
+            return self._given_fingerprint()
+        return config_fingerprint(pause_s=pause_s)
 
     def close(self):
         """Stop the comparison and reload threads, if they run."""
@@ -619,7 +622,7 @@ class PolicyCache:
             self.compare_at = now + self.reload_interval_s
             self.due_at = min(self.compare_at, self.switch_at)
             if self._row_comparison is None:
-                self._compare_with(snapshot, self._fingerprint)
+                self._compare_with(snapshot)
         finally:
             self._compare_lock.release()
         if self._row_comparison is not None:
@@ -632,14 +635,14 @@ class PolicyCache:
         snapshot = self.snapshot
         if snapshot is not None and not self.stale:
             with self._compare_lock:
-                self._compare_with(snapshot, self._fingerprint_in_thread)
+                self._compare_with(snapshot, pause_s=COMPARISON_PAUSE_S)
 
-    def _compare_with(self, snapshot, fingerprint_now):
-        """Compare the rows with those ``snapshot`` was compiled from (one query, through
-        ``fingerprint_now``); on a difference, mark it stale and announce a new version."""
+    def _compare_with(self, snapshot, pause_s=0.0):
+        """Compare the rows with those ``snapshot`` was compiled from (one query, see _digest);
+        on a difference, mark it stale and announce a new version."""
         expected = self.fingerprint
         try:
-            fingerprint = fingerprint_now()
+            fingerprint = self._digest(pause_s)
         except Exception:  # a DB outage must not turn into 500s: keep the rules we have
             logger.exception("ratelimit_app: could not compare the quota rows with the "
                              "rules in memory")
@@ -687,12 +690,9 @@ class PolicyCache:
             try:
                 # the digest before the rows: a change landing between the two then makes the
                 # next comparison reload once more, rather than hide behind a newer digest
-                if in_thread:
-                    fingerprint_now, load = self._fingerprint_in_reload, self._load_in_thread
-                else:
-                    fingerprint_now, load = self._fingerprint, self._load
-                fingerprint = fingerprint_now() if self.reload_interval_s else None
-                snapshot = load(version)
+                pause_s = RELOAD_PAUSE_S if in_thread else 0.0
+                fingerprint = self._digest(pause_s) if self.reload_interval_s else None
+                snapshot = self._load(version, pause_s)
             except Exception:  # a DB outage must not turn into 500s: keep the old rules
                 logger.exception("ratelimit_app: could not load the quota configuration")
                 if self.snapshot is None:
