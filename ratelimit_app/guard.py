@@ -22,7 +22,8 @@ from .limiter import default_limiter
 
 __all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot",
            "release_slot", "endpoint_name", "mark_authentication_failed",
-           "charge_failed_authentication", "acharge_failed_authentication",
+           "authentication_failed", "charge_failed_authentication",
+           "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication"]
 
 logger = logging.getLogger("ratelimit_app")
@@ -131,7 +132,7 @@ def mark_authentication_failed(request):
 def charge_failed_authentication(request, response):
     """Return the response to send: ``response``, or a 429 if ``request`` failed to
     authenticate and its client IP has no failed authentications left."""
-    if not _authentication_failed(request, response):
+    if not authentication_failed(request, response):
         return response
     try:
         decision = default_limiter().failed_authentication(request, endpoint_name(request))
@@ -143,7 +144,7 @@ def charge_failed_authentication(request, response):
 
 async def acharge_failed_authentication(request, response):
     """``charge_failed_authentication`` for an event loop."""
-    if not _authentication_failed(request, response):
+    if not authentication_failed(request, response):
         return response
     try:
         decision = await default_limiter().afailed_authentication(request,
@@ -189,7 +190,9 @@ def _refusal(request, decision):
     return problem_response(decision)
 
 
-def _authentication_failed(request, response):
+def authentication_failed(request, response):
+    """True if ``request``'s credentials were wrong, as far as ``request`` and ``response``
+    show (what the charge functions check first)."""
     if getattr(request, AUTH_FAILED_ATTR, False):
         return True
     meta = request.META

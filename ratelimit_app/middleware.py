@@ -24,8 +24,8 @@ ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 from .guard import (DECISION_ATTR, HEADERS_ON_THE_WAY_OUT_ATTR,  # noqa: E402 (needs models)
                     acharge_failed_authentication, acheck_failed_authentication, adecide,
-                    charge_failed_authentication, check_failed_authentication, decide,
-                    hold_slot, release_slot)
+                    authentication_failed, charge_failed_authentication,
+                    check_failed_authentication, decide, hold_slot, release_slot)
 from .headers import apply_headers_unless_set, problem_response, uncharged_preflight  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
@@ -70,6 +70,12 @@ def _leave_to_throttle(request, limited_by):
     decision on the response (see headers.apply_headers_unless_set)."""
     if limited_by == "throttle":
         setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
+
+
+def _has_user(request):
+    """True if ``request`` may have a user to load (else its user is None, known without a
+    coroutine)."""
+    return hasattr(request, "auser") or getattr(request, "user", None) is not None
 
 
 async def _auser(request):
@@ -125,23 +131,24 @@ class QuotaMiddleware:
         return apply_headers_unless_set(response, decision)
 
     async def __acall__(self, request):
+        # _respond's steps written out here: a coroutine less per request on the event loop
         try:
-            response = await self._arespond(request)
+            response = await self.get_response(request)
+            # a failed authentication is rare: the common answer awaits nothing
+            if authentication_failed(request, response):
+                response = await acharge_failed_authentication(request, response)
+            decision = getattr(request, DECISION_ATTR, None)
+            if decision is not None:
+                response = apply_headers_unless_set(response, decision)
+            elif _late_decision_needed(request, response):
+                decision = await adecide(request, await _auser(request) if _has_user(request)
+                                         else None)
+                response = apply_headers_unless_set(response, decision) if decision.allowed \
+                    else problem_response(decision)
         except BaseException:
             await sync_to_async(release_slot, thread_sensitive=False)(request)
             raise
         return hold_slot(request, response)
-
-    async def _arespond(self, request):
-        response = await acharge_failed_authentication(request, await self.get_response(request))
-        decision = getattr(request, DECISION_ATTR, None)
-        if decision is None:
-            if not _late_decision_needed(request, response):
-                return response
-            decision = await adecide(request, await _auser(request))
-            if not decision.allowed:
-                return problem_response(decision)
-        return apply_headers_unless_set(response, decision)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)
@@ -164,7 +171,7 @@ class QuotaMiddleware:
         if limited_by != "middleware":
             _leave_to_throttle(request, limited_by)
             return None
-        decision = await adecide(request, await _auser(request))
+        decision = await adecide(request, await _auser(request) if _has_user(request) else None)
         if not decision.allowed:
             return problem_response(decision)
         return None

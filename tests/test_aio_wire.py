@@ -80,6 +80,28 @@ def test_many_coroutines_share_one_connection_and_get_their_own_replies(store, r
     assert [list(r.levels) for r in replies] == [[level_after(1 + i % 50)] for i in range(200)]
 
 
+def test_on_an_open_connection_a_request_is_the_reply_future_itself(store):
+    """The caller awaits the reply's future with no coroutine between them (one less per
+    decision); a request that has to connect first is a coroutine, and both get their reply."""
+    async def first_then_second(s):
+        wire = s._wire()
+        keys, args = call("first")
+        command = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
+        connecting = wire.request(command)
+        first = await connecting
+        keys, args = call("second", 3)
+        command = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
+        open_request = wire.request(command)
+        second = await open_request
+        return connecting, first, open_request, second
+
+    connecting, first, open_request, second = run(first_then_second, store)
+    assert asyncio.iscoroutine(connecting)
+    assert asyncio.isfuture(open_request)
+    assert first[0] == 2 and first[2:] == [level_after(1)]
+    assert second[0] == 2 and second[2:] == [level_after(3)]
+
+
 def test_a_cancelled_request_does_not_shift_the_replies_after_it(store):
     async def with_a_cancelled_one(s):
         first = asyncio.ensure_future(take(s, "a", 2))

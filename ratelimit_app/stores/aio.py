@@ -17,7 +17,7 @@ used by QuotaMiddleware under an ASGI server).
   master following and READONLY retry stay in one place. The loop is not blocked; the price is a
   thread hop per decision (measured in docs/howto/asgi.md).
 
-Both are awaited through the Limiter's ``_aguarded``: one breaker and one set of error counters
+Both are awaited through the Limiter's ``atake``: one breaker and one set of error counters
 for the sync and the async paths of a process.
 
 redis.asyncio connections belong to the event loop that opened them, so a client is kept per

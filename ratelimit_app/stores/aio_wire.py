@@ -155,12 +155,18 @@ class AsyncWire:
         self._protocol = None
         self._connecting = None  # the future of a connection being opened
 
-    async def request(self, command):
-        """Send ``command`` (encoded bytes) and return its reply. Raises redis-py's
-        ResponseError (an error reply), ConnectionError or TimeoutError, or OSError."""
+    def request(self, command):
+        """Send ``command`` (encoded bytes); return an awaitable of its reply. Awaiting it
+        raises redis-py's ResponseError (an error reply), ConnectionError or TimeoutError, or
+        OSError. (Not a coroutine: on an open connection the reply's future itself, awaited by
+        the caller without a coroutine between them.)"""
         protocol = self._protocol
         if protocol is None or protocol.closed:
-            protocol = await self._connected()
+            return self._request_when_connected(command)
+        return protocol.send(command)
+
+    async def _request_when_connected(self, command):
+        protocol = await self._connected()
         return await protocol.send(command)
 
     async def _connected(self):
