@@ -20,6 +20,8 @@ import operator
 import threading
 import time
 
+from .buckets import LevelStatuses
+
 __all__ = ["DenyCache"]
 
 # Refill we pretend happened during the trip to Redis of the request we do not send (its
@@ -57,7 +59,9 @@ class DenyCache:
         allowed call that left an enforced bucket short of the same cost (the next identical
         request would be denied, so there is no need to ask)."""
         # (compared in C: no Python frame per bucket on the common path)
-        if allowed and not any(map(operator.lt, map(_level, statuses), map(_short_below, buckets))):
+        # (a LevelStatuses carries the reply's levels: no status is built to read them)
+        levels = statuses.levels if type(statuses) is LevelStatuses else map(_level, statuses)
+        if allowed and not any(map(operator.lt, levels, map(_short_below, buckets))):
             return  # the common case: every enforced bucket holds the cost again: nothing to add
         self.remember(buckets, statuses, version, sent_at)
 

@@ -39,6 +39,7 @@ import operator
 from django.http import HttpResponse
 from django.http.response import ResponseHeaders
 
+from .buckets import LevelStatuses
 from .conf import get_config
 from .header_fields import policy_item, sf_string, window_s
 
@@ -115,6 +116,8 @@ def _set_fields(response, store, decision):
     """Set the decision's fields in ``store`` (see _field_store), or through ``response``'s own
     ``__setitem__`` when ``store`` is None."""
     visible = decision.policies
+    if type(visible) is LevelStatuses:
+        return _set_fields_from_levels(response, store, visible)
     if any(map(_is_shadow, visible)):  # (in C; shadow policies are the exception)
         visible = [p for p in visible if not p.shadow]
     fields = {} if store is None else store  # {lower-case name: (name, value)}
@@ -129,6 +132,43 @@ def _set_fields(response, store, decision):
         for name, value in fields.values():
             response[name] = value
     return response
+
+
+def _set_fields_from_levels(response, store, statuses):
+    """``_set_fields`` for an allowed decision that no bucket was short for (a LevelStatuses):
+    the RateLimit-Policy value and which buckets RateLimit shows depend on the buckets alone,
+    and are kept on its PlannedBuckets; the RateLimit members are made from the reply's levels.
+    No status is built."""
+    planned = statuses.planned
+    parts = planned.header_parts
+    if parts is None:
+        parts = planned.header_parts = (_level_parts(planned, False), _level_parts(planned, True))
+    policy_value, shown = parts[bool(get_config()["DISCLOSE_SHARED_REMAINING"])]
+    fields = {} if store is None else store
+    if policy_value:
+        fields["ratelimit-policy"] = ("RateLimit-Policy", policy_value)
+        if shown:
+            levels = statuses.levels
+            fields["ratelimit"] = ("RateLimit", ", ".join(
+                [planned[index].rate_limit_item(levels[index]) for index in shown]))
+    if store is None:
+        for name, value in fields.values():
+            response[name] = value
+    return response
+
+
+def _level_parts(planned, disclose_shared):
+    """Return ``(RateLimit-Policy value, positions of the buckets RateLimit shows)`` of an
+    allowed decision on ``planned`` that no bucket was short for: what ``_set_fields`` would
+    find, worked out by the same functions from statuses of full buckets ("" when every policy
+    is a shadow one)."""
+    statuses = [bucket.status(bucket.capacity_units, False) for bucket in planned]
+    visible = [status for status in statuses if not status.shadow]
+    if not visible:
+        return "", ()
+    shown = tuple(index for index, status in enumerate(statuses) if not status.shadow and
+                  ratelimit_header([status], disclose_shared))
+    return policy_header(visible), shown
 
 
 def _field_store(response):

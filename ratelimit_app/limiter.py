@@ -235,7 +235,7 @@ class Limiter:
                     pending.buckets, pending.snapshot.version, now_ms)
             else:
                 reply = self.take(pending.buckets, now_ms=now_ms)
-                allowed, statuses = reply.allowed, engine.statuses_from(pending.buckets, reply)
+                allowed, statuses = reply.allowed, engine.reply_statuses(pending.buckets, reply)
         except StoreUnavailable:
             return pending.degraded()
         return self._conclude(pending, allowed, statuses)
@@ -395,7 +395,7 @@ class Limiter:
                     pending.buckets, pending.snapshot.version, now_ms)
             else:
                 reply = await self.atake(pending.buckets, now_ms=now_ms)
-                allowed, statuses = reply.allowed, engine.statuses_from(pending.buckets, reply)
+                allowed, statuses = reply.allowed, engine.reply_statuses(pending.buckets, reply)
         except StoreUnavailable:
             return pending.degraded()
         return self._conclude(pending, allowed, statuses)

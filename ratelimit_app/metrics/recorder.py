@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict, deque
 
+from ..buckets import LevelStatuses
 from ..conf import get_config
 from .fields import identity_member
 from .sketch import SpaceSaving
@@ -76,6 +77,27 @@ def _count_keys(allowed, plan, endpoint, names, violated, shadow_violations, deg
 
 
 _name = operator.attrgetter("name")  # a PolicyStatus's; in C, for map()
+
+
+def _is_client_key(key):
+    """True if bucket key ``key`` is a client's (a user's, a key's, an address's)."""
+    return any(tag in key for tag in _CLIENT_TAGS)
+
+
+def _level_parts(planned):
+    """Return ``(rule names, costs, near-limit candidates)`` of an allowed decision on
+    ``planned`` (PlannedBuckets) read from its levels (see LevelStatuses), kept on it: what
+    ``Recorder._count`` would read from its statuses. A candidate is ``(position, rule name,
+    burst, period_ms)`` of an enforced client bucket."""
+    parts = planned.metric_parts
+    if parts is None:
+        parts = planned.metric_parts = (
+            tuple(bucket.rule.name for bucket in planned),
+            tuple(bucket.cost for bucket in planned),
+            tuple((index, bucket.rule.name, bucket.rule.burst, bucket.period_ms)
+                  for index, bucket in enumerate(planned)
+                  if not bucket.rule.shadow and _is_client_key(bucket.key)))
+    return parts
 
 
 # Identities whose metrics fields a Recorder remembers (see Recorder._member).
@@ -207,11 +229,17 @@ class Recorder:
         allowed = decision.allowed
         identity = decision.identity
         policies = decision.policies
+        if type(policies) is LevelStatuses:
+            # (most decisions) names, costs and near-limit candidates from its PlannedBuckets,
+            # levels from the reply: no status is built
+            names, costs, near_candidates = _level_parts(policies.planned)
+        else:
+            names, costs, near_candidates = tuple(map(_name, policies)), None, None
         # Everything the counts need, as one key (see _count_keys): names of rules, plans and
         # endpoints come from the configuration, so there are few shapes; PendingMinute.counts
         # adds them up when read (off the request path: the flush thread, the dashboard).
         shape = (allowed, (identity.plan if identity is not None else None) or "-",
-                 decision.endpoint or "-", tuple(map(_name, policies)), decision.violated,
+                 decision.endpoint or "-", names, decision.violated,
                  decision.shadow_violations, decision.degraded)
         pending = self._minutes.get(minute)
         if pending is None:
@@ -223,16 +251,25 @@ class Recorder:
         if policies:  # it charged buckets (or was refused by them): usage for billing, per
             # caller (anonymous ones together: no key per IP address) and what each bucket
             # charged (a refusal charged nothing: its costs are not needed)
-            pending.usage[(self._days.day_of(now), caller, allowed, shape[3],
-                           tuple(map(cost_of, policies)) if allowed else ())] += 1
+            if allowed and costs is None:
+                costs = tuple(map(cost_of, policies))
+            pending.usage[(self._days.day_of(now), caller, allowed, names,
+                           costs if allowed else ())] += 1
         tokens = decision.cost if allowed and policies else 0
         denials = 0 if allowed else 1
         pending.by_tokens.add(member, tokens, tokens, denials)
         pending.by_denials.add(member, denials, tokens, denials)
+        # remaining under 20 % of the burst (integers: no division on the hot path)
+        if near_candidates is not None:
+            levels = policies.levels
+            for index, name, burst, period_ms in near_candidates:
+                remaining = levels[index] // period_ms
+                if remaining * 5 < burst:
+                    _note_near(pending.near, (member, name), (remaining, burst, now))
+            return
         for status in policies:
-            # remaining under 20 % of the burst (integers: no division on the hot path)
             if status.remaining * 5 < status.burst and not status.shadow \
-                    and any(tag in status.key for tag in _CLIENT_TAGS):
+                    and _is_client_key(status.key):
                 _note_near(pending.near, (member, status.name),
                            (status.remaining, status.burst, now))
 
