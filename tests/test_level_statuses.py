@@ -133,8 +133,9 @@ def test_only_plain_buckets_without_a_gate_are_read_as_levels():
 @pytest.mark.django_db
 def test_a_request_through_the_limiter_headers_and_metrics_builds_no_status(monkeypatch):
     plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
-    Rule.objects.create(name="everyone", plan=None, scope=Scope.GLOBAL, rate=1000, period_s=1,
-                        burst=1000)
+    # (refills slow enough that no whole token comes back while the test runs)
+    Rule.objects.create(name="everyone", plan=None, scope=Scope.GLOBAL, rate=1000,
+                        period_s=3600, burst=1000)
     Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=10, period_s=60,
                         burst=20)
     built = []
@@ -154,9 +155,9 @@ def test_a_request_through_the_limiter_headers_and_metrics_builds_no_status(monk
     request, decision, response = request_through()
     assert decision.allowed and type(decision.policies) is LevelStatuses
     assert response["RateLimit"] == '"free-ip";r=18;t=6'
-    assert response["RateLimit-Policy"] == '"everyone";q=1000;w=1, "free-ip";q=20;w=120'
+    assert response["RateLimit-Policy"] == '"everyone";q=1000;w=3600, "free-ip";q=20;w=120'
     assert built == []
     # read by anything else, the statuses are there, built once
-    assert [p.remaining for p in request.ratelimit.policies] == [999, 18]
+    assert [p.remaining for p in request.ratelimit.policies] == [998, 18]
     assert len(built) == 2 and request.ratelimit.policies[1].name == "free-ip"
     assert len(built) == 2
