@@ -148,7 +148,6 @@ class Bucket:
             cost, shadow, short, key, level_units, scope, header_name, item,
         ))
 
-
     def rate_limit_item(self, level_units):
         """Return this bucket's RateLimit list member holding ``level_units`` (whole units, not
         short of the cost): ``status(level_units, False)``'s name, remaining and reset, without

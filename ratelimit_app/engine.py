@@ -17,8 +17,8 @@ from .models import Scope
 
 __all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
            "request_cost", "take_args", "statuses_from", "reply_statuses", "decision_from",
-           "degraded_decision",
-           "earliest_retry_s", "refusing_without_redis", "refusing_gate_statuses"]
+           "degraded_decision", "earliest_retry_s", "refusing_without_redis",
+           "refusing_gate_statuses"]
 
 logger = logging.getLogger("ratelimit_app")
 

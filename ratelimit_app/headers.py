@@ -142,7 +142,8 @@ def _set_fields_from_levels(response, store, statuses):
     planned = statuses.planned
     parts = planned.header_parts
     if parts is None:
-        parts = planned.header_parts = (_level_parts(planned, False), _level_parts(planned, True))
+        parts = planned.header_parts = (_header_parts(planned, False),
+                                        _header_parts(planned, True))
     policy_value, shown = parts[bool(get_config()["DISCLOSE_SHARED_REMAINING"])]
     fields = {} if store is None else store
     if policy_value:
@@ -157,7 +158,7 @@ def _set_fields_from_levels(response, store, statuses):
     return response
 
 
-def _level_parts(planned, disclose_shared):
+def _header_parts(planned, disclose_shared):
     """Return ``(RateLimit-Policy value, positions of the buckets RateLimit shows)`` of an
     allowed decision on ``planned`` that no bucket was short for: what ``_set_fields`` would
     find, worked out by the same functions from statuses of full buckets ("" when every policy

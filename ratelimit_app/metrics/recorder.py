@@ -84,7 +84,7 @@ def _is_client_key(key):
     return any(tag in key for tag in _CLIENT_TAGS)
 
 
-def _level_parts(planned):
+def _metric_parts(planned):
     """Return ``(rule names, costs, near-limit candidates)`` of an allowed decision on
     ``planned`` (PlannedBuckets) read from its levels (see LevelStatuses), kept on it: what
     ``Recorder._count`` would read from its statuses. A candidate is ``(position, rule name,
@@ -232,7 +232,7 @@ class Recorder:
         if type(policies) is LevelStatuses:
             # (most decisions) names, costs and near-limit candidates from its PlannedBuckets,
             # levels from the reply: no status is built
-            names, costs, near_candidates = _level_parts(policies.planned)
+            names, costs, near_candidates = _metric_parts(policies.planned)
         else:
             names, costs, near_candidates = tuple(map(_name, policies)), None, None
         # Everything the counts need, as one key (see _count_keys): names of rules, plans and
