@@ -59,6 +59,13 @@ def group_pids(pgid):
     return pids
 
 
+def command_line(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return f"{pid} (exited)"
+
+
 def is_running(pid):
     try:
         os.kill(pid, 0)
@@ -93,6 +100,16 @@ class Demo:
             self.log
         return int(re.search(r"redis-server \(pid (\d+)\)", self.log).group(1))
 
+    def wait_for_exit(self, timeout_s=30):
+        """The demo's exit status; if it outlives ``timeout_s``, fail naming the processes of
+        its group still running (what its cleanup is waiting for)."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            alive = [command_line(pid) for pid in group_pids(self.process.pid)]
+            pytest.fail(f"the demo did not exit within {timeout_s} s; still running: {alive}\n"
+                        f"{self.log}")
+
     def kill_leftovers(self):
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -113,7 +130,7 @@ def test_ctrl_c_stops_make_run_cleanly(tmp_path):
         redis_dir = Path(re.search(r"data dir (\S+)", demo.log).group(1))
         assert redis_dir.parent == demo.temp_dir and redis_dir.is_dir()
         os.killpg(demo.process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-        demo.process.wait(30)
+        demo.wait_for_exit(30)
     finally:
         demo.kill_leftovers()
     # GNU make re-raises a SIGINT it received itself once its recipe has finished, so make's
@@ -134,7 +151,7 @@ def test_the_script_itself_exits_0_when_stopped(tmp_path):
         sender_pid = int(re.search(r"Webhook sender \(pid (\d+)\)", demo.log).group(1))
         assert is_running(sender_pid)
         demo.process.send_signal(signal.SIGTERM)  # to the script only, not its group
-        assert demo.process.wait(30) == 0, demo.log
+        assert demo.wait_for_exit(30) == 0, demo.log
     finally:
         demo.kill_leftovers()
     demo.assert_all_stopped(redis_pid)
@@ -183,7 +200,7 @@ def test_sigterm_to_the_whole_process_group_stops_and_cleans_up(tmp_path, how):
         # (make,) the script, Redis, the server, the webhook sender
         assert redis_pid in members and len(members) >= 4
         os.killpg(demo.process.pid, signal.SIGTERM)
-        returncode = demo.process.wait(30)
+        returncode = demo.wait_for_exit(30)
     finally:
         demo.kill_leftovers()
     assert returncode == (0 if how == "script" else -signal.SIGTERM), demo.log
@@ -211,7 +228,7 @@ def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(tmp_path):
         demo.process.send_signal(signal.SIGTERM)  # make's forwarded signal, mid-cleanup
         assert demo.process.poll() is None, "the cleanup did not wait for the stopped redis-server"
         os.kill(redis_pid, signal.SIGCONT)  # redis now handles its pending SIGTERM
-        assert demo.process.wait(30) == 0, demo.log
+        assert demo.wait_for_exit(30) == 0, demo.log
     finally:
         demo.kill_leftovers()
     demo.assert_all_stopped(redis_pid)

@@ -20,9 +20,7 @@ an unreadable or invalid file).
 
 import json
 import logging
-import signal
 import sys
-import threading
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -39,6 +37,7 @@ from ...operator_checks import FAIL, OK, run_operator_checks
 from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
                                export_document, plan_import)
 from ...rollup import UsageRollup
+from ...stop_signal import StopSignal
 from ...stores import StoreUnavailable
 from ...stores.base import READ_ERRORS
 from ...usage_records import (DAY, FORMATS, MONTH, UsageQueryError, parse_range, render,
@@ -57,15 +56,6 @@ def _bad_input(message):
 
 def _redis_down(message, exc):
     return CommandError(f"Redis is unavailable; {message} ({exc}).", returncode=FAILED)
-
-
-def _stop_on_signals():
-    """Return an Event that SIGINT or SIGTERM sets: a long-running command stops between two
-    rounds, after the one under way, instead of dying in the middle of it."""
-    stop = threading.Event()
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *args: stop.set())
-    return stop
 
 
 class Command(BaseCommand):
@@ -259,7 +249,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{sent_text} sent, {counted(failed, 'attempt')} failed (retried "
                               f"later).")
             return
-        stop = _stop_on_signals()
+        stop = StopSignal()
         self.stdout.write("Sending webhook deliveries; stop with Ctrl-C.")
         self.stdout.flush()
         sender.run(stop)
@@ -342,7 +332,7 @@ class Command(BaseCommand):
             return
         if every <= 0:
             raise _bad_input("--every must be a positive number of seconds.")
-        stop = _stop_on_signals()
+        stop = StopSignal()
         self.stdout.write(f"Rolling up the usage counts every {every:g} s (stop with Ctrl-C "
                           f"or SIGTERM).")
         self.stdout.flush()

@@ -1,0 +1,108 @@
+"""The long-running commands' stop request: a signal may arrive at any point of ``wait`` and
+must still stop the loop at once (a ``threading.Event`` set from the handler deadlocks when the
+signal lands while ``Event.wait`` holds the Event's own lock)."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from ratelimit_app.stop_signal import StopSignal
+
+
+@pytest.fixture
+def stop():
+    stop = StopSignal(signals=(signal.SIGUSR1,))
+    yield stop
+    stop.close()
+
+
+def lines_run_by(function, call):
+    """How many 'line' events ``call()`` gives inside ``function``'s own frames."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return trace
+
+    sys.settrace(lambda frame, event, arg: trace if frame.f_code is function.__code__ else None)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def signal_at_line(function, line_index):
+    """A tracer that sends this process SIGUSR1 at ``function``'s ``line_index``-th line: the
+    handler runs at the next bytecode boundary, in the middle of ``function``."""
+    seen = 0
+
+    def trace(frame, event, arg):
+        nonlocal seen
+        if event == "line":
+            if seen == line_index:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            seen += 1
+        return trace
+
+    return lambda frame, event, arg: trace if frame.f_code is function.__code__ else None
+
+
+def test_waits_out_its_timeout_when_no_signal_comes(stop):
+    started = time.monotonic()
+    assert stop.wait(0.05) is False
+    assert time.monotonic() - started >= 0.05
+    assert not stop.is_set()
+
+
+def test_a_signal_during_the_wait_ends_it_at_once(stop):
+    sender = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1))
+    sender.start()
+    started = time.monotonic()
+    assert stop.wait(30) is True
+    assert time.monotonic() - started < 10
+    assert stop.is_set()
+    sender.join()
+
+
+def test_a_signal_before_the_wait_is_not_lost(stop):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert stop.wait(30) is True  # returns at once: no timeout to wait out
+
+
+def test_a_signal_at_any_line_of_the_wait_stops_it_without_deadlock():
+    """The signal lands at each line of ``wait`` before its last (the return, after the
+    waiting) in turn, including just before the select. A handler that took a lock ``wait``
+    holds would hang here; one that set a flag ``wait`` had already read would leave it waiting
+    out its 30 s."""
+    probe = StopSignal(signals=(signal.SIGUSR1,))
+    line_count = lines_run_by(StopSignal.wait, lambda: probe.wait(0))
+    probe.close()
+    assert line_count >= 2
+    for line_index in range(line_count - 1):
+        stop = StopSignal(signals=(signal.SIGUSR1,))
+        try:
+            started = time.monotonic()
+            sys.settrace(signal_at_line(StopSignal.wait, line_index))
+            try:
+                stopped = stop.wait(30)
+            finally:
+                sys.settrace(None)
+            assert stopped is True, line_index
+            assert time.monotonic() - started < 10, line_index
+        finally:
+            stop.close()
+
+
+def test_close_gives_the_signal_back_its_previous_handler():
+    previous = signal.getsignal(signal.SIGUSR1)
+    stop = StopSignal(signals=(signal.SIGUSR1,))
+    assert signal.getsignal(signal.SIGUSR1) != previous
+    stop.close()
+    assert signal.getsignal(signal.SIGUSR1) == previous
