@@ -1,5 +1,5 @@
 """3. HTTP throughput: gunicorn (2 sync workers) + wrk (32 connections), the same DRF view with
-each throttle, runs interleaved (A B C D E A B C D E …). Every request is allowed. ASGI rows:
+each throttle, runs interleaved in rounds (see ``round_order``). Every request is allowed. ASGI rows:
 uvicorn (2 workers) with no throttle, a bare async Lua throttle and ours (both deciding on the
 event loop in an async middleware), each serving an ``async def`` Django view and the DRF view
 (run in a thread, as Django runs sync views under ASGI), and the two floors of the async view's
@@ -40,6 +40,14 @@ LABELS = {**VARIANTS, **{f"{server}-{kind}": f"ASGI {view}: {label}"
                          for kind, (_, view) in ASGI_VIEWS.items()},
           **{f"{server}-async": f"ASGI async def view: {label}"
              for server, label in ASGI_FLOORS.items()}}
+# The runs in groups whose rows are divided by one another (a server kind and a view), each
+# group's baseline next to ours: a ratio's two runs are seconds apart, not a whole round.
+ROUND_GROUPS = (
+    ("none", "ours", "drf", "lua", "drf-min", "ratelimit"),
+    ("none-asgi-async", "ours-asgi-async", "take-fields-asgi-async", "take-asgi-async",
+     "lua-asgi-async"),
+    ("none-asgi-drf", "ours-asgi-drf", "lua-asgi-drf"),
+)
 # issue 19: the CPU ours adds per request under ASGI, over what it adds under WSGI
 ASGI_OVERHEAD_LIMIT, ASGI_VS_NONE_LIMIT = 1.25, 0.95
 
@@ -69,10 +77,8 @@ def run(env, quick):
     try:
         for server_name, path in RUNS.values():
             servers.wrk(running[server_name].url(path), 1)  # warm up both workers
-        names = list(labels)
         for round_number in range(rounds):
-            shift = round_number % len(names)
-            for variant in names[shift:] + names[:shift]:
+            for variant in round_order(ROUND_GROUPS, round_number):
                 server, path = running[RUNS[variant][0]], RUNS[variant][1]
                 processes = server.worker_pids() + [redis_pid]
                 cpu_before, idle_before = _cpu_used(processes), _machine_idle()
@@ -141,6 +147,19 @@ def run(env, quick):
     return {"title": f"3. HTTP (gunicorn 2 sync workers, wrk 32 connections, {seconds} s × "
                      f"{rounds} rounds each)", "markdown": markdown, "results": results,
             "ratios": ratios, "intervals_90": intervals, "targets": targets}
+
+
+def round_order(groups, round_number):
+    """The runs of round ``round_number``: each group's runs one after the other, the groups
+    taking turns to go first (the first runs after the buckets were flushed), every other
+    round backwards. The noise on this shared machine drifts over tens of seconds: a ratio's
+    two runs measured side by side, in one order in a round and the other in the next (A B,
+    then B A), cancels a drift that runs the same way over both rounds, which a fixed order
+    would read as a difference between the variants."""
+    shift = round_number % len(groups)
+    backwards = round_number % 2 == 1
+    return [name for group in groups[shift:] + groups[:shift]
+            for name in (reversed(group) if backwards else group)]
 
 
 def asgi_ratios(samples, cpu, wsgi_overhead_cpu, paired, ratios, vs_none_interval):
