@@ -1,10 +1,10 @@
 """3. HTTP throughput: gunicorn (2 sync workers) + wrk (32 connections), the same DRF view with
-each throttle, runs interleaved in rounds (see ``round_order``). Every request is allowed. ASGI rows:
-uvicorn (2 workers) with no throttle, a bare async Lua throttle and ours (both deciding on the
-event loop in an async middleware), each serving an ``async def`` Django view and the DRF view
-(run in a thread, as Django runs sync views under ASGI), and the two floors of the async view's
-row (ours' take.lua call alone, then with ours' header fields: bench/throttles.py); all rows
-interleaved in one run."""
+each throttle, runs interleaved in rounds (see ``round_order``). Every request is allowed.
+ASGI rows: uvicorn (2 workers) with no throttle, a bare async Lua throttle and ours (both
+deciding on the event loop in an async middleware), each serving an ``async def`` Django view
+and the DRF view (run in a thread, as Django runs sync views under ASGI), and the two floors of
+the async view's row (ours' take.lua call alone, then with ours' header fields:
+bench/throttles.py); all rows interleaved in one run."""
 
 import math
 

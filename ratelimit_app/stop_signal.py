@@ -4,10 +4,10 @@
 Why not a ``threading.Event`` set by the signal handler: Python runs a handler in the main
 thread between two bytecodes, wherever that thread is, and ``Event.set()`` takes the Event's
 lock, which the main thread itself holds for a moment inside ``Event.wait()``. A signal in that
-moment deadlocks the process for good; ``make run`` once hung on SIGTERM that way (its cleanup
-waits for the webhook sender). The handler here takes no lock: it writes a byte to a pipe,
-and ``wait`` is a ``select`` on that pipe, which also wakes on a signal that arrived just
-before it began.
+moment deadlocks the process for good (the likely reason ``make run``, whose cleanup waits for
+the webhook sender, once hung on SIGTERM). The handler here takes no lock: it writes a byte to
+a pipe, and ``wait`` is a ``select`` on that pipe, which also wakes on a signal that arrived
+just before it began.
 """
 
 import os
