@@ -20,38 +20,25 @@ def stop():
     stop.close()
 
 
-def lines_run_by(function, call):
-    """How many 'line' events ``call()`` gives inside ``function``'s own frames."""
-    count = 0
-
-    def trace(frame, event, arg):
-        nonlocal count
-        if event == "line":
-            count += 1
-        return trace
-
-    sys.settrace(lambda frame, event, arg: trace if frame.f_code is function.__code__ else None)
-    try:
-        call()
-    finally:
-        sys.settrace(None)
-    return count
-
-
-def signal_at_line(function, line_index):
-    """A tracer that sends this process SIGUSR1 at ``function``'s ``line_index``-th line: the
-    handler runs at the next bytecode boundary, in the middle of ``function``."""
+def tracer_of(function, signal_at_line=None):
+    """Return ``(tracer for sys.settrace, lines)``: ``lines()`` is how many lines of
+    ``function``'s own frames ran under the tracer; at the ``signal_at_line``-th, it sends this
+    process SIGUSR1, whose handler runs at the next bytecode boundary, in the middle of
+    ``function``."""
     seen = 0
 
     def trace(frame, event, arg):
         nonlocal seen
         if event == "line":
-            if seen == line_index:
+            if seen == signal_at_line:
                 os.kill(os.getpid(), signal.SIGUSR1)
             seen += 1
         return trace
 
-    return lambda frame, event, arg: trace if frame.f_code is function.__code__ else None
+    def tracer(frame, event, arg):
+        return trace if frame.f_code is function.__code__ else None
+
+    return tracer, lambda: seen
 
 
 def test_waits_out_its_timeout_when_no_signal_comes(stop):
@@ -82,14 +69,20 @@ def test_a_signal_at_any_line_of_the_wait_stops_it_without_deadlock():
     holds would hang here; one that set a flag ``wait`` had already read would leave it waiting
     out its 30 s."""
     probe = StopSignal(signals=(signal.SIGUSR1,))
-    line_count = lines_run_by(StopSignal.wait, lambda: probe.wait(0))
-    probe.close()
+    tracer, lines = tracer_of(StopSignal.wait)
+    sys.settrace(tracer)
+    try:
+        probe.wait(0)
+    finally:
+        sys.settrace(None)
+        probe.close()
+    line_count = lines()
     assert line_count >= 2
     for line_index in range(line_count - 1):
         stop = StopSignal(signals=(signal.SIGUSR1,))
         try:
             started = time.monotonic()
-            sys.settrace(signal_at_line(StopSignal.wait, line_index))
+            sys.settrace(tracer_of(StopSignal.wait, signal_at_line=line_index)[0])
             try:
                 stopped = stop.wait(30)
             finally:
