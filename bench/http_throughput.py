@@ -71,6 +71,7 @@ def run(env, quick):
     labels = LABELS
     samples = {v: [] for v in labels}
     cpu = {v: [] for v in labels}    # CPU µs per request: the server's workers and Redis
+    redis_cpu = {v: [] for v in labels}  # the part of it that was Redis's
     idle = {v: [] for v in labels}   # the machine's idle share during the run
     non_2xx = {v: 0 for v in labels}
     redis_pid = env.redis.process.pid
@@ -82,11 +83,15 @@ def run(env, quick):
                 server, path = running[RUNS[variant][0]], RUNS[variant][1]
                 processes = server.worker_pids() + [redis_pid]
                 cpu_before, idle_before = _cpu_used(processes), _machine_idle()
+                redis_before = servers.cpu_seconds(redis_pid)
                 result = servers.wrk(server.url(path), seconds)
                 cpu_used = _cpu_used(processes) - cpu_before
+                redis_used = servers.cpu_seconds(redis_pid) - redis_before
                 idle[variant].append(_share(idle_before, _machine_idle()))
                 samples[variant].append(result["rps"])
-                cpu[variant].append(cpu_used / max(result["requests"], 1) * 1e6)
+                requests = max(result["requests"], 1)
+                cpu[variant].append(cpu_used / requests * 1e6)
+                redis_cpu[variant].append(redis_used / requests * 1e6)
                 non_2xx[variant] += result["non_2xx"]
             env.client().flushall()  # keep DRF's history and the buckets from growing
     finally:
@@ -112,6 +117,7 @@ def run(env, quick):
                             "rps_samples": samples[variant], "non_2xx": non_2xx[variant],
                             "cpu_us_per_request_median": median(cpu[variant]),
                             "cpu_us_per_request_samples": cpu[variant],
+                            "redis_cpu_us_per_request_median": median(redis_cpu[variant]),
                             "machine_idle_median": median(idle[variant])}
     vs_lua = paired("ours", "lua")
     # the throttle's own cost per request: 1/throughput with it minus 1/throughput without
@@ -130,7 +136,7 @@ def run(env, quick):
     ratios = {"http.vs_bare_lua": vs_lua, "http.overhead_vs_drf_second": overhead,
               "http.vs_drf_minute": paired("ours", "drf-min"),
               "http.cpu_overhead_vs_drf_second": cpu_overhead}
-    asgi_lines, asgi_targets = asgi_ratios(samples, cpu, ours_cpu, paired, ratios,
+    asgi_lines, asgi_targets = asgi_ratios(samples, cpu, redis_cpu, ours_cpu, paired, ratios,
                                            intervals["asgi.vs_none.async_view"])
     markdown = table(["variant", "req/s (median)", "÷ no throttle", "ours ÷ this",
                       "CPU µs/request (workers + Redis)", "machine idle", "non-2xx"], rows)
@@ -162,7 +168,7 @@ def round_order(groups, round_number):
             for name in (reversed(group) if backwards else group)]
 
 
-def asgi_ratios(samples, cpu, wsgi_overhead_cpu, paired, ratios, vs_none_interval):
+def asgi_ratios(samples, cpu, redis_cpu, wsgi_overhead_cpu, paired, ratios, vs_none_interval):
     """Add the ASGI ratios to ``ratios``; return (markdown lines, target rows).
 
     The overhead of a throttle is the CPU (workers + Redis, µs per request, medians) its server
@@ -176,6 +182,13 @@ def asgi_ratios(samples, cpu, wsgi_overhead_cpu, paired, ratios, vs_none_interva
                  f"{floors['take-asgi']:.2f}× no throttle (req/s), with ours' header fields "
                  f"{floors['take-fields-asgi']:.2f}×; ours "
                  f"{paired('ours-asgi-async', 'none-asgi-async'):.2f}×.")
+    cost = floor_cost(cpu, redis_cpu, "take-asgi-async", "none-asgi-async")
+    ratios["asgi.floor.take_alone_cpu_vs_none"] = cost["cpu_vs_none"]
+    lines.append(f"ASGI, async def view: ours' take.lua call alone costs "
+                 f"{cost['cpu_vs_none']:.3f}× no throttle's CPU per request (workers + Redis: "
+                 f"{cost['added_us']:+.0f} µs over {cost['none_us']:.0f} µs, Redis "
+                 f"{cost['redis_added_us']:+.0f} µs); ours ≥ {ASGI_VS_NONE_LIMIT}× no "
+                 f"throttle's req/s allows about {1 / ASGI_VS_NONE_LIMIT:.3f}× (not a target).")
     for kind, (_, view) in ASGI_VIEWS.items():
         none = median(cpu[f"none-asgi-{kind}"])
         ours, lua = (median(cpu[f"{name}-asgi-{kind}"]) - none for name in ("ours", "lua"))
@@ -206,6 +219,18 @@ def _interval_text(interval):
     if math.isnan(low):  # too few rounds (a quick run)
         return ""
     return f" (90 % of medians {low:.2f}–{high:.2f})"
+
+
+def floor_cost(cpu, redis_cpu, floor, none):
+    """What the run ``floor`` costs over the run ``none`` in CPU µs per request (medians of
+    the rounds): {"none_us", "added_us", "redis_added_us", "cpu_vs_none"}. A throttle whose
+    server spends k times no throttle's CPU per request serves about 1/k of its requests per
+    second on a machine the load keeps busy, so the floor's ``cpu_vs_none`` is about the best
+    ratio any throttle making that call can reach."""
+    none_us, floor_us = median(cpu[none]), median(cpu[floor])
+    return {"none_us": none_us, "added_us": floor_us - none_us,
+            "redis_added_us": median(redis_cpu[floor]) - median(redis_cpu[none]),
+            "cpu_vs_none": floor_us / none_us if none_us > 0 else math.inf}
 
 
 def _cpu_used(pids):
