@@ -2,10 +2,13 @@
 call on a held socket, hiredis only), the bare EVALSHA floor through redis-py, DRF
 UserRateThrottle (history 10 / 1,000 / 10,000) and django-ratelimit, all on the same Redis."""
 
+import math
+
 from ratelimit_app.testing import HOST
 
 from . import alternatives, raw_floor
-from .harness import interleave, median, paired_ratio, spread, table, verdict
+from .harness import (interleave, interval_text, median, median_interval, paired_ratio,
+                      round_ratios, spread, table, verdict)
 
 # issue 11: ours ÷ each of these, same run, paired per round
 RAW_FLOOR = "raw floor: take.lua on a held socket, hiredis only"
@@ -48,9 +51,14 @@ def run(env, quick):
     markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ raw floor",
                       "÷ floor (redis-py)", "÷ ours"], rows)
     ratios, targets = {}, []
+    # how far the tightest target's median could move with other rounds (not in the verdict)
+    intervals = {"decision.vs_raw_floor": median_interval(round_ratios(samples, ours_name,
+                                                                       RAW_FLOOR))}
     for key, (name, limit) in TARGETS.items():
         ratio = ratios[f"decision.{key}"] = paired_ratio(samples, ours_name, name)
-        targets.append((f"1. decision (4 levels): ours ≤ {limit}× {name}", f"{ratio:.2f}×",
-                        verdict(ratio <= limit)))
+        interval = intervals.get(f"decision.{key}", (math.nan, math.nan))
+        targets.append((f"1. decision (4 levels): ours ≤ {limit}× {name}",
+                        f"{ratio:.2f}×{interval_text(interval)}", verdict(ratio <= limit)))
     return {"title": "1. Decision cost in-process", "markdown": markdown, "results": results,
-            "rounds": rounds, "batch": batch, "ratios": ratios, "targets": targets}
+            "rounds": rounds, "batch": batch, "ratios": ratios, "intervals_90": intervals,
+            "targets": targets}

@@ -2,6 +2,7 @@
 Django), interleaved timing, medians, ratios and markdown tables."""
 
 import gc
+import math
 import os
 import random
 import shutil
@@ -111,6 +112,14 @@ def round_ratios(samples, name, baseline):
 def paired_ratio(samples, name, baseline):
     """Median over rounds of name/baseline measured in the same round (robust to drift)."""
     return median(round_ratios(samples, name, baseline))
+
+
+def interval_text(interval):
+    """`` (90 % of medians 0.57–0.63)``: where the bootstrap puts a per-round median."""
+    low, high = interval
+    if math.isnan(low):  # too few rounds (a quick run)
+        return ""
+    return f" (90 % of medians {low:.2f}–{high:.2f})"
 
 
 def spread(values):

@@ -9,7 +9,8 @@ bench/throttles.py); all rows interleaved in one run."""
 import math
 
 from . import servers
-from .harness import median, median_interval, paired_ratio, round_ratios, table, verdict
+from .harness import (interval_text, median, median_interval, paired_ratio, round_ratios,
+                      table, verdict)
 
 VARIANTS = {
     "none": "no throttle",
@@ -147,7 +148,7 @@ def run(env, quick):
                 verdict(vs_lua >= 1.0)),
                ("3. HTTP: ours' overhead ≤ 0.6× DRF AnonRateThrottle's (rate per second; "
                 "1/req/s − 1/no-throttle req/s)",
-                f"{overhead:.2f}×{_interval_text(intervals['http.overhead_vs_drf_second'])}",
+                f"{overhead:.2f}×{interval_text(intervals['http.overhead_vs_drf_second'])}",
                 verdict(overhead <= 0.6)),
                *asgi_targets]
     return {"title": f"3. HTTP (gunicorn 2 sync workers, wrk 32 connections, {seconds} s × "
@@ -206,19 +207,11 @@ def asgi_ratios(samples, cpu, redis_cpu, wsgi_overhead_cpu, paired, ratios, vs_n
                         verdict(vs_wsgi <= ASGI_OVERHEAD_LIMIT)))
     vs_none = ratios["asgi.vs_none"] = ratios["asgi.vs_none.async_view"]
     targets.append((f"3. ASGI (async def view): ours ≥ {ASGI_VS_NONE_LIMIT}× no throttle "
-                    f"(req/s)", f"{vs_none:.2f}×{_interval_text(vs_none_interval)}",
+                    f"(req/s)", f"{vs_none:.2f}×{interval_text(vs_none_interval)}",
                     verdict(vs_none >= ASGI_VS_NONE_LIMIT)))
     ratios["asgi.overhead_vs_wsgi_overhead"] = max(
         ratios[f"asgi.overhead_vs_wsgi_overhead.{kind}_view"] for kind in ASGI_VIEWS)
     return lines, targets
-
-
-def _interval_text(interval):
-    """`` (90 % of medians 0.57–0.63)``: where the bootstrap puts a per-round median."""
-    low, high = interval
-    if math.isnan(low):  # too few rounds (a quick run)
-        return ""
-    return f" (90 % of medians {low:.2f}–{high:.2f})"
 
 
 def floor_cost(cpu, redis_cpu, floor, none):
