@@ -82,12 +82,12 @@ def run(env, quick):
         for round_number in range(rounds):
             for variant in round_order(ROUND_GROUPS, round_number):
                 server, path = running[RUNS[variant][0]], RUNS[variant][1]
-                processes = server.worker_pids() + [redis_pid]
-                cpu_before, idle_before = _cpu_used(processes), _machine_idle()
-                redis_before = servers.cpu_seconds(redis_pid)
+                workers = server.worker_pids()
+                workers_before, redis_before = _cpu_used(workers), servers.cpu_seconds(redis_pid)
+                idle_before = _machine_idle()
                 result = servers.wrk(server.url(path), seconds)
-                cpu_used = _cpu_used(processes) - cpu_before
                 redis_used = servers.cpu_seconds(redis_pid) - redis_before
+                cpu_used = _cpu_used(workers) - workers_before + redis_used
                 idle[variant].append(_share(idle_before, _machine_idle()))
                 samples[variant].append(result["rps"])
                 requests = max(result["requests"], 1)
