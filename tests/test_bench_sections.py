@@ -1,10 +1,14 @@
 """make bench's sections: one that raises is reported as failed while the others still run and
 their JSON is written; the memory section reads a key that vanished or changed between listing
-and reading without failing."""
+and reading without failing; the ASGI async view's target is ours over ours' take.lua call
+alone, whose run sits next to ours'."""
 
 import json
 
+import pytest
+
 from bench import run as bench_run
+from bench.http_throughput import (ASGI_VIEWS, LABELS, ROUND_GROUPS, asgi_ratios, round_order)
 from bench.memory import read_keys
 from ratelimit_app.buckets import pack_value, unpack_value
 
@@ -104,3 +108,36 @@ def test_the_memory_reader_skips_a_key_gone_between_listing_and_reading(redis_cl
     changed = states[bucket_key("c").encode()]
     assert changed.buckets == {7: records[7]} and 60_000 < changed.pttl_ms <= 120_000
     assert all(state.memory_usage > 0 for state in states.values())
+
+
+def test_the_asgi_async_views_target_is_ours_over_the_take_alone(capsys):
+    # rounds of req/s: ours 0.96× the call alone, 0.90× no throttle
+    rps = {"none-asgi-async": 1000.0, "take-asgi-async": 937.5, "ours-asgi-async": 900.0}
+    samples = {label: [rps.get(label, 800.0)] * 3 for label in LABELS}
+    cpu = {label: [100.0 if label.startswith("none") else 110.0] * 3 for label in LABELS}
+    redis_cpu = {label: [10.0] * 3 for label in LABELS}
+    ratios = {}
+
+    def paired(name, baseline):
+        return samples[name][0] / samples[baseline][0]
+
+    lines, targets = asgi_ratios(samples, cpu, redis_cpu, 10.0, paired, ratios,
+                                 (float("nan"), float("nan")))
+
+    assert ratios["asgi.vs_take_alone"] == pytest.approx(0.96)
+    assert ratios["asgi.vs_none"] == pytest.approx(0.90)  # still recorded, no longer a target
+    [row] = [row for row in targets if "take.lua call alone" in row[0]]
+    assert row == ("3. ASGI (async def view): ours ≥ 0.95× ours' take.lua call alone (req/s; "
+                   "the floor every exact limiter pays)", "0.96×", "met")
+    assert not any("no throttle (req/s)" in row[0] for row in targets)
+    assert len(targets) == len(ASGI_VIEWS) + 1
+
+
+def test_ours_and_the_take_alone_run_side_by_side_in_both_orders():
+    seen = set()
+    for round_number in range(12):
+        order = round_order(ROUND_GROUPS, round_number)
+        ours, take = order.index("ours-asgi-async"), order.index("take-asgi-async")
+        assert abs(ours - take) == 1, round_number
+        seen.add(take > ours)
+    assert seen == {True, False}
