@@ -73,6 +73,14 @@ if VARIANT == "take":
 if VARIANT == "take-fields":
     MIDDLEWARE.append("bench.throttles.AsyncTakeAndFieldsMiddleware")
 
+# The config propagation section (bench/propagation.py): each response names the config version
+# that decided it and the worker, and the watcher's poll interval is set per server.
+if os.environ.get("BENCH_EXPOSE_CONFIG_VERSION"):
+    RATELIMIT_APP = {**RATELIMIT_APP, "EXPOSE_CONFIG_VERSION": True}  # noqa: F405
+if os.environ.get("BENCH_CONFIG_WATCH_INTERVAL_S"):
+    RATELIMIT_APP = {**RATELIMIT_APP,  # noqa: F405
+                     "CONFIG_WATCH_INTERVAL_S": float(os.environ["BENCH_CONFIG_WATCH_INTERVAL_S"])}
+
 SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "loggers": {"ratelimit_app": {"level": "ERROR"}}}
