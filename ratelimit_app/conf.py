@@ -59,8 +59,15 @@ DEFAULTS = {
     # before one trial request is let through.
     "BREAKER_FAILURES": 3,
     "BREAKER_COOLDOWN_S": 2.0,
-    # A worker that has not seen the config version for this long asks Redis for it.
+    # A worker that has not seen the config version for this long asks Redis for it (on the
+    # request path: what a worker does when its watcher cannot, e.g. while Redis is down).
     "CONFIG_CHECK_INTERVAL_S": 1.0,
+    # How often each worker's watcher thread reads the config version (one GET), to compile
+    # the rules of a new version before a request needs them.
+    "CONFIG_WATCH_INTERVAL_S": 0.05,
+    # Tests and benchmarks: each limited response says which config version decided it
+    # (RateLimit-Config-Version) and which worker process (RateLimit-Worker). Off in production.
+    "EXPOSE_CONFIG_VERSION": False,
     # Rows changed without save() or delete() on a model instance (a queryset's update(),
     # bulk_create, raw SQL, a data migration) send no signal: a worker compares a digest of the
     # quota rows with its rules at most this often (one query) and applies them within this

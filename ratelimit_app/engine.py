@@ -46,6 +46,8 @@ class Decision(NamedTuple):
     # the concurrency slot this request holds until its response is finished: (the limits'
     # sorted-set keys, the slot's member), released by Limiter.release_slot; None: no slot
     slot: tuple | None = None
+    # the config version of the rules that decided (set only with EXPOSE_CONFIG_VERSION)
+    config_version: str = ""
 
     @property
     def limited(self):
@@ -108,7 +110,7 @@ def plan_buckets(snapshot, identity, endpoint, cost):
     if found is _NOT_PLANNED:
         found = _build_buckets(snapshot, identity, endpoint, cost)
         if found is not None:
-            found = PlannedBuckets(found)
+            found = PlannedBuckets(found, snapshot.version)
         if len(memo) >= MAX_PLANS_MEMOISED:
             memo.clear()
         memo[memo_key] = found
@@ -123,7 +125,7 @@ class PlannedBuckets(tuple):
     """The buckets of one (identity, endpoint, cost) as ``plan_buckets`` memoises them: a plain
     tuple of buckets that also carries what every decision on them needs, computed once rather
     than per request: ``keys`` and ``debit_args``, take.lua's arguments for a debit on the Redis
-    clock (None when a bucket's argument depends on the moment: a calendar quota, a concurrency
+    clock fenced on the snapshot's ``version`` (None when a bucket's argument depends on the moment: a calendar quota, a concurrency
     limit; ``take_args`` builds those per call), and how the Limiter sends them: ``takes_slot``
     (one is a concurrency limit) and ``leases`` (one's rule leases tokens).
 
@@ -132,11 +134,13 @@ class PlannedBuckets(tuple):
     headers and the metrics then keep what they read of these buckets here (``header_parts``,
     ``metric_parts``: None until first needed)."""
 
-    def __new__(cls, buckets):
+    def __new__(cls, buckets, version=None):
         planned = super().__new__(cls, buckets)
         planned.keys = tuple([bucket.key for bucket in buckets])
+        # the config version the rules were compiled from: debits are fenced on it
+        planned.version = version
         timeless = all(bucket.spec is not None for bucket in buckets)
-        planned.debit_args = tuple(take_args(buckets)) if timeless else None
+        planned.debit_args = tuple(take_args(buckets, fence=version)) if timeless else None
         planned.takes_slot = any(isinstance(bucket, ConcurrencySlot) for bucket in buckets)
         planned.leases = any(bucket.rule.lease for bucket in buckets)
         planned.plain = all(type(bucket) is Bucket and not bucket.gate for bucket in buckets)
@@ -210,15 +214,31 @@ def failed_auth_buckets(snapshot, identity, endpoint):
                      for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
 
 
-def take_args(buckets, now_ms=None, debit=True, slot_id=0):
+def take_args(buckets, now_ms=None, debit=True, slot_id=0, fence=None):
     """Return take.lua's ARGV for ``buckets``: now ("" = the Redis clock), the debit flag, then
     each bucket's pre-encoded spec. ``now_ms`` is for tests only; ``slot_id`` names the slot a
-    concurrency limit's bucket takes (see buckets.ConcurrencySlot)."""
+    concurrency limit's bucket takes (see buckets.ConcurrencySlot). A debit with ``fence`` (the
+    config version the buckets' rules were compiled from) debits nothing when the store holds
+    another version (``fence_flag``)."""
     specs = [bucket.spec for bucket in buckets]
     if None in specs:  # calendar quotas: their boundaries depend on the time (buckets.py)
         at_ms = periods.now_ms() if now_ms is None else now_ms
         specs = [bucket.spec or bucket.spec_at(at_ms, slot_id) for bucket in buckets]
-    return [b"" if now_ms is None else int(now_ms), b"1" if debit else b"0", *specs]
+    return [b"" if now_ms is None else int(now_ms), fence_flag(fence) if debit else b"0",
+            *specs]
+
+
+def fence_flag(version):
+    """Return take.lua's debit flag fenced on config ``version`` (None, or a snapshot compiled
+    without one, "unknown": not fenced)."""
+    if version is None or version == UNKNOWN_VERSION:
+        return b"1"
+    return b"1" + version.encode()
+
+
+# the version of a snapshot compiled while the store could not say its version; as a fence,
+# no fence at all (Limiter.take: rules kept in force while no newer ones can be compiled)
+UNKNOWN_VERSION = NO_FENCE = "unknown"
 
 
 def statuses_from(buckets, reply):

@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import operator
+import os
 
 from django.http import HttpResponse
 from django.http.response import ResponseHeaders
@@ -115,6 +116,8 @@ def apply_headers_unless_set(response, decision):
 def _set_fields(response, store, decision):
     """Set the decision's fields in ``store`` (see _field_store), or through ``response``'s own
     ``__setitem__`` when ``store`` is None."""
+    if decision.config_version:  # EXPOSE_CONFIG_VERSION (tests and benchmarks)
+        _set_config_fields(response, store, decision.config_version)
     visible = decision.policies
     if type(visible) is LevelStatuses:
         return _set_fields_from_levels(response, store, visible)
@@ -132,6 +135,16 @@ def _set_fields(response, store, decision):
         for name, value in fields.values():
             response[name] = value
     return response
+
+
+def _set_config_fields(response, store, version):
+    """Say which config version decided, and in which worker process."""
+    fields = (("RateLimit-Config-Version", version), ("RateLimit-Worker", str(os.getpid())))
+    for name, value in fields:
+        if store is None:
+            response[name] = value
+        else:
+            store[name.lower()] = (name, value)
 
 
 def _set_fields_from_levels(response, store, statuses):

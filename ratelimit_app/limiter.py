@@ -29,7 +29,7 @@ from .engine import Decision
 from .identity import identify
 from .leases import Leases
 from .policy import PolicyCache
-from .stores import StoreUnavailable, build_store
+from .stores import StoreUnavailable, SupersededRules, build_store
 from .stores.base import is_misconfiguration
 from .unexpected import UnexpectedErrorLog, error_text, type_label
 
@@ -37,6 +37,12 @@ __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
            "install_limiter", "forget_default_limiter"]
 
 logger = logging.getLogger("ratelimit_app")
+
+# A decision refused by the fence is made again on fresh rules, at most this many times in all.
+FENCED_ATTEMPTS = 3
+# How long the claim of a change found by the comparison of the rows is kept: far longer than
+# the workers' comparisons of one version's rows are apart.
+NOTICE_CLAIM_TTL_MS = 600_000
 
 
 def _record_outside_change():
@@ -158,7 +164,11 @@ class Limiter:
                                     announce=self._announce_noticed_change,
                                     wall_clock=wall_time,
                                     noticed=_record_outside_change,
-                                    in_threads=metrics_autostart)
+                                    in_threads=metrics_autostart,
+                                    watch_interval_s=config["CONFIG_WATCH_INTERVAL_S"],
+                                    poll_version=self._poll_version)
+        # tests and benchmarks: say on each response which config version decided it
+        self.expose_version = config["EXPOSE_CONFIG_VERSION"]
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(clock=wall_time, config=lambda: self.config)
@@ -223,22 +233,75 @@ class Limiter:
 
         ``user`` is the authenticated user (or None); ``endpoint`` the URL name of the view.
         ``now_ms`` (tests only) overrides the clock for this call and keeps the deny cache out.
+        A debit refused by the fence (the rules were superseded meanwhile) is decided again on
+        fresh rules.
         """
-        pending = self._prepare(self.policies.get(), request, user, endpoint, now_ms)
+        snapshot, fence = self.policies.get(), None
+        for _ in range(FENCED_ATTEMPTS):
+            try:
+                decision = self._decide_on(snapshot, request, user, endpoint, now_ms, fence)
+            except SupersededRules as superseded:
+                fresher = self._fresher_snapshot(snapshot, superseded.version)
+                if fresher is None:
+                    fence = engine.NO_FENCE  # no newer rules to be had: these, unfenced
+                else:
+                    snapshot = fresher
+                continue
+            if self.expose_version:
+                decision = decision._replace(config_version=snapshot.version)
+            return decision
+        return self._superseded_too_often(snapshot, request, user, endpoint)
+
+    def _decide_on(self, snapshot, request, user, endpoint, now_ms, fence=None):
+        """``decide`` on the rules of ``snapshot``, the debit fenced on their version (or on
+        ``fence``, see ``take``); raises SupersededRules when the fence refused it."""
+        pending = self._prepare(snapshot, request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
         if pending.buckets.takes_slot:
-            return self._decide_with_slot(pending, now_ms)
+            return self._decide_with_slot(pending, now_ms, fence)
         try:
             if pending.buckets.leases:
                 allowed, statuses = self._take_with_leases(
-                    pending.buckets, pending.snapshot.version, now_ms)
+                    pending.buckets, pending.snapshot.version, now_ms, fence)
             else:
-                reply = self.take(pending.buckets, now_ms=now_ms)
+                reply = self.take(pending.buckets, now_ms=now_ms, fence=fence)
                 allowed, statuses = reply.allowed, engine.reply_statuses(pending.buckets, reply)
         except StoreUnavailable:
             return pending.degraded()
         return self._conclude(pending, allowed, statuses)
+
+    def _fresher_snapshot(self, snapshot, store_version):
+        """Return rules to decide again on after the fence found ``store_version`` in the store
+        instead of ``snapshot``'s version: newer rules; or, on a Cluster whose copy of the
+        version in that slot is behind the version of record (a failover or a restart lost it),
+        the same rules once the copies are rewritten; or None when no newer rules can be
+        compiled now (the database is down): the rules in force stay so, unfenced."""
+        if self.store.versions_copied:
+            try:
+                current = self.read_version()
+            except StoreUnavailable:
+                current = store_version
+            if current == snapshot.version:
+                logger.warning("ratelimit_app: a copy of the config version held %s instead of "
+                               "%s (lost in a failover or a restart?); rewriting the copies",
+                               store_version, current)
+                try:
+                    self._guarded(self.store.write_version, self.version_key, current)
+                except StoreUnavailable:
+                    pass  # the next attempt is fenced again, then the fail modes decide
+                return snapshot
+        fresher = self.policies.fresh(snapshot)
+        return None if fresher.version == snapshot.version else fresher
+
+    def _superseded_too_often(self, snapshot, request, user, endpoint):
+        """The Decision when the fence refused every attempt (the version changed during each
+        compile): the rules' fail modes, as when Redis cannot answer."""
+        logger.warning("ratelimit_app: the config version changed during each of %d attempts "
+                       "to decide a request; decided by the rules' fail modes",
+                       FENCED_ATTEMPTS)
+        pending = self._prepare(snapshot, request, user, endpoint, None)
+        return pending if isinstance(pending, Decision) else pending.degraded()
 
     def _prepare(self, snapshot, request, user, endpoint, now_ms):
         """The steps of a decision before the store: return a Decision when no call is needed,
@@ -275,7 +338,7 @@ class Limiter:
         return engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
                                     pending.endpoint, pending.cost)
 
-    def _decide_with_slot(self, pending, now_ms):
+    def _decide_with_slot(self, pending, now_ms, fence=None):
         """``decide`` for a request one of whose buckets is a concurrency limit: the same one
         take.lua call, carrying a new slot id; an allowed decision holds the slot
         (``Decision.slot``) until ``release_slot``. Leases are not used for such a request (its
@@ -284,7 +347,7 @@ class Limiter:
         buckets = pending.buckets
         slot_id = secrets.randbits(63)
         try:
-            reply = self.take(buckets, now_ms=now_ms, slot_id=slot_id)
+            reply = self.take(buckets, now_ms=now_ms, slot_id=slot_id, fence=fence)
         except StoreUnavailable:
             return pending.degraded()
         statuses = engine.statuses_from(buckets, reply)
@@ -314,21 +377,22 @@ class Limiter:
             return False
         return True
 
-    def _take_with_leases(self, buckets, version, now_ms):
+    def _take_with_leases(self, buckets, version, now_ms, fence=None):
         """``take`` for a decision some of whose buckets lease tokens (see leases.py). Returns
         ``(allowed, statuses)``, statuses in the buckets' order."""
         leases = self.leases
         plan = leases.plan(buckets, version)
+        fence = version if fence is None else fence
         allowed, reply = True, None
         try:
             if plan.send:
-                reply = self.take(plan.send, now_ms=now_ms)
+                reply = self.take(plan.send, now_ms=now_ms, fence=version)
                 if not reply.allowed and _lease_was_too_much(plan, buckets, reply):
                     # the bucket holds this request's cost but not a lease as well: no lease
                     plan = leases.without_leasing(plan, buckets)
-                    reply = self.take(plan.send, now_ms=now_ms)
+                    reply = self.take(plan.send, now_ms=now_ms, fence=version)
                 allowed = reply.allowed
-        except StoreUnavailable:
+        except (StoreUnavailable, SupersededRules):
             leases.settle(plan, buckets, False, version)
             raise
         leases.settle(plan, buckets, allowed, version)
@@ -375,6 +439,27 @@ class Limiter:
         snapshot = self.policies.current()
         if snapshot is None:
             snapshot = await self.asnapshot()
+        fence = None
+        for _ in range(FENCED_ATTEMPTS):
+            try:
+                decision = await self._adecide_on(snapshot, request, user, endpoint, now_ms,
+                                                  fence)
+            except SupersededRules as superseded:
+                # the compile, if any, in a thread (the ORM's rule: thread_sensitive)
+                fresher = await sync_to_async(self._fresher_snapshot)(snapshot,
+                                                                      superseded.version)
+                if fresher is None:
+                    fence = engine.NO_FENCE  # no newer rules to be had: these, unfenced
+                else:
+                    snapshot = fresher
+                continue
+            if self.expose_version:
+                decision = decision._replace(config_version=snapshot.version)
+            return decision
+        return self._superseded_too_often(snapshot, request, user, endpoint)
+
+    async def _adecide_on(self, snapshot, request, user, endpoint, now_ms, fence=None):
+        """``_decide_on`` for an event loop."""
         pending = self._prepare(snapshot, request, user, endpoint, now_ms)
         if isinstance(pending, Decision):
             return pending  # exempt, unlimited, or refused from the deny cache: no Redis call
@@ -382,7 +467,7 @@ class Limiter:
             # a concurrency limit (rare, and its release is sync anyway): the sync path in a
             # worker thread
             return await sync_to_async(self._decide_with_slot, thread_sensitive=False)(
-                pending, now_ms)
+                pending, now_ms, fence)
         try:
             # (a snapshot that leases for some rules still sends the other requests straight to
             # the async store)
@@ -392,9 +477,9 @@ class Limiter:
                 # then served from the lease without any call)
                 allowed, statuses = await sync_to_async(
                     self._take_with_leases, thread_sensitive=False)(
-                    pending.buckets, pending.snapshot.version, now_ms)
+                    pending.buckets, pending.snapshot.version, now_ms, fence)
             else:
-                reply = await self.atake(pending.buckets, now_ms=now_ms)
+                reply = await self.atake(pending.buckets, now_ms=now_ms, fence=fence)
                 allowed, statuses = reply.allowed, engine.reply_statuses(pending.buckets, reply)
         except StoreUnavailable:
             return pending.degraded()
@@ -429,11 +514,12 @@ class Limiter:
         finally:
             self._refreshing_snapshot = False
 
-    async def atake(self, buckets, *, now_ms=None, debit=True):
+    async def atake(self, buckets, *, now_ms=None, debit=True, fence=None):
         """``take`` awaited on the async store, through the same breaker and counters as
         ``_guarded`` (written out here rather than as a coroutine wrapping the store's: one
-        coroutine less per decision). Returns the TakeReply; raises StoreUnavailable."""
-        bucket_keys, args = self._take_call(buckets, now_ms, debit)
+        coroutine less per decision). Returns the TakeReply; raises StoreUnavailable and
+        SupersededRules."""
+        bucket_keys, args = self._take_call(buckets, now_ms, debit, 0, fence)
         breaker = self.breaker
         if not breaker.allow_call():
             self.stats.breaker_skips += 1
@@ -444,6 +530,9 @@ class Limiter:
                                                   version_key=self.version_key)
         except StoreUnavailable as exc:
             self._store_failed(exc)
+            raise
+        except SupersededRules:
+            breaker.record_success()  # the store answered
             raise
         breaker.record_success()
         self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
@@ -499,6 +588,11 @@ class Limiter:
         """Return the config version in the store ("0" when unset). Raises StoreUnavailable."""
         return self._guarded(self.store.read_version, self.version_key)
 
+    def _poll_version(self):
+        """``read_version`` for the watcher thread: not through the breaker, which counts
+        the requests' calls. Raises StoreUnavailable."""
+        return self.store.read_version(self.version_key)
+
     def bump_config_version(self):
         """Give the config version a value never used before, so every worker reloads; return it.
 
@@ -511,12 +605,17 @@ class Limiter:
         self.policies.invalidate()
         return self._write_new_version()
 
-    def _announce_noticed_change(self):
-        """Tell every worker to reload: what the comparison of the rows does when it finds
-        them changed. Unlike ``bump_config_version``, this process's snapshot is left to the
-        comparison, which marks it stale and has its reload thread compile the rows (an edit
-        made here reloads in the request instead: see PolicyCache)."""
+    def _announce_noticed_change(self, superseded):
+        """Tell every worker to reload: what the comparison of the rows does when it finds the
+        rows of version ``superseded`` changed. Several workers may find the same change: the
+        first to claim it announces it, and only it returns True (it records the change in the
+        audit trail). Unlike ``bump_config_version``, this process's snapshot is left to the
+        comparison, which marks it stale for the watcher to compile."""
+        claim = f"{self.version_key}:noticed:{superseded}"
+        if not self._guarded(self.store.claim, claim, NOTICE_CLAIM_TTL_MS):
+            return False
         self._write_new_version()
+        return True
 
     def _write_new_version(self):
         """Write a config version never used before (see bump_config_version); return it."""
@@ -526,26 +625,30 @@ class Limiter:
 
     # --- the store, through the breaker ------------------------------------------------------
 
-    def take(self, buckets, *, now_ms=None, debit=True, slot_id=0):
+    def take(self, buckets, *, now_ms=None, debit=True, slot_id=0, fence=None):
         """Run take.lua for ``buckets`` through the breaker and return the store's TakeReply
         (the config version it carried is noted). ``slot_id`` names the slot of a concurrency
-        limit among them. Raises StoreUnavailable."""
-        bucket_keys, args = self._take_call(buckets, now_ms, debit, slot_id)
+        limit among them. A debit is fenced on ``fence``, or on the version planned buckets
+        were compiled from (engine.PlannedBuckets). Raises StoreUnavailable, and
+        SupersededRules when the fence refused it."""
+        bucket_keys, args = self._take_call(buckets, now_ms, debit, slot_id, fence)
         reply = self._guarded(self.store.take, bucket_keys, args, version_key=self.version_key)
         self.policies.observe_version(reply.version)
         return reply
 
-    def _take_call(self, buckets, now_ms, debit, slot_id=0):
+    def _take_call(self, buckets, now_ms, debit, slot_id=0, fence=None):
         """Return take.lua's ``(keys, args)`` for ``buckets``."""
         if now_ms is None:
             now_ms = self.clock.redis_now_ms()
-        if now_ms is None and debit and not slot_id:
+        if now_ms is None and debit and not slot_id and fence is None:
             # the common call, a debit on the Redis clock: built once, when the buckets were
             # planned (engine.PlannedBuckets; None when an argument depends on the moment)
             args = getattr(buckets, "debit_args", None)
             if args is not None:
                 return buckets.keys, args
-        return [b.key for b in buckets], engine.take_args(buckets, now_ms, debit, slot_id)
+        if fence is None:
+            fence = getattr(buckets, "version", None)
+        return [b.key for b in buckets], engine.take_args(buckets, now_ms, debit, slot_id, fence)
 
     def _guarded(self, operation, *args, **kwargs):
         """Run a store operation of the request path through the breaker; count failures."""
@@ -558,6 +661,9 @@ class Limiter:
             result = operation(*args, **kwargs)
         except StoreUnavailable as exc:
             self._store_failed(exc)
+            raise
+        except SupersededRules:
+            breaker.record_success()  # the store answered
             raise
         breaker.record_success()
         stats.last_latency_ms = (time.perf_counter() - started) * 1000

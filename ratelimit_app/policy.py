@@ -1,22 +1,24 @@
-"""DB rows → an immutable in-process snapshot, reloaded when the config version in Redis changes.
+"""DB rows → an immutable in-process snapshot, kept fresh as the configuration changes.
 
 The request path reads only the snapshot: no database query per request once it is warm. Every
-committed admin change writes a new version (``signals.py``); a worker notices it in the reply of
-its next Lua call (the script returns it for free), or by asking the store when it has not made
-a call for ``CONFIG_CHECK_INTERVAL_S``, and reloads (``PolicyCache``, owned by the Limiter).
+committed admin change publishes a new config version in Redis (``signals.py``). From then on:
+
+- no debit is made on older rules: each take.lua call is fenced on the version its rules were
+  compiled from, debits nothing when the store holds another, and the decision is made again
+  on fresh rules (``Limiter``; on a Cluster the version is copied into every slot);
+- each worker's watcher thread reads the version every ``CONFIG_WATCH_INTERVAL_S`` (one GET)
+  and compiles the new rules off the request path (``PolicyCache``), so the fence seldom fires.
 
 Rows changed without a signal (a queryset's ``update()``, ``bulk_create``, raw SQL, a data
-migration) announce nothing: for them each worker compares a digest of the rows with its
+migration) announce nothing: for them the watcher compares a digest of the rows with its
 snapshot's once every ``CONFIG_RELOAD_INTERVAL_S`` (one query, ``config_fingerprint``), and the
-first to see a difference reloads and announces a new version, so the others follow within
-about a second.
+first worker to see a difference announces a new version (recorded once in the audit trail).
 
 Plan assignments, identity overrides and the plan of an API key may have a start and an end
 (``models.Scheduled``): a snapshot holds only the rows active when it was compiled, and the
-next moment one starts or ends (``Snapshot.next_change_at``); each worker recompiles at that
-moment by itself, with no announcement and no query before it (``PolicyCache``).
+next moment one starts or ends (``Snapshot.next_change_at``); the snapshot of that moment is
+compiled ahead and swapped in at the moment (``PolicyCache``).
 """
-
 import functools
 import hashlib
 import logging
@@ -29,6 +31,7 @@ from datetime import datetime, timezone
 
 from .background import WorkerThread
 from .conf import get_config
+from .stores.base import StoreUnavailable
 
 __all__ = ["CompiledRule", "Snapshot", "PolicyCache", "compile_snapshot", "config_fingerprint"]
 
@@ -116,6 +119,8 @@ class Snapshot:
     # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
     # snapshot is out of date from then on
     next_change_at: float = math.inf
+    # the wall-clock time (epoch s) the dated rows were evaluated at
+    compiled_at: float = 0.0
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -215,7 +220,15 @@ def _paced_rows(queryset, pause_s):
     for count, row in enumerate(queryset.iterator(chunk_size=2000), 1):
         yield row
         if count % FINGERPRINT_CHUNK_ROWS == 0:
-            time.sleep(pause_s)
+            _pause(pause_s)
+
+
+def _pause(pause_s):
+    """Sleep ``pause_s`` seconds; a callable gives the pause at each call (PolicyCache's: none
+    while a request waits for the compile, see PolicyCache.fresh)."""
+    seconds = pause_s() if callable(pause_s) else pause_s
+    if seconds:
+        time.sleep(seconds)
 
 
 def _rows(queryset, *fields, pause_s=0.0):
@@ -301,6 +314,7 @@ def _read_snapshot(version, now, pause_s=0.0):
         assignments=assignments,
         overrides={k: tuple(v) for k, v in overrides.items()},
         costs=costs,
+        compiled_at=moment.timestamp(),
         next_change_at=min(_next_change(assignment_rows, moment),
                            _next_change(override_rows, moment),
                            _next_change([k for k in key_rows if k.plan_id], moment)),
@@ -401,7 +415,7 @@ def config_fingerprint(pause_s=0.0):
         while chunk := cursor.fetchmany(FINGERPRINT_CHUNK_ROWS):
             rows += chunk
             if pause_s:
-                time.sleep(pause_s)
+                _pause(pause_s)
     # (table, primary key) is unique, so the sort never compares further columns (nor None
     # with text)
     rows.sort()
@@ -413,93 +427,101 @@ def config_fingerprint(pause_s=0.0):
     for start in range(0, len(rows), FINGERPRINT_CHUNK_ROWS):
         digest.update(marshal.dumps(rows[start:start + FINGERPRINT_CHUNK_ROWS], 2))
         if pause_s:
-            time.sleep(pause_s)
+            _pause(pause_s)
     return digest.hexdigest()
 
 
+# How long before a dated row's moment its snapshot is compiled (see PolicyCache.upcoming): far
+# enough ahead that the compile is done when the moment comes, near enough that an edit seldom
+# makes it wasted work.
+UPCOMING_LEAD_S = 2.0
+
+
 class PolicyCache:
-    """A process's current snapshot and what it knows about the config version in the store.
+    """A process's current snapshot, and how it stays fresh. The Limiter owns one.
 
-    ``read_version`` is a callable returning the version string (raising ``StoreUnavailable``
-    when the store cannot answer); ``load`` compiles a Snapshot for a version (the database);
-    ``clock`` is monotonic seconds. The Limiter owns one.
+    ``read_version`` returns the config version in the store (raising ``StoreUnavailable``
+    when it cannot answer); ``load`` compiles a Snapshot of a version (default:
+    ``compile_snapshot``, the database); ``clock`` is monotonic seconds, ``wall_clock`` epoch
+    seconds (when dated rows start and end).
 
-    ``wall_clock`` (epoch seconds) is read only when a snapshot is compiled and when its
-    ``next_change_at`` (a dated assignment or override starting or ending) may be due: that
-    moment is turned into a monotonic deadline folded into the one the request path already
-    compares with, so a dated row costs a request nothing, and the worker recompiles at the
-    first request after the moment.
+    Freshness rests on three parts (docs/howto/apply-edits.md says what they guarantee):
 
-    With ``reload_interval_s`` (None: off), the rows are also compared with the snapshot once
-    per interval through ``fingerprint`` (a callable returning a digest of the rows, one
-    query); on a difference the snapshot is reloaded and ``announce`` (a callable writing a new
-    version for every worker) is called, unless the store's version has already moved on; then
-    ``noticed`` (the audit trail's record of the change) is called too.
+    - The fence: every debit carries the version its rules were compiled from, and take.lua
+      debits nothing when the store holds another. The Limiter then asks ``fresh()`` for newer
+      rules and decides again. So no decision debited in Redis after a version is published is
+      made on older rules, even in a process that has not heard of the edit yet.
+    - The watcher (``in_threads``, what a Limiter in a server runs): one thread that reads the
+      version every ``watch_interval_s`` (one GET) and compiles a new version's rules at once,
+      compiles the snapshot of a dated row's moment ahead of it, and compares the rows every
+      ``reload_interval_s``, none of it waiting for a request. So the fence seldom fires, and a
+      request seldom waits for a compile. The compile pauses between chunks of rows
+      (``RELOAD_PAUSE_S``, for the requests' share of the GIL) unless a request waits for it.
+    - Dated rows: a snapshot holds the rows active at its ``compiled_at`` and the next moment
+      one starts or ends (``next_change_at``). The snapshot of that moment (``upcoming``) is
+      compiled ahead, and swapped in by the first request at or after the moment or by the
+      watcher, whichever comes first: a pointer swap, no compile.
 
-    Where that comparison runs: with ``in_threads`` (what a Limiter in a server does), in a
-    thread of its own (``background.WorkerThread``: database connections of its own, closed
-    after each comparison; the lowest CPU priority), which the request that finds it due
-    wakes and does not wait for. The query and the digest take milliseconds of CPU (about
-    7 ms with the bench's 1,954 rows, more on a loaded machine): on a request's path they held
-    up that request and, on a sync worker, every request queued behind it (ours' p99 at a
-    fixed rate was 0.6 ms above the bare Lua throttle's with it there, level with it
-    without). The thread reads and hashes in chunks with pauses (``config_fingerprint``), so a
-    request wanting the GIL back seldom waits for it. Without ``in_threads`` (tests, whose
-    rows are in a transaction no other connection sees, and whose test clock decides when it
-    is due), the request that finds it due compares. Either way one comparison at a time, and
-    the other requests serve the snapshot meanwhile. The version poll stays on the request
-    path: it is one Redis GET.
+    Without ``in_threads`` (tests, with their clocks and transactions) the request that finds
+    it due polls the version (every ``check_interval_s``), reloads, compares the rows and
+    switches at a dated moment. An edit made in this process (``invalidate()``: the commit of
+    an admin save) is compiled in the next request either way, so the process that saved
+    serves its edit at once; so is the first load.
 
-    Where a reload runs: with ``in_threads``, a change this process learns of from elsewhere
-    (a new version in a reply or at the poll, rows that changed, a dated row starting or
-    ending) is compiled in a second thread, at normal priority (a reload must not wait behind
-    a busy machine's requests: the edit is due within about a second), while the requests
-    keep serving the rules in memory. A reload (digest and compile) of the bench's 1,954 rows
-    takes about 26 ms of CPU (51 ms before the compile read tuples), which a request, and on a
-    sync worker every request queued behind it, used to wait; the thread paces itself
-    (``RELOAD_PAUSE_S``). An edit made
-    in this process (``invalidate()``: the commit of an admin save announces it) reloads in the
-    next request, as without threads, so the process that saved serves its edit at once; so
-    does the first load (there are no rules to serve meanwhile).
+    With ``reload_interval_s`` (None: off), the rows are compared with those the snapshot was
+    compiled from through ``fingerprint`` (a digest, one query), for edits that send no signal
+    (a queryset's ``update()``, raw SQL). On a difference ``announce(version)`` writes a new
+    version for every worker unless another worker has announced this very change (it returns
+    False then), and the worker whose announcement it was calls ``noticed`` (the audit trail's
+    record): one record per change.
     """
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
-                 wall_clock=time.time, noticed=None, in_threads=False):
+                 wall_clock=time.time, noticed=None, in_threads=False,
+                 watch_interval_s=0.05, poll_version=None):
         self._read_version = read_version
+        # the watcher's read: straight to the store (its failures are not the requests')
+        self._poll_store = poll_version or read_version
+        self._poll_failed = False
         self._wall_clock = wall_clock
         # the compile and the digest of the rows, when a test gives its own (see _load, _digest)
         self._given_load, self._given_fingerprint = load, fingerprint
         self.check_interval_s = check_interval_s
         self.reload_interval_s = reload_interval_s
+        self.watch_interval_s = watch_interval_s
         self._announce = announce
-        self._noticed = noticed  # called once this worker announced rows changed unannounced
+        self._noticed = noticed
         self._clock = clock
-        self._lock = threading.Lock()
-        self._compare_lock = threading.Lock()
+        self._lock = threading.Lock()          # one compile at a time
+        self._swap_lock = threading.Lock()     # installing a snapshot (never held to compile)
+        self._compare_lock = threading.Lock()  # one comparison at a time
         self.snapshot = None
+        self.upcoming = None     # the snapshot of snapshot.next_change_at, compiled ahead
         self.fingerprint = None  # digest of the rows the snapshot was compiled from
         self.stale = True
         self.checked_at = 0.0  # clock time the version was last confirmed
         self.retry_at = 0.0    # after a failed load: clock time the DB may be tried again
         self.compare_at = math.inf  # clock time the rows are next compared with the snapshot
         self.switch_at = math.inf   # clock time a dated row may start or end (see _schedule)
-        self.due_at = math.inf      # the earlier of the two: the request path compares only it
-        # invalidate() calls so far, and how many of them the last reload covered (see
-        # reload_here and _reload)
+        self.due_at = math.inf      # what the request path compares with (see _set_due)
+        # invalidate() calls so far, and how many of them the last reload covered; and a
+        # dated moment passed with no upcoming snapshot ready: both reload in the request
         self._edits_here = self._edits_reloaded = 0
-        self._row_comparison = (WorkerThread(self._compare_current_rows,
-                                             "ratelimit-row-comparison", low_priority=True)
-                                if in_threads else None)
-        self._reloader = (WorkerThread(self._reload_if_stale, "ratelimit-rules-reload")
-                          if in_threads else None)
+        self._moment_missed = False
+        # requests waiting in fresh(): the compile under way drops its pauses
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._watcher = (WorkerThread(self._watch, "ratelimit-config-watcher",
+                                      every_s=self._until_next_watch)
+                         if in_threads else None)
 
-    def _load(self, version, pause_s=0.0):
-        """Compile the rows into a snapshot of ``version``; a thread passes its pause
-        (COMPARISON_PAUSE_S, RELOAD_PAUSE_S: it yields the GIL between chunks of rows)."""
+    def _load(self, version, pause_s=0.0, at=None):
+        """Compile the rows into a snapshot of ``version`` as they apply at ``at`` (epoch s;
+        default: now), pausing ``pause_s`` between chunks of rows."""
         if self._given_load is not None:
-            return self._given_load(version)
-        return compile_snapshot(version, self._wall_clock(), pause_s)
+            return self._given_load(version) if at is None else self._given_load(version, at=at)
+        return compile_snapshot(version, self._wall_clock() if at is None else at, pause_s)
 
     def _digest(self, pause_s=0.0):
         """Return the digest of the rows (``config_fingerprint``), pausing as ``_load`` does."""
@@ -507,11 +529,15 @@ class PolicyCache:
             return self._given_fingerprint()
         return config_fingerprint(pause_s=pause_s)
 
+    @property
+    def watching(self):
+        """True while the watcher thread runs (False without ``in_threads``)."""
+        return self._watcher is not None and self._watcher.running
+
     def close(self):
-        """Stop the comparison and reload threads, if they run."""
-        for thread in (self._row_comparison, self._reloader):
-            if thread is not None:
-                thread.stop()
+        """Stop the watcher thread, if it runs."""
+        if self._watcher is not None:
+            self._watcher.stop()
 
     def invalidate(self):
         """Reload at the next request (in the request, also with ``in_threads``), keeping the
@@ -521,14 +547,15 @@ class PolicyCache:
 
     @property
     def reload_here(self):
-        """True after an edit made in this process that no reload has covered yet: the next
-        request reloads itself rather than leave it to the reload thread."""
-        return self._edits_here != self._edits_reloaded
+        """True when the next request must compile itself rather than leave it to the watcher:
+        after an edit made in this process that no reload has covered yet, or a dated moment
+        that passed before its snapshot was ready."""
+        return self._edits_here != self._edits_reloaded or self._moment_missed
 
     def reset(self):
         """Drop the snapshot; the next request compiles a new one."""
         with self._lock:
-            self.snapshot = None
+            self.snapshot = self.upcoming = None
             self.fingerprint = None
             self.stale = True
             self.retry_at = 0.0
@@ -543,40 +570,24 @@ class PolicyCache:
         if snapshot is not None and version != snapshot.version:
             self.stale = True
 
+    # --- the request path --------------------------------------------------------------------
+
     def get(self):
         """Return the current snapshot, reloading it if the config version or the rows
-        changed."""
+        changed, or switching to the next one at a dated row's moment."""
         snapshot = self.snapshot
         if snapshot is not None and not self.stale:
             now = self._clock()
             if now - self.checked_at < self.check_interval_s and now < self.due_at:
                 return snapshot
-            if now >= self.switch_at:
-                self._check_schedule(snapshot, now)
-            if not self.stale and now >= self.compare_at:
-                self._compare_rows(snapshot, now)
-            if not self.stale and now - self.checked_at >= self.check_interval_s:
-                self._poll_version(snapshot)
+            snapshot = self._due(snapshot, now)
             if not self.stale:
                 return snapshot
         if snapshot is not None and self._clock() < self.retry_at:
             return snapshot  # the last load failed moments ago; replies keep marking it stale
-        if self._reloads_in_thread(snapshot):
+        if self._leaves_to_watcher(snapshot):
             return snapshot
         return self._reload()
-
-    def _reloads_in_thread(self, snapshot):
-        """Wake the reload thread and return True when the stale ``snapshot`` may be served
-        until the thread has compiled the new one (see the class's docstring)."""
-        if self._reloader is None or snapshot is None or self.reload_here:
-            return False
-        self._reloader.wake()
-        return True
-
-    def _reload_if_stale(self):
-        """The reload thread's work."""
-        if self.stale:
-            self._reload(in_thread=True)
 
     def current(self):
         """Return the snapshot ``get()`` would return without reading the store or the
@@ -586,20 +597,166 @@ class PolicyCache:
             return None
         now = self._clock()
         if not self.stale:
-            if now - self.checked_at < self.check_interval_s and now < self.due_at:
+            if now < self.due_at and now - self.checked_at < self.check_interval_s:
                 return snapshot
-            if self._row_comparison is not None and now < self.switch_at \
-                    and now - self.checked_at < self.check_interval_s:
-                self._compare_rows(snapshot, now)  # only wakes the thread
-                return snapshot
-            return None
-        if now < self.retry_at or self._reloads_in_thread(snapshot):
+            if now >= self.switch_at:
+                snapshot = self._switch_if_due(snapshot, now)
+                if not self.stale and now < self.due_at and \
+                        now - self.checked_at < self.check_interval_s:
+                    return snapshot
+            if not self.stale:
+                return None  # a poll or a comparison is due
+        if now < self.retry_at or self._leaves_to_watcher(snapshot):
             return snapshot
         return None
 
-    def _version_or(self, fallback):
-        from .stores import StoreUnavailable
+    def _due(self, snapshot, now):
+        """What ``get`` does when the snapshot may be out of date: switch at a dated moment,
+        compare the rows (without a watcher), poll the version. Returns the snapshot to serve
+        unless it turned stale."""
+        if now >= self.switch_at:
+            snapshot = self._switch_if_due(snapshot, now)
+        if not self.stale and self._watcher is None and now >= self.compare_at:
+            self._compare_rows(snapshot, now)
+        if not self.stale and now - self.checked_at >= self.check_interval_s:
+            if self._watcher is not None:
+                self._watcher.ensure_running()  # e.g. in a child forked after it started
+            self._poll_version(snapshot)
+        return snapshot
 
+    def _leaves_to_watcher(self, snapshot):
+        """Wake the watcher and return True when the stale ``snapshot`` may be served until
+        the watcher has compiled the new one: the fence refuses its debits meanwhile."""
+        if self._watcher is None or snapshot is None or self.reload_here:
+            return False
+        self._watcher.wake()
+        return True
+
+    def fresh(self, superseded):
+        """Return rules newer than ``superseded``, a snapshot a fenced call found out of date:
+        those the watcher installed meanwhile, or compiled now (a compile under way, waited
+        for, finishes without its pauses)."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            with self._lock:
+                current = self.snapshot
+                if current is not None and (current.version != superseded.version
+                                            or self._clock() < self.retry_at):
+                    return current  # newer; or the last compile failed moments ago
+                self.stale = True
+                return self._reload_locked()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
+    def _reload_pause(self):
+        """The pause of a compile off the request path: none while a request waits for it."""
+        return 0.0 if self._waiting else RELOAD_PAUSE_S
+
+    # --- the watcher -------------------------------------------------------------------------
+
+    def _until_next_watch(self):
+        """Seconds until the watcher's next round: its poll, a dated moment, or a comparison."""
+        now = self._clock()
+        # while the store cannot answer, poll as seldom as the request path would
+        interval = self.check_interval_s if self._poll_failed else self.watch_interval_s
+        wait = min(interval, self.switch_at - now,
+                   self.compare_at - now if self.reload_interval_s else math.inf)
+        return max(wait, 0.001)
+
+    def _watch(self):
+        """One round of the watcher: poll the version, reload, switch at a dated moment,
+        compile the next moment's snapshot, compare the rows (each when due)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        try:
+            version = self._poll_store()
+        except StoreUnavailable:
+            self._poll_failed = True  # keep the rules, poll less often until it answers
+        else:
+            self._poll_failed = False
+            self.checked_at = self._clock()
+            if version != snapshot.version:
+                self.stale = True
+        if self.stale and self._clock() >= self.retry_at:
+            self._reload(pause_s=self._reload_pause)
+        now = self._clock()
+        if now >= self.switch_at:
+            self._switch_if_due(self.snapshot, now)
+            if self.stale:
+                self._reload(pause_s=self._reload_pause)
+        self._prepare_upcoming(self.snapshot)
+        if self.reload_interval_s and now >= self.compare_at and not self.stale:
+            with self._compare_lock:
+                self.compare_at = now + self.reload_interval_s
+                self._compare_with(self.snapshot, pause_s=COMPARISON_PAUSE_S)
+
+    def _prepare_upcoming(self, snapshot):
+        """Compile the snapshot of ``snapshot.next_change_at`` once the moment is less than
+        UPCOMING_LEAD_S away (kept in ``upcoming`` until the moment)."""
+        if snapshot is None or snapshot.next_change_at == math.inf:
+            return
+        moment = snapshot.next_change_at
+        upcoming = self.upcoming
+        if upcoming is not None and upcoming.version == snapshot.version \
+                and upcoming.compiled_at == moment:
+            return
+        if moment - self._wall_clock() > UPCOMING_LEAD_S:
+            return
+        try:
+            upcoming = self._load(snapshot.version, self._reload_pause, at=moment)
+        except Exception:  # a DB outage: the request at the moment compiles instead
+            logger.exception("ratelimit_app: could not compile the rules of a dated row's "
+                             "moment ahead of it")
+            return
+        upcoming.compiled_at = moment
+        self.upcoming = upcoming
+
+    # --- dated rows --------------------------------------------------------------------------
+
+    def _switch_if_due(self, snapshot, now):
+        """At ``switch_at``: install the upcoming snapshot if the wall clock has reached the
+        moment (or mark the rules stale, to be compiled in the request, when it is not ready),
+        else set the deadline again from the wall clock (it was only a recheck). Returns the
+        snapshot to serve."""
+        if self._wall_clock() < snapshot.next_change_at:
+            self._schedule(snapshot, now)
+            return snapshot
+        upcoming = self.upcoming
+        with self._swap_lock:
+            if self.snapshot is not snapshot:
+                return self.snapshot  # another thread switched (or reloaded) meanwhile
+            if upcoming is not None and upcoming.version == snapshot.version \
+                    and upcoming.compiled_at == snapshot.next_change_at:
+                self.snapshot, self.upcoming = upcoming, None
+                self._schedule(upcoming, now)
+                return upcoming
+        logger.info("ratelimit_app: a dated plan assignment or identity override starts or "
+                    "ends now; reloading the rules")
+        self._moment_missed = True
+        self.stale = True
+        return snapshot
+
+    def _schedule(self, snapshot, now):
+        """Set the monotonic deadline of ``snapshot.next_change_at`` (a wall-clock time), at
+        most SCHEDULE_RECHECK_S ahead of ``now``."""
+        if snapshot.next_change_at == math.inf:
+            self.switch_at = math.inf  # no dated row ahead: nothing to recheck
+        else:
+            remaining = snapshot.next_change_at - self._wall_clock()
+            self.switch_at = now + min(max(remaining, 0.0), SCHEDULE_RECHECK_S)
+        self._set_due()
+
+    def _set_due(self):
+        # the request path compares the rows only where no watcher does
+        self.due_at = self.switch_at if self._watcher is not None \
+            else min(self.compare_at, self.switch_at)
+
+    # --- the version and the rows ------------------------------------------------------------
+
+    def _version_or(self, fallback):
         try:
             return self._read_version()
         except StoreUnavailable:
@@ -612,30 +769,18 @@ class PolicyCache:
             self.stale = True
 
     def _compare_rows(self, snapshot, now):
-        """At ``compare_at``: set the next one, and compare the rows with those ``snapshot``
-        was compiled from, in the comparison thread (woken, not waited for) or here."""
+        """At ``compare_at`` (no watcher): set the next one, and compare the rows with those
+        ``snapshot`` was compiled from."""
         if not self._compare_lock.acquire(blocking=False):
             return  # another thread compares: serve ``snapshot`` meanwhile
         try:
             if now < self.compare_at or snapshot is not self.snapshot:
                 return  # another thread compared (or reloaded) while this one got here
             self.compare_at = now + self.reload_interval_s
-            self.due_at = min(self.compare_at, self.switch_at)
-            if self._row_comparison is None:
-                self._compare_with(snapshot)
+            self._set_due()
+            self._compare_with(snapshot)
         finally:
             self._compare_lock.release()
-        if self._row_comparison is not None:
-            # the reload thread is started here, by a request's thread, at normal priority
-            self._reloader.ensure_running()
-            self._row_comparison.wake()
-
-    def _compare_current_rows(self):
-        """The comparison thread's work: compare the rows with the current snapshot's."""
-        snapshot = self.snapshot
-        if snapshot is not None and not self.stale:
-            with self._compare_lock:
-                self._compare_with(snapshot, pause_s=COMPARISON_PAUSE_S)
 
     def _compare_with(self, snapshot, pause_s=0.0):
         """Compare the rows with those ``snapshot`` was compiled from (one query, see _digest);
@@ -649,85 +794,83 @@ class PolicyCache:
             return
         if fingerprint == expected or snapshot is not self.snapshot:
             return  # unchanged, or reloaded meanwhile (from rows at least as new)
-        # announced before the snapshot is marked stale, so that this worker's reload (in a
-        # request, maybe while the thread is still here) reads the new version, not the old
-        # one it would reload again at the next version poll; unless another worker announced
-        # it already (or the store cannot say)
-        if self._version_or(None) == snapshot.version:
+        if self._watcher is None:
+            self._announce_change(snapshot)
+            self.stale = True  # the request reloads next
+            return
+        # the watcher holds the compile's lock from before the announcement: a request whose
+        # debit the new version fences waits for this compile instead of compiling its own
+        with self._lock:
+            self._announce_change(snapshot)
+            self.stale = True
+            self._reload_locked(self._reload_pause)
+
+    def _announce_change(self, snapshot):
+        """Announce that the rows of ``snapshot`` changed, unless another worker has (or the
+        store cannot say); before the snapshot is marked stale, so that this worker's reload
+        reads the new version, not the old one it would reload again at the next poll."""
+        if self._version_or(None) == snapshot.version and \
+                self._announce_new_version(snapshot.version):
             logger.info("ratelimit_app: quota rows changed without an announced version (a "
                         "queryset update(), bulk_create, raw SQL, a migration); reloading and "
                         "announcing a new version to every worker")
-            self._announce_new_version()
             if self._noticed is not None:
                 self._noticed()
-        self.stale = True
-        if self._reloader is not None and self._reloader.running:
-            # no request needs to come first; but never started from here: on Linux a thread
-            # inherits the nice value of the thread that starts it (19 here)
-            self._reloader.wake()
 
-    def _announce_new_version(self):
-        from .stores import StoreUnavailable
-
+    def _announce_new_version(self, superseded):
+        """Announce that the rows of version ``superseded`` changed; return True when this
+        worker's announcement was the one that counted."""
         if self._announce is None:
-            return
+            return False
         try:
-            self._announce()
+            return self._announce(superseded)
         except StoreUnavailable as exc:
             logger.error("ratelimit_app: quota rows changed, but Redis is unavailable to tell "
                          "the other workers (%s); each notices within CONFIG_RELOAD_INTERVAL_S",
                          exc)
+            return False
 
-    def _reload(self, in_thread=False):
+    # --- compiling ---------------------------------------------------------------------------
+
+    def _reload(self, pause_s=0.0):
         with self._lock:
             if self.snapshot is not None and not self.stale:
                 return self.snapshot  # another thread reloaded while we waited
-            # an edit of this process during the reload (the reload thread's lasts a while) may
-            # have committed after the rows were read: it then still reloads here, after
-            edits_seen = self._edits_here
-            # "unknown" differs from any real version: reload once the store answers
-            version = self._version_or("unknown")
-            try:
-                # the digest before the rows: a change landing between the two then makes the
-                # next comparison reload once more, rather than hide behind a newer digest
-                pause_s = RELOAD_PAUSE_S if in_thread else 0.0
-                fingerprint = self._digest(pause_s) if self.reload_interval_s else None
-                snapshot = self._load(version, pause_s)
-            except Exception:  # a DB outage must not turn into 500s: keep the old rules
-                logger.exception("ratelimit_app: could not load the quota configuration")
-                if self.snapshot is None:
-                    self.snapshot = Snapshot(version="unknown")
-                # try again at the next version poll, not on every request
-                self.stale = False
-                self._edits_reloaded = self._edits_here
-                self.checked_at = self._clock()
-                self.retry_at = self.checked_at + self.check_interval_s
-                return self.snapshot
+            return self._reload_locked(pause_s)
+
+    def _reload_locked(self, pause_s=0.0):
+        # an edit of this process during the reload may have committed after the rows were
+        # read: it then still reloads in the next request
+        edits_seen = self._edits_here
+        # "unknown" differs from any real version: reload once the store answers
+        version = self._version_or("unknown")
+        try:
+            # the digest before the rows: a change landing between the two then makes the
+            # next comparison reload once more, rather than hide behind a newer digest
+            fingerprint = self._digest(pause_s) if self.reload_interval_s else None
+            snapshot = self._load(version, pause_s)
+        except Exception:  # a DB outage must not turn into 500s: keep the old rules
+            logger.exception("ratelimit_app: could not load the quota configuration")
+            if self.snapshot is None:
+                self.snapshot = Snapshot(version="unknown")
+            # try again at the next version poll, not on every request
+            self.stale = False
+            self._edits_reloaded = self._edits_here
+            self._moment_missed = False
+            self.checked_at = self._clock()
+            self.retry_at = self.checked_at + self.check_interval_s
+            return self.snapshot
+        with self._swap_lock:
             self.snapshot, self.fingerprint = snapshot, fingerprint
+            if self.upcoming is not None and self.upcoming.version != version:
+                self.upcoming = None
             self._edits_reloaded = edits_seen
+            self._moment_missed = False
             self.stale = self.reload_here
             self.checked_at = self._clock()
             self.compare_at = (self.checked_at + self.reload_interval_s
                                if self.reload_interval_s else math.inf)
             self._schedule(snapshot, self.checked_at)
-            return snapshot
-
-    def _schedule(self, snapshot, now):
-        """Set the monotonic deadline of ``snapshot.next_change_at`` (a wall-clock time), at
-        most SCHEDULE_RECHECK_S ahead of ``now``."""
-        if snapshot.next_change_at == math.inf:
-            self.switch_at = math.inf  # no dated row ahead: nothing to recheck
-        else:
-            remaining = snapshot.next_change_at - self._wall_clock()
-            self.switch_at = now + min(max(remaining, 0.0), SCHEDULE_RECHECK_S)
-        self.due_at = min(self.compare_at, self.switch_at)
-
-    def _check_schedule(self, snapshot, now):
-        """At ``switch_at``: mark the snapshot stale if a dated row started or ended, else set
-        the deadline again from the wall clock (it was only a recheck)."""
-        if self._wall_clock() >= snapshot.next_change_at:
-            logger.info("ratelimit_app: a dated plan assignment or identity override starts or "
-                        "ends now; reloading the rules")
-            self.stale = True
-        else:
-            self._schedule(snapshot, now)
+        if self._watcher is not None:
+            self._watcher.ensure_running()
+        return snapshot

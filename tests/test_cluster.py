@@ -537,7 +537,7 @@ def test_a_misconfigured_store_is_logged_at_error_level_with_the_cause(cluster, 
     buckets = [make_bucket(make_rule(), token=token) for token in tokens]
     with caplog.at_level(logging.WARNING, logger="ratelimit_app"), \
             pytest.raises(StoreUnavailable):
-        Limiter(limiter().config, store).peek_buckets(buckets)
+        Limiter(limiter().config, store, metrics_autostart=False).peek_buckets(buckets)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert errors and "misconfigured" in errors[0].getMessage()
     # the cause: the server's CROSSSLOT reply (a ClusterCrossSlotError in newer redis-py, a

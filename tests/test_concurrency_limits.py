@@ -355,8 +355,8 @@ def cluster_workers(redis_cluster, settings, db):
                             burst=CLUSTER_LIMIT)
         Rule.objects.create(name=f"{endpoint}-global", scope="global", endpoint=endpoint,
                             rate=1, period_s=3600, burst=burst)
-    workers = [Limiter(get_config(), ClusterStore.from_nodes(nodes, CLUSTER_OPTIONS))
-               for _ in range(3)]
+    workers = [Limiter(get_config(), ClusterStore.from_nodes(nodes, CLUSTER_OPTIONS),
+                       metrics_autostart=False) for _ in range(3)]
     for worker in workers:
         worker.snapshot()  # loaded here: the test database is not shared with threads
     yield workers

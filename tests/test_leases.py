@@ -34,7 +34,8 @@ def rules():
 
 def worker(clock):
     """A Limiter as one worker process has it, on the suite's Redis."""
-    return Limiter(get_config(), RedisStore.from_cache_alias("default"), clock)
+    return Limiter(get_config(), RedisStore.from_cache_alias("default"), clock,
+                   metrics_autostart=False)
 
 
 def request_from(n):
@@ -141,8 +142,8 @@ def cluster_workers(redis_cluster, settings, rules):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CLUSTER_NODES": nodes,
                               "CLUSTER_OPTIONS": CLUSTER_OPTIONS}
     clock = FakeClock(T0)
-    return [Limiter(get_config(), ClusterStore.from_nodes(nodes, CLUSTER_OPTIONS), clock)
-            for _ in range(4)]
+    return [Limiter(get_config(), ClusterStore.from_nodes(nodes, CLUSTER_OPTIONS), clock,
+                    metrics_autostart=False) for _ in range(4)]
 
 
 @pytest.mark.slow

@@ -366,7 +366,9 @@ def test_a_planned_call_is_what_take_args_builds_for_a_debit_on_the_redis_clock(
     assert planned == tuple(planned) and len(planned) == 3  # still the tuple of buckets
     assert planned.keys == tuple(b.key for b in planned)
     assert planned.keys[1] == planned.keys[2]  # one identity's buckets share its key
-    assert list(planned.debit_args) == engine.take_args(planned)
+    # fenced on the snapshot's version: a debit on superseded rules debits nothing
+    assert list(planned.debit_args) == engine.take_args(planned, fence="1")
+    assert planned.debit_args[1] == b"11" and engine.take_args(planned)[1] == b"1"
 
     # a calendar quota's argument depends on the moment: no planned call, take_args builds it
     with_quota = rules + (make_rule(scope="ip", rate=1000, calendar="day"),)

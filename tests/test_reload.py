@@ -280,8 +280,8 @@ class HeldFingerprint:
 
 
 def comparing_in_a_thread(fingerprint):
-    """A PolicyCache that compares in its thread, its snapshot loaded and the comparison due;
-    returns (cache, snapshot)."""
+    """A PolicyCache with its watcher, its snapshot loaded and the comparison due; returns
+    (cache, snapshot)."""
     now = [0.0]
     cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: now[0],
                         load=Snapshot, reload_interval_s=INTERVAL_S, fingerprint=fingerprint,
@@ -291,33 +291,32 @@ def comparing_in_a_thread(fingerprint):
     return cache, snapshot
 
 
-def test_in_a_thread_the_request_that_finds_the_comparison_due_does_not_wait():
+def test_the_watcher_compares_the_rows_without_a_request_and_requests_do_not_wait():
     fingerprint = HeldFingerprint(["rows-1", "rows-2", "rows-2"])
     cache, snapshot = comparing_in_a_thread(fingerprint)
     try:
-        # the comparison is held in the database: requests are served meanwhile, the first
-        # one included, on both paths (current() is the event loop's)
-        assert cache.get() is snapshot
+        # no request comes: the watcher finds the comparison due by itself
         assert fingerprint.comparing.wait(10)
+        # the comparison is held in the database: requests are served meanwhile, on both
+        # paths (current() is the event loop's)
         assert [cache.get() for _ in range(50)] == [snapshot] * 50
         assert cache.current() is snapshot
-        assert fingerprint.threads == ["ratelimit-row-comparison"]
-        assert fingerprint.priorities == [19]  # the lowest: the cores go to requests first
+        assert fingerprint.threads == ["ratelimit-config-watcher"]
         assert cache.compare_at == 2 * INTERVAL_S + 1  # the next one is due an interval later
         fingerprint.release.set()
-        # the rows differ: the comparison wakes the reload thread, no request needed
+        # the rows differ: the watcher reloads, no request needed
         poll_until(lambda: cache.snapshot is not snapshot, timeout_s=10,
                    what="the reload after the comparison's verdict")
         assert cache.get() is cache.snapshot and not cache.stale
-        # one comparison, then the reload's digest, each in its own thread
-        assert fingerprint.threads == ["ratelimit-row-comparison", "ratelimit-rules-reload"]
-        assert fingerprint.priorities == [19, 0]  # the reload is due within about a second
+        # one comparison, then the reload's digest, both in the watcher, at normal priority
+        assert fingerprint.threads == ["ratelimit-config-watcher"] * 2
+        assert fingerprint.priorities == [0, 0]
     finally:
         cache.close()
-    assert not cache._row_comparison.running and not cache._reloader.running
+    assert not cache.watching
 
 
-def test_the_event_loop_wakes_the_comparison_thread_and_serves_the_rules_in_memory():
+def test_the_event_loop_serves_the_rules_in_memory_while_the_watcher_compares():
     fingerprint = HeldFingerprint(["rows-1", "rows-1"])
     fingerprint.release.set()
     cache, snapshot = comparing_in_a_thread(fingerprint)
@@ -348,7 +347,7 @@ def test_a_server_limiter_compares_in_its_thread_and_serves_an_update(settings):
                        what="the update to be served")
         # the comparison and the reload ran in their threads: this one queried nothing
         assert database_work(captured) == []
-        assert worker.policies._row_comparison.running and worker.policies._reloader.running
+        assert worker.policies.watching
     finally:
         worker.close()
 
@@ -392,13 +391,48 @@ def test_a_new_version_is_compiled_in_a_thread_while_requests_keep_the_rules_in_
         assert load.loading.wait(10)
         assert [cache.get() for _ in range(50)] == [snapshot] * 50
         assert cache.current() is snapshot
-        assert load.threads == ["ratelimit-rules-reload"]  # one compile, in the thread
+        assert load.threads == ["ratelimit-config-watcher"]  # one compile, in the watcher
         load.release.set()
         poll_until(lambda: cache.get().version == "v2", timeout_s=10, what="the new rules")
-        assert load.threads == ["ratelimit-rules-reload"] and not cache.stale
+        assert load.threads == ["ratelimit-config-watcher"] and not cache.stale
     finally:
         cache.close()
-    assert not cache._reloader.running
+    assert not cache.watching
+
+
+def test_the_watcher_compiles_a_new_version_before_any_request_asks():
+    versions = ["v1"]
+    cache, load, snapshot = reloading_in_a_thread(versions)
+    load.release.set()
+    try:
+        versions[0] = "v2"  # published by another process; no reply, no request here
+        poll_until(lambda: cache.snapshot.version == "v2", timeout_s=10,
+                   what="the watcher to compile v2")
+        assert load.threads == ["ratelimit-config-watcher"] and not cache.stale
+        assert cache.get().version == "v2"
+    finally:
+        cache.close()
+
+
+def test_a_request_the_fence_refused_gets_the_new_rules_and_the_watcher_drops_its_pauses():
+    """fresh(): the rules the watcher compiles meanwhile, without waiting out its pauses."""
+    versions = ["v1"]
+    cache, load, snapshot = reloading_in_a_thread(versions)
+    try:
+        versions[0] = "v2"
+        assert load.loading.wait(10)  # the watcher compiles v2 (held in the database)
+        assert cache._reload_pause() == policy.RELOAD_PAUSE_S
+        waiting = threading.Thread(target=lambda: fresh.append(cache.fresh(snapshot)))
+        fresh = []
+        waiting.start()
+        poll_until(lambda: cache._waiting == 1, timeout_s=10, what="the request to wait")
+        assert cache._reload_pause() == 0.0  # the compile under way stops pausing
+        load.release.set()
+        waiting.join(10)
+        assert fresh[0].version == "v2" and fresh[0] is cache.snapshot
+        assert load.threads == ["ratelimit-config-watcher"]  # compiled once, by the watcher
+    finally:
+        cache.close()
 
 
 def test_an_edit_made_in_this_process_is_compiled_in_the_request_that_follows():
@@ -412,12 +446,11 @@ def test_an_edit_made_in_this_process_is_compiled_in_the_request_that_follows():
         reloaded = cache.get()
         assert reloaded is not snapshot and reloaded.version == "v2"
         assert load.threads == [threading.current_thread().name]
-        assert not cache._reloader.running  # never needed
-        # a later change learnt from the store goes to the thread again
+        # a later change learnt from the store goes to the watcher
         versions[0] = "v3"
         cache.observe_version("v3")
         poll_until(lambda: cache.get().version == "v3", timeout_s=10, what="the v3 rules")
-        assert load.threads[-1] == "ratelimit-rules-reload"
+        assert load.threads[-1] == "ratelimit-config-watcher"
     finally:
         cache.close()
 
@@ -435,11 +468,12 @@ def test_an_edit_made_here_while_the_thread_reloads_is_reloaded_after_it():
         versions[0] = "v3"
         cache.invalidate()  # an admin save in this process commits meanwhile
         load.release.set()
-        poll_until(lambda: cache.snapshot.version == "v2" and not cache._lock.locked(),
-                   timeout_s=10, what="the thread's reload")
-        assert cache.stale and cache.reload_here
-        assert cache.get().version == "v3"  # reloaded in the request, after the thread's
-        assert load.threads == ["ratelimit-rules-reload", threading.current_thread().name]
+        # the watcher's v2 is never served as the edit's: the next request has v3 (compiled
+        # by the request itself, or by the watcher, which has seen v3 by then)
+        poll_until(lambda: load.threads[1:] or cache.snapshot.version == "v2",
+                   timeout_s=10, what="the watcher's reload")
+        assert cache.get().version == "v3"
+        assert load.threads[0] == "ratelimit-config-watcher" and len(load.threads) == 2
         assert not cache.stale
     finally:
         cache.close()

@@ -5,7 +5,11 @@
 --             given, the config version counter (read, never written here; on a Redis Cluster
 --             only a call in its slot can read it)
 -- ARGV[1]     now in milliseconds, or "" to use the Redis server clock (tests pass a value)
--- ARGV[2]     "1" to debit, "0" to only look (simulator, inspector)
+-- ARGV[2]     "1" to debit, "0" to only look (simulator, inspector); a debit may be fenced:
+--             "1" followed by the config version the caller's rules were compiled from, and
+--             when the version key holds another (a missing key reads "0"), the call debits
+--             nothing and replies {3, the stored version}: the caller decides again on fresh
+--             rules (see policy.py, "Freshness")
 -- ARGV[3..]   one per bucket: six little-endian int64 (buckets.Bucket.spec, built once per rule
 --             snapshot): rule id, period_ms, capacity, refill_per_ms, cost, mode
 --             (mode 1 = enforce, 0 = shadow, 2 = gate: enforced, but only checked, never
@@ -73,12 +77,13 @@
 -- {allowed, config_version, level_1, status_1, ..., level_n, status_n} with allowed 1 or 0,
 -- where level is the bucket's units after the call and status is 1 = debited, 0 = held the
 -- cost but not debited, -1 = short of the cost (a denial, or a would-be denial for a shadow
--- bucket). stores/redis.parse_take_reply reads both.
+-- bucket). A fenced call replies {3, config_version} (see ARGV[2]).
+-- stores/redis.parse_take_reply reads all three.
 
 local SLACK_MS = 1000
 local CALENDAR, NEXT_PERIOD = -1, 4503599627370496  -- 2^52: above any level (2^50)
-local unpack_, pack, floor, ceil, find, sub =
-  struct.unpack, struct.pack, math.floor, math.ceil, string.find, string.sub
+local unpack_, pack, floor, ceil, find, sub, byte =
+  struct.unpack, struct.pack, math.floor, math.ceil, string.find, string.sub, string.byte
 local keys, argv, call = KEYS, ARGV, redis.call
 local n = #argv - 2
 local now = argv[1]
@@ -89,6 +94,10 @@ if not now then
   now = t[1] * 1000 + (us - us % 1000) / 1000
 end
 local stored = call('MGET', unpack(keys))
+local flag = argv[2]
+if #flag > 1 and sub(flag, 2) ~= (stored[n + 1] or '0') then
+  return {3, stored[n + 1] or '0'}  -- fenced: the rules sent were superseded
+end
 
 -- result[i + 2]: bucket i's level; after the levels, result[n + 3 .. m]: the in-place writes,
 -- three entries each (key, offset of the fields, the fields: SETRANGE), cut off before the
@@ -96,7 +105,7 @@ local stored = call('MGET', unpack(keys))
 local result = {2, stored[n + 1] or '0', nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
                 nil, nil, nil, nil, nil}
 local m = n + 2
-local debit = argv[2] == '1'
+local debit = byte(flag, 1) == 49  -- "1", with or without a fence
 local allowed, every_debited = true, debit
 -- A bucket that holds its cost is debited if the decision allows, by one of: an in-place write
 -- (queued in result), its key of its own written whole (whole), its record in a key written

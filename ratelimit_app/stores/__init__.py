@@ -5,10 +5,11 @@
 - ``ClusterStore``: a Redis Cluster through redis-py's ``RedisCluster`` (``CLUSTER_NODES``).
 """
 
-from .base import Store, StoreMisconfigured, StoreUnavailable, TakeReply
+from .base import Store, StoreMisconfigured, StoreUnavailable, SupersededRules, TakeReply
 from .redis import RedisStore, SentinelStore
 
-__all__ = ["Store", "StoreUnavailable", "StoreMisconfigured", "TakeReply", "RedisStore",
+__all__ = ["Store", "StoreUnavailable", "StoreMisconfigured", "SupersededRules", "TakeReply",
+           "RedisStore",
            "SentinelStore", "build_store"]
 
 SENTINEL_CLIENT = "django_redis.client.SentinelClient"

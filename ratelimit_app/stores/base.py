@@ -25,6 +25,7 @@ __all__ = [
     "Store",
     "StoreMisconfigured",
     "StoreUnavailable",
+    "SupersededRules",
     "TakeReply",
     "is_misconfiguration",
     "script_source",
@@ -35,6 +36,16 @@ __all__ = [
 
 class StoreUnavailable(Exception):
     """The store could not give an answer (down, slow, restarting, or refusing the script)."""
+
+
+class SupersededRules(Exception):
+    """A fenced take found another config version in the store than the one its rules were
+    compiled from, and debited nothing: the caller decides again on fresh rules. ``version``
+    is the version the store holds (in the slot the call ran in, on a Cluster)."""
+
+    def __init__(self, version):
+        super().__init__(f"the rules were superseded by config version {version}")
+        self.version = version
 
 
 # What a read or write straight through a store's client (the metrics, the dashboard) may raise
@@ -102,8 +113,9 @@ class Store:
         """Run take.lua for one decision and return a TakeReply.
 
         ``bucket_keys`` and ``args`` are as take.lua documents them (``args`` begins with now
-        and the debit flag, then one spec per bucket); ``version_key`` is the config version
-        counter, read in the same call where the store can.
+        and the debit flag, maybe fenced, then one spec per bucket); ``version_key`` is the
+        config version counter, read in the same call (on a Cluster, its copy in the slot of
+        each call). Raises SupersededRules when a fenced call found another version.
         """
         raise NotImplementedError
 
@@ -121,11 +133,19 @@ class Store:
         raise NotImplementedError
 
     def write_version(self, version_key, value):
-        """Set the config version to ``value``."""
+        """Set the config version to ``value`` (on a Cluster, its copy in every slot first)."""
         raise NotImplementedError
+
+    #: True when fenced calls compare with copies of the version (a Cluster): a copy that a
+    #: failover or a node restart lost is rewritten by ``write_version`` (see Limiter)
+    versions_copied = False
 
     def delete(self, keys):
         """Delete ``keys`` and return how many existed."""
+        raise NotImplementedError
+
+    def claim(self, key, ttl_ms):
+        """Set ``key`` for ``ttl_ms`` unless it exists; return True if this call set it."""
         raise NotImplementedError
 
     def scan(self, pattern):

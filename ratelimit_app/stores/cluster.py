@@ -12,10 +12,21 @@ buckets hold the cost. When one group refuses (or fails) while others debited, t
 given back by refund.lua: idempotent (one refund id per decision, a SET NX marker in the
 buckets' slot) and never above a bucket's capacity. A group whose outcome is unknown (a timeout
 after its command was sent) is never refunded: refunding a debit that did not happen would
-over-grant. A group call carries no config version key (that key lives in another slot): replies
-have ``version=None`` and the Limiter polls the version every CONFIG_CHECK_INTERVAL_S instead.
+over-grant.
+
+The config version key lives in one slot, and a script may read only keys of its own slot; so
+the version is copied into every slot (``version_copy_key``: 16,384 small keys, about 1.5 MB
+over the masters), written before the version key itself whenever a version is published
+(``write_version``). Each group call reads its slot's copy and is fenced on it (take.lua): once
+a version is published, a call carrying rules of an older one debits nothing in any slot, and
+the decision is refused as a whole (the other groups' debits refunded) and made again on fresh
+rules. A copy that a failover or a node restart lost is rewritten by the Limiter (see
+``Limiter._fresher_snapshot``). Replies have ``version=None``: a copy is not the version of
+record, which the Limiter's watcher polls.
 """
 
+import binascii
+import functools
 import hashlib
 import secrets
 import threading
@@ -34,10 +45,11 @@ from redis.exceptions import (
     TryAgainError,
 )  # ConnectionError and TimeoutError: redis-py's, not the builtins
 
-from .base import Store, StoreUnavailable, TakeReply, script_source, store_error
+from .base import Store, StoreUnavailable, SupersededRules, TakeReply, script_source, \
+    store_error
 from .redis import parse_take_reply
 
-__all__ = ["ClusterStore", "parse_nodes"]
+__all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]
 
 # take.lua's and refund.lua's arguments: a head (take: now, debit flag), then 1 per bucket
 HEAD, PER_BUCKET = 2, 1
@@ -78,6 +90,28 @@ def parse_nodes(nodes):
     return parsed
 
 
+SLOTS = 16384
+
+
+@functools.cache
+def slot_tags():
+    """Return a hash tag for every slot (``tags[slot]`` hashes to ``slot``): the shortest
+    decimal strings that do, found once per process (about 170,000 CRC16s, ~0.1 s)."""
+    tags, missing, number = [None] * SLOTS, SLOTS, 0
+    while missing:
+        tag = str(number)
+        slot = binascii.crc_hqx(tag.encode(), 0) % SLOTS
+        if tags[slot] is None:
+            tags[slot], missing = tag, missing - 1
+        number += 1
+    return tuple(tags)
+
+
+def version_copy_key(version_key, slot):
+    """Return the key of the config version's copy in ``slot``."""
+    return f"{version_key}:{{{slot_tags()[slot]}}}"
+
+
 def marker_key(bucket_key, refund_id):
     """Return the refund marker key for ``refund_id`` in the slot of ``bucket_key``: same
     ``{tag}``, or (an untagged key) the whole key as the tag."""
@@ -94,6 +128,7 @@ class ClusterStore(Store):
     starts gives StoreUnavailable (and the rules' fail modes), not a crash."""
 
     kind = "cluster"
+    versions_copied = True
 
     def __init__(self, client):
         self._client = None if callable(client) and not isinstance(client, RedisCluster) \
@@ -142,19 +177,29 @@ class ClusterStore(Store):
         client = self.client
         head, calls, positions = args[:HEAD], [], []
         for slot, indices in _group_by_slot(bucket_keys).items():
-            calls.append(_Call(slot, [bucket_keys[i] for i in indices],
+            calls.append(_Call(slot, [*[bucket_keys[i] for i in indices],
+                                      version_copy_key(version_key, slot)],
                                [*head, *_bucket_args(args, indices)]))
             positions.append(indices)
         self._run(client, self._take, calls)
 
-        replies = [None if call.reply is None else parse_take_reply(call.reply, False)
-                   for call in calls]
+        replies, superseded = [], None
+        for call in calls:
+            reply = None
+            if call.reply is not None:
+                try:
+                    reply = parse_take_reply(call.reply, False)
+                except SupersededRules as exc:
+                    superseded = exc  # this group debited nothing
+            replies.append(reply)
         failed = [call for call in calls if call.reply is None]
-        allowed = not failed and all(reply.allowed for reply in replies)
+        allowed = not failed and superseded is None and all(reply.allowed for reply in replies)
         if not allowed:
             self._refund_debits(client, calls, replies, positions, bucket_keys, args)
         if failed:
             raise store_error(failed[0].error) from failed[0].error
+        if superseded is not None:
+            raise superseded
 
         levels, results = [0] * len(bucket_keys), [0] * len(bucket_keys)
         for indices, reply in zip(positions, replies):
@@ -306,7 +351,19 @@ class ClusterStore(Store):
         return value.decode() if value else "0"
 
     def write_version(self, version_key, value):
-        self._call(lambda client: client.set(version_key, value))
+        """Write ``value`` into every slot's copy of the version, then into the version key:
+        by the time the version is published, every fenced call compares with it."""
+        def write(client):
+            pipeline = client.pipeline(transaction=False)
+            for slot in range(SLOTS):
+                pipeline.set(version_copy_key(version_key, slot), value)
+            pipeline.execute()
+            client.set(version_key, value)
+
+        self._call(write)
+
+    def claim(self, key, ttl_ms):
+        return bool(self._call(lambda client: client.set(key, b"1", nx=True, px=ttl_ms)))
 
     def delete(self, keys):
         # one identity's keys share a slot: one DEL; keys of several slots: one DEL per slot

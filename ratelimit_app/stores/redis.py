@@ -10,7 +10,7 @@ import time
 from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, RedisError, \
     ResponseError  # redis-py's ConnectionError, not the builtin
 
-from .base import Store, StoreUnavailable, TakeReply, script_source
+from .base import Store, StoreUnavailable, SupersededRules, TakeReply, script_source
 from .connections import HeldConnections
 
 __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
@@ -18,16 +18,24 @@ __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
 
 def parse_take_reply(reply, with_version=True):
     """Return the TakeReply of a raw take.lua reply: ``{2, version, level, ...}`` when every
-    bucket was debited (each result 1), else ``{allowed, version, level, result, ...}``."""
+    bucket was debited (each result 1), else ``{allowed, version, level, result, ...}``.
+    Raises SupersededRules for a fenced call's ``{3, version}``."""
     version = reply[1]
     if with_version:
         version = version.decode() if isinstance(version, bytes) else str(version)
     else:
         version = None
-    if reply[0] == 2:
+    status = reply[0]
+    if status == 2:
         levels = reply[2:]
         return _new_reply(TakeReply, (True, version, levels, [1] * len(levels)))
-    return _new_reply(TakeReply, (reply[0] == 1, version, reply[2::2], reply[3::2]))
+    if status == 3:
+        raise SupersededRules(_text(reply[1]))
+    return _new_reply(TakeReply, (status == 1, version, reply[2::2], reply[3::2]))
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 _new_reply = tuple.__new__  # positionally, without the NamedTuple's Python-level __new__
@@ -155,6 +163,9 @@ class RedisStore(Store):
 
     def delete(self, keys):
         return self._call(self.client.delete, *keys) if keys else 0
+
+    def claim(self, key, ttl_ms):
+        return bool(self._call(lambda: self.client.set(key, b"1", nx=True, px=ttl_ms)))
 
     def scan(self, pattern):
         try:
