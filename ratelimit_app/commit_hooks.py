@@ -16,17 +16,26 @@ import functools
 
 from django.db import transaction
 
-__all__ = ["on_commit_once"]
+__all__ = ["on_commit_once", "waiting_for_commit"]
+
+
+def waiting_for_commit(kind, using=None):
+    """Return the callback of ``kind`` that waits for the commit of the transaction around this
+    call (as given to ``on_commit_once``), or None."""
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        return None
+    for entry in connection.run_on_commit:
+        if getattr(entry[1], "ratelimit_commit_kind", None) == kind:
+            return entry[1].func
+    return None
 
 
 def on_commit_once(kind, callback, using=None):
     """Run ``callback()`` when the transaction around this call commits (at once outside a
     transaction), unless a callback of the same ``kind`` (a string) already waits for that
     commit. Returns True if ``callback`` was registered."""
-    connection = transaction.get_connection(using)
-    if connection.in_atomic_block and any(
-            getattr(entry[1], "ratelimit_commit_kind", None) == kind
-            for entry in connection.run_on_commit):
+    if waiting_for_commit(kind, using) is not None:
         return False
     tagged = functools.partial(callback)  # a function of its own to carry the tag
     tagged.ratelimit_commit_kind = kind

@@ -60,6 +60,11 @@ def config_version_key(prefix):
     return f"{prefix}:config:version"
 
 
+def config_changes_key(prefix):
+    """Return the key of the record of which tables each recent config version changed."""
+    return f"{prefix}:config:changes"
+
+
 def metrics_key(prefix, *parts):
     """Return a metrics key. Metrics never share a hash tag with buckets."""
     return ":".join((prefix, "m") + tuple(str(p) for p in parts))

@@ -153,6 +153,7 @@ class Limiter:
         # test clock's time while it sets one (so a test's usage lands on the test's day)
         wall_time = time.time if type(self.clock) is SystemClock else self.clock.wall_time
         self.version_key = keys.config_version_key(config["KEY_PREFIX"])
+        self.changes_key = keys.config_changes_key(config["KEY_PREFIX"])
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
         self.stats = LimiterStats()
@@ -166,7 +167,8 @@ class Limiter:
                                     noticed=_record_outside_change,
                                     in_threads=metrics_autostart,
                                     watch_interval_s=config["CONFIG_WATCH_INTERVAL_S"],
-                                    poll_version=self._poll_version)
+                                    poll_version=self._poll_version,
+                                    changes_since=self.changes_since)
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
@@ -580,7 +582,7 @@ class Limiter:
         cluster) and announce a new config version, so every worker drops its local denials.
         Returns ``(keys deleted, new version)``; raises StoreUnavailable."""
         deleted = self._guarded(self.store.delete, bucket_keys)
-        return deleted, self.bump_config_version()
+        return deleted, self.bump_config_version(parts=())  # no rows changed
 
     # --- the config version ------------------------------------------------------------------
 
@@ -593,8 +595,10 @@ class Limiter:
         the requests' calls. Raises StoreUnavailable."""
         return self.store.read_version(self.version_key)
 
-    def bump_config_version(self):
+    def bump_config_version(self, parts=None):
         """Give the config version a value never used before, so every worker reloads; return it.
+        ``parts``: the model names of the tables the edit changed (None: unknown, every worker
+        compiles everything; empty: none, the workers only take the new version).
 
         Workers reload whenever the version differs from their snapshot's, so a bump only has
         to be new. A counter is not enough: after FLUSHALL, a restore or a failover to a replica
@@ -602,10 +606,25 @@ class Limiter:
         worker already holds, and that worker would never load the edit. The value is the clock
         in ms (readable when debugging) plus 64 random bits. This process reloads at once.
         """
-        self.policies.invalidate()
-        return self._write_new_version()
+        self.policies.invalidate(parts)
+        return self._write_new_version(parts)
 
-    def _announce_noticed_change(self, superseded):
+    def changes_since(self, version):
+        """Return the model names of the tables changed by the versions published after
+        ``version`` (a set), or None when the record cannot say: ``version`` is older than it
+        (or was never recorded), or a version changed tables it did not name. Raises
+        StoreUnavailable."""
+        changed = set()
+        for entry in self._guarded(self.store.read_changes, self.changes_key):
+            recorded, _, parts = entry.partition(" ")
+            if recorded == version:
+                return changed
+            if parts == "*":
+                return None
+            changed.update(part for part in parts.split(",") if part)
+        return None
+
+    def _announce_noticed_change(self, superseded, parts=None):
         """Tell every worker to reload: what the comparison of the rows does when it finds the
         rows of version ``superseded`` changed. Several workers may find the same change: the
         first to claim it announces it, and only it returns True (it records the change in the
@@ -614,13 +633,16 @@ class Limiter:
         claim = f"{self.version_key}:noticed:{superseded}"
         if not self._guarded(self.store.claim, claim, NOTICE_CLAIM_TTL_MS):
             return False
-        self._write_new_version()
+        self._write_new_version(parts)
         return True
 
-    def _write_new_version(self):
-        """Write a config version never used before (see bump_config_version); return it."""
+    def _write_new_version(self, parts=None):
+        """Write a config version never used before (see bump_config_version), recording the
+        tables it changed (``parts``); return it."""
         version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
-        self._guarded(self.store.write_version, self.version_key, version)
+        entry = f"{version} {'*' if parts is None else ','.join(sorted(parts))}"
+        self._guarded(self.store.write_version, self.version_key, version,
+                      (self.changes_key, entry))
         return version
 
     # --- the store, through the breaker ------------------------------------------------------

@@ -21,9 +21,11 @@ compiled ahead and swapped in at the moment (``PolicyCache``).
 """
 import functools
 import hashlib
+import itertools
 import logging
 import marshal
 import math
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,6 +123,9 @@ class Snapshot:
     next_change_at: float = math.inf
     # the wall-clock time (epoch s) the dated rows were evaluated at
     compiled_at: float = 0.0
+    # the next start or end among each dated part's rows (see PARTS): kept for a later compile
+    # that reads only other parts
+    part_moments: dict = field(default_factory=dict, repr=False)
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -185,13 +190,17 @@ def _next_change(rows, now):
     return min(moments).timestamp() if moments else math.inf
 
 
-def compile_snapshot(version, now=None, pause_s=0.0):
-    """Read every configuration row and return a Snapshot (the only DB access of the app).
+def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None):
+    """Read the configuration rows and return a Snapshot (the only DB access of the app).
 
     ``now`` (epoch s; default: the wall clock) picks the dated assignments and overrides
     that are active; the snapshot records when the next one starts or ends. With ``pause_s``
-    (the reload thread's), it sleeps that long after every ``FINGERPRINT_CHUNK_ROWS`` rows it
-    builds, for the reason ``config_fingerprint`` does (the GIL; see ``_paced``).
+    (a thread's), it sleeps that long after every ``FINGERPRINT_CHUNK_ROWS`` rows it builds,
+    for the reason ``config_fingerprint`` does (the GIL; see ``_paced``).
+
+    With ``base`` (a snapshot compiled earlier) and ``changed`` (the model names of the tables
+    changed since, ``parts_to_read``), only the parts those tables feed are read again, the
+    others are taken from ``base``: an edit of one rule reads the rules, not every API key.
 
     The reads run in an atomic block of their own: inside a caller's transaction (a view under
     ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
@@ -201,8 +210,36 @@ def compile_snapshot(version, now=None, pause_s=0.0):
 
     from .models import Rule
 
+    at = time.time() if now is None else now
+    parts = parts_to_read(base, changed, at)
     with transaction.atomic(using=router.db_for_read(Rule)):
-        return _read_snapshot(version, now, pause_s)
+        return _read_snapshot(version, at, parts, base, pause_s)
+
+
+# A snapshot's parts, named after the model whose rows each is compiled from, with the Snapshot
+# fields each fills. Every part reads plan slugs (``plan__slug``), so a change of plans reads
+# them all; the dated parts are read again too once one of their moments has passed.
+PARTS = {
+    "plan": ("plans", "default_authenticated_plan", "default_anonymous_plan"),
+    "rule": ("rules", "failed_auth_rules", "has_alerts", "_rules_for"),
+    "planassignment": ("assignments",),
+    "apikey": ("api_keys",),
+    "identityoverride": ("overrides",),
+    "endpointcost": ("costs",),
+}
+DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
+
+
+def parts_to_read(base, changed, at):
+    """Return the parts (PARTS' names) a compile at ``at`` (epoch s) must read: every one
+    without a ``base`` or a known ``changed`` set of model names, else those ``changed`` feeds,
+    with the dated parts when one of ``base``'s moments passed before ``at``."""
+    if base is None or changed is None or "plan" in changed:
+        return frozenset(PARTS)
+    parts = frozenset(changed) & frozenset(PARTS)
+    if base.next_change_at <= at:
+        parts |= DATED_PARTS
+    return parts
 
 
 def _paced(queryset, pause_s):
@@ -238,15 +275,39 @@ def _rows(queryset, *fields, pause_s=0.0):
     return list(_paced(queryset.values_list(*fields, named=True), pause_s))
 
 
-def _read_snapshot(version, now, pause_s=0.0):
-    from .identity import limited_ip
-    from .models import (ApiKey, Counts, EndpointCost, FailureMode, IdentityOverride, Kind, Mode,
-                         Plan, PlanAssignment, Rule, active_at, parse_alert_thresholds)
+def _read_snapshot(version, at, parts, base, pause_s):
+    moment = datetime.fromtimestamp(at, tz=timezone.utc)
+    fields, part_moments = {}, {}
+    for part, names in PARTS.items():
+        if part in parts:
+            read, next_moment = _PART_READERS[part](moment, pause_s)
+            fields.update(read)
+            if next_moment != math.inf:
+                part_moments[part] = next_moment
+        else:
+            fields.update((name, getattr(base, name)) for name in names)
+            if part in base.part_moments:
+                part_moments[part] = base.part_moments[part]
+    return Snapshot(version=version, compiled_at=at, part_moments=part_moments,
+                    next_change_at=min(part_moments.values(), default=math.inf), **fields)
 
-    moment = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
+
+def _read_plans(moment, pause_s):
+    from .models import Plan
 
     plans = _rows(Plan.objects.all(), "slug", "default_for_authenticated",
                   "default_for_anonymous", pause_s=pause_s)
+    return {
+        "plans": frozenset(p.slug for p in plans),
+        "default_authenticated_plan": next((p.slug for p in plans
+                                            if p.default_for_authenticated), None),
+        "default_anonymous_plan": next((p.slug for p in plans if p.default_for_anonymous), None),
+    }, math.inf
+
+
+def _read_rules(moment, pause_s):
+    from .models import Counts, FailureMode, Kind, Mode, Rule, parse_alert_thresholds
+
     fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
     rules = tuple(
         CompiledRule(
@@ -265,28 +326,50 @@ def _read_snapshot(version, now, pause_s=0.0):
                        "burst", "mode", "on_redis_failure", "counts", "lease", "calendar_period",
                        "kind", "alert_thresholds", pause_s=pause_s)
     )
-    assignment_rows = _rows(PlanAssignment.objects.all(), "user_id", "plan__slug", "tenant",
-                            "starts_at", "ends_at", pause_s=pause_s)
-    assignments = {
-        str(a.user_id): (a.plan__slug, a.tenant)
-        for a in assignment_rows if active_at(a.starts_at, a.ends_at, moment)
-    }
-    key_rows = _rows(ApiKey.objects.filter(active=True), "id", "digest", "prefix", "user_id",
-                     "plan_id", "plan__slug", "tenant", "starts_at", "ends_at", pause_s=pause_s)
+    return {
+        "rules": rules,
+        "failed_auth_rules": tuple(r for r in rules if r.failed_auth),
+        "has_alerts": any(r.alerts for r in rules),
+        "_rules_for": {},  # the memo of rules_for starts afresh with new rules
+    }, math.inf
+
+
+def _read_assignments(moment, pause_s):
+    from .models import PlanAssignment, active_at
+
+    rows = _rows(PlanAssignment.objects.all(), "user_id", "plan__slug", "tenant", "starts_at",
+                 "ends_at", pause_s=pause_s)
+    assignments = {str(a.user_id): (a.plan__slug, a.tenant)
+                   for a in rows if active_at(a.starts_at, a.ends_at, moment)}
+    return {"assignments": assignments}, _next_change(rows, moment)
+
+
+def _read_api_keys(moment, pause_s):
+    from .models import ApiKey, active_at
+
+    rows = _rows(ApiKey.objects.filter(active=True), "id", "digest", "prefix", "user_id",
+                 "plan_id", "plan__slug", "tenant", "starts_at", "ends_at", pause_s=pause_s)
     # a key's plan outside its dates is None: the key is on its user's plan meanwhile
     api_keys = {
         k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
                               k.plan__slug if k.plan_id and active_at(k.starts_at, k.ends_at,
                                                                       moment) else None,
                               k.tenant)
-        for k in key_rows
+        for k in rows
     }
+    return {"api_keys": api_keys}, _next_change([k for k in rows if k.plan_id], moment)
+
+
+def _read_overrides(moment, pause_s):
+    from .identity import limited_ip
+    from .models import IdentityOverride, active_at
+
+    rows = _rows(IdentityOverride.objects.order_by("id"), "user_id", "api_key_id", "ip",
+                 "exempt", "rule_id", "rate", "period_s", "burst", "starts_at", "ends_at",
+                 pause_s=pause_s)
     overrides = {}
-    override_rows = _rows(IdentityOverride.objects.order_by("id"), "user_id", "api_key_id", "ip",
-                          "exempt", "rule_id", "rate", "period_s", "burst", "starts_at",
-                          "ends_at", pause_s=pause_s)
     # the dated ones after the permanent ones: the engine applies them in order, the last wins
-    active = sorted((o for o in override_rows if active_at(o.starts_at, o.ends_at, moment)),
+    active = sorted((o for o in rows if active_at(o.starts_at, o.ends_at, moment)),
                     key=lambda o: o.starts_at is not None or o.ends_at is not None)
     for o in active:
         if o.user_id:
@@ -297,28 +380,27 @@ def _read_snapshot(version, now, pause_s=0.0):
             who = ("ip", limited_ip(o.ip))  # as identify() sees it: an IPv6 client is its /64
         overrides.setdefault(who, []).append(
             OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
-    costs = {
-        (c.endpoint, c.method, c.plan__slug): c.cost
-        for c in _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug", "cost",
-                       pause_s=pause_s)
-    }
-    return Snapshot(
-        version=version,
-        rules=rules,
-        failed_auth_rules=tuple(r for r in rules if r.failed_auth),
-        has_alerts=any(r.alerts for r in rules),
-        plans=frozenset(p.slug for p in plans),
-        default_authenticated_plan=next((p.slug for p in plans if p.default_for_authenticated), None),
-        default_anonymous_plan=next((p.slug for p in plans if p.default_for_anonymous), None),
-        api_keys=api_keys,
-        assignments=assignments,
-        overrides={k: tuple(v) for k, v in overrides.items()},
-        costs=costs,
-        compiled_at=moment.timestamp(),
-        next_change_at=min(_next_change(assignment_rows, moment),
-                           _next_change(override_rows, moment),
-                           _next_change([k for k in key_rows if k.plan_id], moment)),
-    )
+    return {"overrides": {k: tuple(v) for k, v in overrides.items()}}, \
+        _next_change(rows, moment)
+
+
+def _read_costs(moment, pause_s):
+    from .models import EndpointCost
+
+    costs = {(c.endpoint, c.method, c.plan__slug): c.cost
+             for c in _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug",
+                            "cost", pause_s=pause_s)}
+    return {"costs": costs}, math.inf
+
+
+_PART_READERS = {
+    "plan": _read_plans,
+    "rule": _read_rules,
+    "planassignment": _read_assignments,
+    "apikey": _read_api_keys,
+    "identityoverride": _read_overrides,
+    "endpointcost": _read_costs,
+}
 
 
 # config_fingerprint reads and hashes this many rows at a time (see its pause_s), and the reload
@@ -352,8 +434,9 @@ def config_models():
 
 
 @functools.cache
-def _fingerprint_query(using, vendor):
-    """Return the ``(sql, params)`` of ``config_fingerprint``'s query on database ``using``.
+def _fingerprint_query(using, vendor, parts):
+    """Return the ``(sql, params)`` of ``config_fingerprint``'s query on database ``using``
+    for the tables of ``parts`` (a tuple of model names).
 
     Built once per process: the ORM takes about 4 ms to build and compile it, ten times what
     SQLite then takes to run it on the demo's rows.
@@ -361,7 +444,8 @@ def _fingerprint_query(using, vendor):
     from django.db.models import TextField, Value
     from django.db.models.functions import Cast
 
-    tables = [(model, model._meta.concrete_fields) for model in config_models()]
+    tables = [(model, model._meta.concrete_fields) for model in config_models()
+              if model._meta.model_name in parts]
     width = 1 + max(len(columns) for _, columns in tables)
     names = [f"fingerprint_{i}" for i in range(width)]
     queries = []
@@ -371,7 +455,7 @@ def _fingerprint_query(using, vendor):
         values += [Value(None, output_field=TextField())] * (width - len(values))
         queries.append(model._default_manager.db_manager(using).order_by()
                        .annotate(**dict(zip(names, values))).values_list(*names))
-    union = queries[0].union(*queries[1:], all=True).query
+    union = (queries[0].union(*queries[1:], all=True) if len(queries) > 1 else queries[0]).query
     # no ORDER BY at all: the first model's Meta.ordering would otherwise order the union by a
     # column it does not select, which Django 6.1 refuses ("ORDER BY term does not match any
     # column"); ``order_by()`` clears only explicit orderings, not the model's default one
@@ -379,8 +463,9 @@ def _fingerprint_query(using, vendor):
     return union.sql_with_params()
 
 
-def config_fingerprint(pause_s=0.0):
-    """Return a digest (hex str) of every row of every config table, in one database query.
+def config_fingerprint(pause_s=0.0, parts=None):
+    """Return a digest of the rows of each config table, ``{model name: hex str}``, in one
+    database query (``parts``: the model names of the tables to read; default: all).
 
     Any change to those rows changes it: a ``save()``, but also what sends no signal (a
     queryset's ``update()``, ``bulk_create``, a data migration, raw SQL) and a ``delete()`` of a
@@ -405,8 +490,12 @@ def config_fingerprint(pause_s=0.0):
     """
     from django.db import connections, router, transaction
 
+    models = {model._meta.db_table: model._meta.model_name for model in config_models()}
+    parts = tuple(sorted(models.values() if parts is None else parts))
+    if not parts:
+        return {}
     using = router.db_for_read(config_models()[0])
-    sql, params = _fingerprint_query(using, connections[using].vendor)
+    sql, params = _fingerprint_query(using, connections[using].vendor, parts)
     # in a savepoint: should the query fail inside a request's transaction (ATOMIC_REQUESTS), the
     # database (PostgreSQL) would otherwise refuse every later query of that request
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
@@ -422,13 +511,16 @@ def config_fingerprint(pause_s=0.0):
     # marshal's format 2 is exact (typed and length-prefixed: None apart from "") and has no
     # back-references, so equal rows give equal bytes; it is about 4x quicker than repr (0.7
     # vs 3.0 ms for the bench's 1,954 rows). Each chunk's bytes say where they end, so the
-    # chunks' concatenation is as exact as the whole list's.
-    digest = hashlib.blake2b(digest_size=16)
-    for start in range(0, len(rows), FINGERPRINT_CHUNK_ROWS):
-        digest.update(marshal.dumps(rows[start:start + FINGERPRINT_CHUNK_ROWS], 2))
-        if pause_s:
-            _pause(pause_s)
-    return digest.hexdigest()
+    # chunks' concatenation is as exact as the whole list's. Sorted, a table's rows are
+    # contiguous: one digest per table, so a comparison says which tables changed.
+    digests = {part: hashlib.blake2b(digest_size=16) for part in parts}
+    for table, table_rows in itertools.groupby(rows, key=operator.itemgetter(0)):
+        digest, table_rows = digests[models[table]], list(table_rows)
+        for start in range(0, len(table_rows), FINGERPRINT_CHUNK_ROWS):
+            digest.update(marshal.dumps(table_rows[start:start + FINGERPRINT_CHUNK_ROWS], 2))
+            if pause_s:
+                _pause(pause_s)
+    return {part: digest.hexdigest() for part, digest in digests.items()}
 
 
 # How long before a dated row's moment its snapshot is compiled (see PolicyCache.upcoming): far
@@ -479,11 +571,17 @@ class PolicyCache:
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
                  wall_clock=time.time, noticed=None, in_threads=False,
-                 watch_interval_s=0.05, poll_version=None):
+                 watch_interval_s=0.05, poll_version=None, changes_since=None):
         self._read_version = read_version
         # the watcher's read: straight to the store (its failures are not the requests')
         self._poll_store = poll_version or read_version
         self._poll_failed = False
+        # ``changes_since(version)``: the model names of the tables the published versions after
+        # ``version`` changed (a set), or None when the store cannot say (then everything)
+        self._changes_since = changes_since
+        # tables this process knows changed (its own edits, its comparison's findings) that no
+        # compile has read since; None: unknown, everything
+        self._pending_parts = set()
         self._wall_clock = wall_clock
         # the compile and the digest of the rows, when a test gives its own (see _load, _digest)
         self._given_load, self._given_fingerprint = load, fingerprint
@@ -498,7 +596,8 @@ class PolicyCache:
         self._compare_lock = threading.Lock()  # one comparison at a time
         self.snapshot = None
         self.upcoming = None     # the snapshot of snapshot.next_change_at, compiled ahead
-        self.fingerprint = None  # digest of the rows the snapshot was compiled from
+        self.fingerprint = None  # digests of the rows the snapshot was compiled from
+        self.last_compile = ""   # what the last compile read: "everything", or its parts
         self.stale = True
         self.checked_at = 0.0  # clock time the version was last confirmed
         self.retry_at = 0.0    # after a failed load: clock time the DB may be tried again
@@ -516,18 +615,23 @@ class PolicyCache:
                                       every_s=self._until_next_watch)
                          if in_threads else None)
 
-    def _load(self, version, pause_s=0.0, at=None):
+    def _load(self, version, pause_s=0.0, at=None, base=None, changed=None):
         """Compile the rows into a snapshot of ``version`` as they apply at ``at`` (epoch s;
-        default: now), pausing ``pause_s`` between chunks of rows."""
+        default: now), pausing ``pause_s`` between chunks of rows; with ``base``, reading only
+        the parts the tables ``changed`` feed (see compile_snapshot)."""
         if self._given_load is not None:
             return self._given_load(version) if at is None else self._given_load(version, at=at)
-        return compile_snapshot(version, self._wall_clock() if at is None else at, pause_s)
+        return compile_snapshot(version, self._wall_clock() if at is None else at, pause_s,
+                                base=base, changed=changed)
 
-    def _digest(self, pause_s=0.0):
-        """Return the digest of the rows (``config_fingerprint``), pausing as ``_load`` does."""
+    def _digest(self, pause_s=0.0, parts=None):
+        """Return the digests of the rows (``config_fingerprint``), pausing as ``_load`` does:
+        of every table, or of ``parts`` merged into the current ones."""
         if self._given_fingerprint is not None:
             return self._given_fingerprint()
-        return config_fingerprint(pause_s=pause_s)
+        if parts is None or not isinstance(self.fingerprint, dict):
+            return config_fingerprint(pause_s=pause_s)
+        return {**self.fingerprint, **config_fingerprint(pause_s=pause_s, parts=parts)}
 
     @property
     def watching(self):
@@ -539,11 +643,20 @@ class PolicyCache:
         if self._watcher is not None:
             self._watcher.stop()
 
-    def invalidate(self):
+    def invalidate(self, parts=None):
         """Reload at the next request (in the request, also with ``in_threads``), keeping the
-        current rules if the reload fails."""
+        current rules if the reload fails. ``parts``: the model names of the tables the edit
+        changed (None: unknown)."""
+        self._note_changed(parts)
         self._edits_here += 1
         self.stale = True
+
+    def _note_changed(self, parts):
+        """Remember that the tables of ``parts`` (None: unknown ones) changed."""
+        if parts is None or self._pending_parts is None:
+            self._pending_parts = None
+        else:
+            self._pending_parts = self._pending_parts | set(parts)
 
     @property
     def reload_here(self):
@@ -706,7 +819,9 @@ class PolicyCache:
         if moment - self._wall_clock() > UPCOMING_LEAD_S:
             return
         try:
-            upcoming = self._load(snapshot.version, self._reload_pause, at=moment)
+            # the dated parts only: the other rows are those of ``snapshot``
+            upcoming = self._load(snapshot.version, self._reload_pause, at=moment,
+                                  base=snapshot, changed=set())
         except Exception:  # a DB outage: the request at the moment compiles instead
             logger.exception("ratelimit_app: could not compile the rules of a dated row's "
                              "moment ahead of it")
@@ -794,36 +909,39 @@ class PolicyCache:
             return
         if fingerprint == expected or snapshot is not self.snapshot:
             return  # unchanged, or reloaded meanwhile (from rows at least as new)
+        parts = _changed_parts(expected, fingerprint)
+        self._note_changed(parts)
         if self._watcher is None:
-            self._announce_change(snapshot)
+            self._announce_change(snapshot, parts)
             self.stale = True  # the request reloads next
             return
         # the watcher holds the compile's lock from before the announcement: a request whose
         # debit the new version fences waits for this compile instead of compiling its own
         with self._lock:
-            self._announce_change(snapshot)
+            self._announce_change(snapshot, parts)
             self.stale = True
             self._reload_locked(self._reload_pause)
 
-    def _announce_change(self, snapshot):
-        """Announce that the rows of ``snapshot`` changed, unless another worker has (or the
-        store cannot say); before the snapshot is marked stale, so that this worker's reload
-        reads the new version, not the old one it would reload again at the next poll."""
+    def _announce_change(self, snapshot, parts):
+        """Announce that the rows of ``snapshot`` changed (in the tables of ``parts``; None:
+        unknown), unless another worker has (or the store cannot say); before the snapshot is
+        marked stale, so that this worker's reload reads the new version, not the old one it
+        would reload again at the next poll."""
         if self._version_or(None) == snapshot.version and \
-                self._announce_new_version(snapshot.version):
+                self._announce_new_version(snapshot.version, parts):
             logger.info("ratelimit_app: quota rows changed without an announced version (a "
                         "queryset update(), bulk_create, raw SQL, a migration); reloading and "
                         "announcing a new version to every worker")
             if self._noticed is not None:
                 self._noticed()
 
-    def _announce_new_version(self, superseded):
+    def _announce_new_version(self, superseded, parts):
         """Announce that the rows of version ``superseded`` changed; return True when this
         worker's announcement was the one that counted."""
         if self._announce is None:
             return False
         try:
-            return self._announce(superseded)
+            return self._announce(superseded, parts)
         except StoreUnavailable as exc:
             logger.error("ratelimit_app: quota rows changed, but Redis is unavailable to tell "
                          "the other workers (%s); each notices within CONFIG_RELOAD_INTERVAL_S",
@@ -842,15 +960,20 @@ class PolicyCache:
         # an edit of this process during the reload may have committed after the rows were
         # read: it then still reloads in the next request
         edits_seen = self._edits_here
+        pending, self._pending_parts = self._pending_parts, set()
         # "unknown" differs from any real version: reload once the store answers
         version = self._version_or("unknown")
+        base = self.snapshot if self.fingerprint is not None or not self.reload_interval_s \
+            else None  # (no fingerprint: no snapshot yet, or one of a failed load)
+        changed = self._changed_since(base, pending)
         try:
             # the digest before the rows: a change landing between the two then makes the
             # next comparison reload once more, rather than hide behind a newer digest
-            fingerprint = self._digest(pause_s) if self.reload_interval_s else None
-            snapshot = self._load(version, pause_s)
+            fingerprint = self._digest(pause_s, changed) if self.reload_interval_s else None
+            snapshot = self._load(version, pause_s, base=base, changed=changed)
         except Exception:  # a DB outage must not turn into 500s: keep the old rules
             logger.exception("ratelimit_app: could not load the quota configuration")
+            self._note_changed(pending)
             if self.snapshot is None:
                 self.snapshot = Snapshot(version="unknown")
             # try again at the next version poll, not on every request
@@ -862,6 +985,7 @@ class PolicyCache:
             return self.snapshot
         with self._swap_lock:
             self.snapshot, self.fingerprint = snapshot, fingerprint
+            self.last_compile = "everything" if changed is None else sorted(changed)
             if self.upcoming is not None and self.upcoming.version != version:
                 self.upcoming = None
             self._edits_reloaded = edits_seen
@@ -874,3 +998,25 @@ class PolicyCache:
         if self._watcher is not None:
             self._watcher.ensure_running()
         return snapshot
+
+    def _changed_since(self, base, pending):
+        """Return the model names of the tables changed since ``base`` was compiled (what the
+        published versions since say, and ``pending``), or None when that cannot be known: no
+        ``base``, a store that cannot say, a version older than its record of changes."""
+        if base is None or pending is None or self._changes_since is None \
+                or base.version == "unknown":
+            return None
+        try:
+            logged = self._changes_since(base.version)
+        except StoreUnavailable:
+            return None
+        return None if logged is None else logged | pending
+
+
+def _changed_parts(expected, found):
+    """Return the model names whose digests differ between two fingerprints, or None when they
+    cannot be compared table by table."""
+    if not (isinstance(expected, dict) and isinstance(found, dict)):
+        return None
+    return {part for part in expected.keys() | found.keys()
+            if expected.get(part) != found.get(part)}

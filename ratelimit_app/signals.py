@@ -17,7 +17,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.db.models.signals import post_delete, post_migrate, post_save
 
 from . import audit, guard
-from .commit_hooks import on_commit_once
+from .commit_hooks import on_commit_once, waiting_for_commit
 from .limiter import default_limiter
 from .policy import config_models
 from .stores import StoreUnavailable
@@ -28,23 +28,42 @@ logger = logging.getLogger("ratelimit_app")
 WATCHED_MODELS = config_models()
 
 
-def bump_config_version():
+def bump_config_version(parts=None):
     """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again).
+    ``parts``: the model names of the tables changed (None: unknown).
 
-    This process reloads at once; the others on the reply of their next Lua call.
+    This process reloads at once; the others within CONFIG_WATCH_INTERVAL_S, and no debit is
+    made on the old rules meanwhile (the fence, see policy.py).
     """
     limiter = default_limiter()
     try:
-        limiter.bump_config_version()
+        limiter.bump_config_version(parts)
     except StoreUnavailable as exc:
         logger.error("ratelimit_app: config change not announced, Redis unavailable: %s", exc)
+
+
+class _Announcement:
+    """The commit callback of one transaction: a new version naming the tables it changed (the
+    model names; each worker then reads those tables alone). Dropped with its transaction when
+    that rolls back, like any commit callback."""
+
+    def __init__(self, part):
+        self.parts = {part}
+
+    def __call__(self):
+        bump_config_version(self.parts)
 
 
 def _on_change(sender, using=None, **kwargs):
     # once per transaction, however many rows it changed (an admin save with its inlines, an
     # import, loaddata of a whole fixture): one audit entry and one new version at the commit
     audit.note_change(using)
-    on_commit_once("config-version", bump_config_version, using=using)
+    part = sender._meta.model_name
+    waiting = waiting_for_commit("config-version", using)
+    if waiting is not None:
+        waiting.parts.add(part)
+    else:
+        on_commit_once("config-version", _Announcement(part), using=using)
 
 
 for model in WATCHED_MODELS:

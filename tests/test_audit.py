@@ -52,7 +52,8 @@ def version_writes(monkeypatch):
     store, writes = limiter().store, []
     write_version = store.write_version
     monkeypatch.setattr(store, "write_version",
-                        lambda key, value: (writes.append(value), write_version(key, value))[1])
+                        lambda key, value, changes=None: (writes.append(value),
+                                                          write_version(key, value, changes))[1])
     return writes
 
 

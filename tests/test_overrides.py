@@ -21,7 +21,7 @@ from ratelimit_app.models import (ApiKey, AuditEntry, IdentityOverride, Plan, Pl
                                   Rule, Schedule, Scope)
 from ratelimit_app.policy import compile_snapshot
 
-from .helpers import limiter, use_fake_clock
+from .helpers import limiter, poll_until, use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -156,6 +156,59 @@ def test_a_wall_clock_stepped_forward_is_caught_within_a_minute():
     assert cache.get() is first and len(loads) == 1  # not rechecked yet: no wall-clock read
     monotonic[0] = SCHEDULE_RECHECK_S
     assert cache.get() is not first and len(loads) == 2
+
+
+def test_the_watcher_compiles_a_moments_rules_ahead_and_the_first_request_after_swaps_them():
+    """Dated rows switch at their moment on idle and busy workers alike: the snapshot of the
+    moment is compiled ahead by the watcher, and taken by the first request at or after the
+    moment (or by the watcher), with no compile on the request's thread."""
+    import threading
+
+    from ratelimit_app.policy import UPCOMING_LEAD_S, PolicyCache, Snapshot
+
+    monotonic, wall, compiled_in = [0.0], [1_000.0], []
+    moment = 1_010.0  # a row starts 10 s after the first compile
+
+    def load(version, at=None):
+        compiled_in.append(threading.current_thread().name)
+        at = wall[0] if at is None else at
+        return Snapshot(version, compiled_at=at,
+                        next_change_at=moment if at < moment else moment + 3600,
+                        plans=frozenset({"after"} if at >= moment else {"before"}))
+
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: monotonic[0],
+                        load=load, wall_clock=lambda: wall[0], in_threads=True)
+    try:
+        first = cache.get()
+        assert first.plans == {"before"} and cache.upcoming is None  # the moment is far
+        wall[0], monotonic[0] = moment - UPCOMING_LEAD_S / 2, 10 - UPCOMING_LEAD_S / 2
+        poll_until(lambda: cache.upcoming is not None, timeout_s=10,
+                   what="the watcher to compile the moment's rules ahead")
+        assert compiled_in == ["MainThread", "ratelimit-config-watcher"]
+        assert cache.get() is first  # not yet
+        wall[0], monotonic[0] = moment, 10.0
+        switched = cache.get()
+        assert switched.plans == {"after"} and switched.version == "v1"
+        assert compiled_in == ["MainThread", "ratelimit-config-watcher"]  # swapped, not compiled
+    finally:
+        cache.close()
+
+
+def test_a_moment_whose_rules_are_not_ready_is_compiled_by_the_request():
+    from ratelimit_app.policy import PolicyCache, Snapshot
+
+    monotonic, wall, loads = [0.0], [1_000.0], []
+
+    def load(version, at=None):
+        loads.append(at)
+        return Snapshot(version, next_change_at=1_005.0 if wall[0] < 1_005.0 else 9e9,
+                        plans=frozenset({"after"} if wall[0] >= 1_005.0 else {"before"}))
+
+    cache = PolicyCache(lambda: "v1", check_interval_s=3600, clock=lambda: monotonic[0],
+                        load=load, wall_clock=lambda: wall[0])  # no watcher: nothing ahead
+    assert cache.get().plans == {"before"}
+    wall[0], monotonic[0] = 1_005.0, 5.0
+    assert cache.get().plans == {"after"} and len(loads) == 2
 
 
 # --- the plan of an API key, with a start and an end -------------------------------------------

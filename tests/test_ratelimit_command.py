@@ -82,9 +82,9 @@ def version_writes(monkeypatch):
     store, writes = limiter().store, []
     write_version = store.write_version
 
-    def counting(key, value):
+    def counting(key, value, changes=None):
         writes.append(value)
-        return write_version(key, value)
+        return write_version(key, value, changes)
 
     monkeypatch.setattr(store, "write_version", counting)
     return writes

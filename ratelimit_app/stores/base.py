@@ -34,6 +34,11 @@ __all__ = [
 ]
 
 
+# How many published versions the record of changes keeps (see Store.write_version): a worker
+# more versions behind compiles everything.
+CHANGE_LOG_LENGTH = 100
+
+
 class StoreUnavailable(Exception):
     """The store could not give an answer (down, slow, restarting, or refusing the script)."""
 
@@ -132,8 +137,14 @@ class Store:
         """Return the config version ("0" when unset)."""
         raise NotImplementedError
 
-    def write_version(self, version_key, value):
-        """Set the config version to ``value`` (on a Cluster, its copy in every slot first)."""
+    def write_version(self, version_key, value, changes=None):
+        """Set the config version to ``value`` (on a Cluster, its copy in every slot first).
+        ``changes``: ``(changes key, entry)``, an entry saying which tables the version changed,
+        pushed onto that list (the newest CHANGE_LOG_LENGTH kept) before the version is set."""
+        raise NotImplementedError
+
+    def read_changes(self, changes_key):
+        """Return the entries of the record of changes, newest first (str)."""
         raise NotImplementedError
 
     #: True when fenced calls compare with copies of the version (a Cluster): a copy that a

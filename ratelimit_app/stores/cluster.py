@@ -45,8 +45,8 @@ from redis.exceptions import (
     TryAgainError,
 )  # ConnectionError and TimeoutError: redis-py's, not the builtins
 
-from .base import Store, StoreUnavailable, SupersededRules, TakeReply, script_source, \
-    store_error
+from .base import CHANGE_LOG_LENGTH, Store, StoreUnavailable, SupersededRules, TakeReply, \
+    script_source, store_error
 from .redis import parse_take_reply
 
 __all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]
@@ -350,17 +350,26 @@ class ClusterStore(Store):
         value = self._call(lambda client: client.get(version_key))
         return value.decode() if value else "0"
 
-    def write_version(self, version_key, value):
-        """Write ``value`` into every slot's copy of the version, then into the version key:
-        by the time the version is published, every fenced call compares with it."""
+    def write_version(self, version_key, value, changes=None):
+        """Write ``value`` into every slot's copy of the version, and the record of changes,
+        then the version key: by the time the version is published, every fenced call compares
+        with it, and the record says what it changed."""
         def write(client):
             pipeline = client.pipeline(transaction=False)
             for slot in range(SLOTS):
                 pipeline.set(version_copy_key(version_key, slot), value)
+            if changes is not None:
+                changes_key, entry = changes
+                pipeline.lpush(changes_key, entry)
+                pipeline.ltrim(changes_key, 0, CHANGE_LOG_LENGTH - 1)
             pipeline.execute()
             client.set(version_key, value)
 
         self._call(write)
+
+    def read_changes(self, changes_key):
+        return [entry.decode() for entry in
+                self._call(lambda client: client.lrange(changes_key, 0, -1))]
 
     def claim(self, key, ttl_ms):
         return bool(self._call(lambda client: client.set(key, b"1", nx=True, px=ttl_ms)))

@@ -10,7 +10,8 @@ import time
 from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, RedisError, \
     ResponseError  # redis-py's ConnectionError, not the builtin
 
-from .base import Store, StoreUnavailable, SupersededRules, TakeReply, script_source
+from .base import CHANGE_LOG_LENGTH, Store, StoreUnavailable, SupersededRules, TakeReply, \
+    script_source
 from .connections import HeldConnections
 
 __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
@@ -158,8 +159,23 @@ class RedisStore(Store):
         value = self._call(self.client.get, version_key)
         return value.decode() if value else "0"
 
-    def write_version(self, version_key, value):
-        self._call(self.client.set, version_key, value)
+    def write_version(self, version_key, value, changes=None):
+        if changes is None:
+            self._call(self.client.set, version_key, value)
+            return
+        changes_key, entry = changes
+
+        def publish():  # one MULTI: the record and the version together
+            pipeline = self.client.pipeline(transaction=True)
+            pipeline.lpush(changes_key, entry)
+            pipeline.ltrim(changes_key, 0, CHANGE_LOG_LENGTH - 1)
+            pipeline.set(version_key, value)
+            pipeline.execute()
+
+        self._call(publish)
+
+    def read_changes(self, changes_key):
+        return [entry.decode() for entry in self._call(self.client.lrange, changes_key, 0, -1)]
 
     def delete(self, keys):
         return self._call(self.client.delete, *keys) if keys else 0
