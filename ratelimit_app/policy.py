@@ -403,25 +403,17 @@ _PART_READERS = {
 }
 
 
-# config_fingerprint reads and hashes this many rows at a time (see its pause_s), and the reload
-# thread's compile_snapshot builds this many between pauses: a few tenths of a millisecond of
-# CPU; and the pause of the comparison and reload threads after each chunk, in which a request
-# thread can take the GIL. The thread is idle most of the time (with the bench's 1,954 rows a
-# comparison lasts about 100 ms, for 12.6 ms of CPU against 7.3 ms in one go), so a request
-# that gives the GIL up for a moment (each call to Redis, each write to its client) seldom
-# finds it taken on return.
+# config_fingerprint reads and hashes this many rows at a time (see its pause_s), and a paced
+# compile_snapshot builds this many between pauses: a few tenths of a millisecond of CPU. Then
+# the comparison pauses COMPARISON_PAUSE_S, in which a request thread can take the GIL: with
+# the bench's 1,954 rows a comparison lasts about 100 ms, for 12.6 ms of CPU against 7.3 ms in
+# one go, and a request that gives the GIL up for a moment (each call to Redis) seldom finds it
+# taken on return (docs/howto/apply-edits.md).
 FINGERPRINT_CHUNK_ROWS = 50
 COMPARISON_PAUSE_S = 0.001
-# The reload thread's pause, longer: it runs at normal priority (a reload is due within about a
-# second, even on a busy machine; and a thread of low priority holding the GIL would hold up
-# the requests waiting for it), so its share of its worker's GIL is kept down by pausing
-# instead: with 3 ms after each chunk of a few tenths of a millisecond, at most about 10 %.
-# With the bench's 1,954 rows a reload (digest and compile) then lasts about 0.4 s, for 28 ms
-# of CPU (26 ms in one go; 51 ms while the compile built model instances). Measured with a
-# config edit every second at 1,250 req/s (gunicorn, 2 sync workers), with model instances:
-# ours' p99 40 ms compiling in the request, 22 ms in the thread pausing 1 ms, 8-10 ms pausing
-# 3 ms; at 1,100 req/s, two servers side by side, 13-19 ms with model instances and 8-9 ms with
-# tuples (docs/howto/apply-edits.md).
+# The pause of the watcher's compile of a dated row's snapshot ahead of its moment: nobody
+# waits for it, so it keeps its share of its worker's GIL to about 10 %. (The compiles of the
+# rules in force are not paced: requests are fenced until they are done.)
 RELOAD_PAUSE_S = 0.003
 
 
@@ -608,9 +600,6 @@ class PolicyCache:
         # dated moment passed with no upcoming snapshot ready: both reload in the request
         self._edits_here = self._edits_reloaded = 0
         self._moment_missed = False
-        # requests waiting in fresh(): the compile under way drops its pauses
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
         self._watcher = (WorkerThread(self._watch, "ratelimit-config-watcher",
                                       every_s=self._until_next_watch)
                          if in_threads else None)
@@ -747,25 +736,15 @@ class PolicyCache:
 
     def fresh(self, superseded):
         """Return rules newer than ``superseded``, a snapshot a fenced call found out of date:
-        those the watcher installed meanwhile, or compiled now (a compile under way, waited
-        for, finishes without its pauses)."""
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            with self._lock:
-                current = self.snapshot
-                if current is not None and (current.version != superseded.version
-                                            or self._clock() < self.retry_at):
-                    return current  # newer; or the last compile failed moments ago
-                self.stale = True
-                return self._reload_locked()
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-
-    def _reload_pause(self):
-        """The pause of a compile off the request path: none while a request waits for it."""
-        return 0.0 if self._waiting else RELOAD_PAUSE_S
+        those the watcher installed meanwhile (a compile under way is waited for), or compiled
+        now."""
+        with self._lock:
+            current = self.snapshot
+            if current is not None and (current.version != superseded.version
+                                        or self._clock() < self.retry_at):
+                return current  # newer; or the last compile failed moments ago
+            self.stale = True
+            return self._reload_locked()
 
     # --- the watcher -------------------------------------------------------------------------
 
@@ -793,13 +772,16 @@ class PolicyCache:
             self.checked_at = self._clock()
             if version != snapshot.version:
                 self.stale = True
+        # (compiles for the rules in force are never paced: once a version is published, each
+        # request's debit is fenced until the new rules are in, so a pause would only make it
+        # wait longer; with one table read again they are milliseconds of CPU)
         if self.stale and self._clock() >= self.retry_at:
-            self._reload(pause_s=self._reload_pause)
+            self._reload()
         now = self._clock()
         if now >= self.switch_at:
             self._switch_if_due(self.snapshot, now)
             if self.stale:
-                self._reload(pause_s=self._reload_pause)
+                self._reload()
         self._prepare_upcoming(self.snapshot)
         if self.reload_interval_s and now >= self.compare_at and not self.stale:
             with self._compare_lock:
@@ -820,7 +802,7 @@ class PolicyCache:
             return
         try:
             # the dated parts only: the other rows are those of ``snapshot``
-            upcoming = self._load(snapshot.version, self._reload_pause, at=moment,
+            upcoming = self._load(snapshot.version, RELOAD_PAUSE_S, at=moment,
                                   base=snapshot, changed=set())
         except Exception:  # a DB outage: the request at the moment compiles instead
             logger.exception("ratelimit_app: could not compile the rules of a dated row's "
@@ -920,7 +902,7 @@ class PolicyCache:
         with self._lock:
             self._announce_change(snapshot, parts)
             self.stale = True
-            self._reload_locked(self._reload_pause)
+            self._reload_locked()
 
     def _announce_change(self, snapshot, parts):
         """Announce that the rows of ``snapshot`` changed (in the tables of ``parts``; None:

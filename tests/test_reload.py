@@ -414,19 +414,16 @@ def test_the_watcher_compiles_a_new_version_before_any_request_asks():
         cache.close()
 
 
-def test_a_request_the_fence_refused_gets_the_new_rules_and_the_watcher_drops_its_pauses():
-    """fresh(): the rules the watcher compiles meanwhile, without waiting out its pauses."""
+def test_a_request_the_fence_refused_gets_the_rules_the_watcher_compiles():
+    """fresh(): a compile under way is waited for, not done twice."""
     versions = ["v1"]
     cache, load, snapshot = reloading_in_a_thread(versions)
     try:
         versions[0] = "v2"
         assert load.loading.wait(10)  # the watcher compiles v2 (held in the database)
-        assert cache._reload_pause() == policy.RELOAD_PAUSE_S
-        waiting = threading.Thread(target=lambda: fresh.append(cache.fresh(snapshot)))
         fresh = []
+        waiting = threading.Thread(target=lambda: fresh.append(cache.fresh(snapshot)))
         waiting.start()
-        poll_until(lambda: cache._waiting == 1, timeout_s=10, what="the request to wait")
-        assert cache._reload_pause() == 0.0  # the compile under way stops pausing
         load.release.set()
         waiting.join(10)
         assert fresh[0].version == "v2" and fresh[0] is cache.snapshot
