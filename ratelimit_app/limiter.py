@@ -28,7 +28,7 @@ from .deny_cache import DenyCache
 from .engine import Decision
 from .identity import identify
 from .leases import Leases
-from .policy import PolicyCache
+from .policy import PUBLICATION_WAIT_S, PolicyCache, published_ms
 from .stores import StoreUnavailable, SupersededRules, build_store
 from .stores.base import is_misconfiguration
 from .unexpected import UnexpectedErrorLog, error_text, type_label
@@ -168,7 +168,8 @@ class Limiter:
                                     in_threads=metrics_autostart,
                                     watch_interval_s=config["CONFIG_WATCH_INTERVAL_S"],
                                     poll_version=self._poll_version,
-                                    changes_since=self.changes_since)
+                                    changes_since=self.changes_since,
+                                    superseded=self._forget_local_decisions)
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
@@ -279,22 +280,65 @@ class Limiter:
         version in that slot is behind the version of record (a failover or a restart lost it),
         the same rules once the copies are rewritten; or None when no newer rules can be
         compiled now (the database is down): the rules in force stay so, unfenced."""
+        label = None  # the version to compile the rows as (None: the version of record)
         if self.store.versions_copied:
             try:
                 current = self.read_version()
             except StoreUnavailable:
                 current = store_version
             if current == snapshot.version:
-                logger.warning("ratelimit_app: a copy of the config version held %s instead of "
-                               "%s (lost in a failover or a restart?); rewriting the copies",
-                               store_version, current)
-                try:
-                    self._guarded(self.store.write_version, self.version_key, current)
-                except StoreUnavailable:
-                    pass  # the next attempt is fenced again, then the fail modes decide
+                if published_ms(store_version) > published_ms(current):
+                    # a publication under way: its copies are written before its version key,
+                    # and after its commit, so the rows read now are at least that version's
+                    label = store_version
+                else:
+                    self._repair_version_copies(store_version, current)
+                    return snapshot
+            elif published_ms(snapshot.version) > published_ms(current):
+                # these rules were compiled as a publication under way (seen in another slot's
+                # copy) whose copy in this slot is not written yet: wait for its version key
+                if self._await_version(snapshot.version):
+                    return snapshot
+                # the publication never finished (its process died, or a failover lost its
+                # version key): finish it, forwards (its rows are committed)
+                self._finish_publication(current, snapshot.version)
                 return snapshot
-        fresher = self.policies.fresh(snapshot)
+        fresher = self.policies.fresh(snapshot, label)
         return None if fresher.version == snapshot.version else fresher
+
+    def _await_version(self, version):
+        """Poll the version key until it holds ``version`` (True), or PUBLICATION_WAIT_S
+        passed (False)."""
+        deadline, pause = time.monotonic() + PUBLICATION_WAIT_S, threading.Event()
+        while time.monotonic() < deadline:
+            try:
+                if self.read_version() == version:
+                    return True
+            except StoreUnavailable:
+                return False
+            pause.wait(0.005)
+        return False
+
+    def _finish_publication(self, current, version):
+        """Set the version key from ``current`` to ``version`` (unless it moved meanwhile), and
+        the copies (never to an older version)."""
+        logger.warning("ratelimit_app: the config version key held %s while copies held the "
+                       "later %s; finishing that publication", current, version)
+        try:
+            self._guarded(self.store.finish_publication, self.version_key, current, version)
+        except StoreUnavailable:
+            pass  # the next attempt is fenced again, then the fail modes decide
+
+    def _repair_version_copies(self, found, current):
+        """Rewrite the Cluster's copies of the version, behind the version of record (lost in
+        a failover or a node restarted without persistence), from the version of record. The
+        version key itself is never written here: a repair must not undo a publication."""
+        logger.warning("ratelimit_app: a copy of the config version held %s instead of %s "
+                       "(lost in a failover or a restart?); rewriting the copies", found, current)
+        try:
+            self._guarded(self.store.write_version_copies, self.version_key, current)
+        except StoreUnavailable:
+            pass  # the next attempt is fenced again, then the fail modes decide
 
     def _superseded_too_often(self, snapshot, request, user, endpoint):
         """The Decision when the fence refused every attempt (the version changed during each
@@ -303,7 +347,10 @@ class Limiter:
                        "to decide a request; decided by the rules' fail modes",
                        FENCED_ATTEMPTS)
         pending = self._prepare(snapshot, request, user, endpoint, None)
-        return pending if isinstance(pending, Decision) else pending.degraded()
+        decision = pending if isinstance(pending, Decision) else pending.degraded()
+        if self.expose_version:
+            decision = decision._replace(config_version=snapshot.version)
+        return decision
 
     def _prepare(self, snapshot, request, user, endpoint, now_ms):
         """The steps of a decision before the store: return a Decision when no call is needed,
@@ -590,6 +637,12 @@ class Limiter:
         """Return the config version in the store ("0" when unset). Raises StoreUnavailable."""
         return self._guarded(self.store.read_version, self.version_key)
 
+    def _forget_local_decisions(self):
+        """A newer config version is published: drop the denials learnt on the old rules, so
+        no request is refused without Redis on them (leases are kept per version already)."""
+        if self.deny_cache is not None:
+            self.deny_cache.clear()
+
     def _poll_version(self):
         """``read_version`` for the watcher thread: not through the breaker, which counts
         the requests' calls. Raises StoreUnavailable."""
@@ -609,16 +662,17 @@ class Limiter:
         self.policies.invalidate(parts)
         return self._write_new_version(parts)
 
-    def changes_since(self, version):
+    def changes_since(self, version, newest):
         """Return the model names of the tables changed by the versions published after
-        ``version`` (a set), or None when the record cannot say: ``version`` is older than it
-        (or was never recorded), or a version changed tables it did not name. Raises
-        StoreUnavailable."""
-        changed = set()
+        ``version`` up to ``newest`` (a set), or None when the record cannot say: ``newest`` is
+        not in it, ``version`` is older than it (or was never recorded), or a version changed
+        tables it did not name. Raises StoreUnavailable."""
+        changed, newest_seen = set(), False
         for entry in self._guarded(self.store.read_changes, self.changes_key):
             recorded, _, parts = entry.partition(" ")
+            newest_seen = newest_seen or recorded == newest
             if recorded == version:
-                return changed
+                return changed if newest_seen else None
             if parts == "*":
                 return None
             changed.update(part for part in parts.split(",") if part)

@@ -515,6 +515,20 @@ def config_fingerprint(pause_s=0.0, parts=None):
     return {part: digest.hexdigest() for part, digest in digests.items()}
 
 
+def published_ms(version):
+    """Return the publication time (ms) a config version starts with (see
+    ``Limiter._write_new_version``): 0 for "0" (no version), -1 for one that says none. Versions
+    are compared by it only to tell a publication under way on a Cluster (its copies written,
+    its version key not yet), never to fence."""
+    head = version.partition("-")[0]
+    return int(head) if head.isdigit() else -1
+
+
+# On a Cluster, how long a publication may take from its first copy to its version key (16,384
+# copies): a worker that compiled its rows as that version, seen in a copy, waits this long for
+# the version key rather than take the older one back.
+PUBLICATION_WAIT_S = 1.0
+
 # How long before a dated row's moment its snapshot is compiled (see PolicyCache.upcoming): far
 # enough ahead that the compile is done when the moment comes, near enough that an edit seldom
 # makes it wasted work.
@@ -563,7 +577,8 @@ class PolicyCache:
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
                  wall_clock=time.time, noticed=None, in_threads=False,
-                 watch_interval_s=0.05, poll_version=None, changes_since=None):
+                 watch_interval_s=0.05, poll_version=None, changes_since=None,
+                 superseded=None):
         self._read_version = read_version
         # the watcher's read: straight to the store (its failures are not the requests')
         self._poll_store = poll_version or read_version
@@ -571,6 +586,12 @@ class PolicyCache:
         # ``changes_since(version)``: the model names of the tables the published versions after
         # ``version`` changed (a set), or None when the store cannot say (then everything)
         self._changes_since = changes_since
+        # called as soon as a newer version is seen, before its compile: what the process
+        # decides without Redis (the deny cache) must not outlive the rules (see Limiter)
+        self._superseded = superseded
+        # until then, a version key older than the snapshot's is a publication under way (the
+        # snapshot was compiled as the version of a Cluster copy, see fresh): not a change
+        self._ahead_until = 0.0
         # tables this process knows changed (its own edits, its comparison's findings) that no
         # compile has read since; None: unknown, everything
         self._pending_parts = set()
@@ -670,7 +691,7 @@ class PolicyCache:
         self.checked_at = self._clock()
         snapshot = self.snapshot
         if snapshot is not None and version != snapshot.version:
-            self.stale = True
+            self._mark_superseded()
 
     # --- the request path --------------------------------------------------------------------
 
@@ -734,17 +755,19 @@ class PolicyCache:
         self._watcher.wake()
         return True
 
-    def fresh(self, superseded):
+    def fresh(self, superseded, version=None):
         """Return rules newer than ``superseded``, a snapshot a fenced call found out of date:
         those the watcher installed meanwhile (a compile under way is waited for), or compiled
-        now."""
+        now, as ``version`` (default: the version the store holds)."""
         with self._lock:
             current = self.snapshot
             if current is not None and (current.version != superseded.version
                                         or self._clock() < self.retry_at):
                 return current  # newer; or the last compile failed moments ago
             self.stale = True
-            return self._reload_locked()
+            if version is not None:
+                self._ahead_until = self._clock() + PUBLICATION_WAIT_S
+            return self._reload_locked(version=version)
 
     # --- the watcher -------------------------------------------------------------------------
 
@@ -770,8 +793,8 @@ class PolicyCache:
         else:
             self._poll_failed = False
             self.checked_at = self._clock()
-            if version != snapshot.version:
-                self.stale = True
+            if version != snapshot.version and not self._ahead_of(version, snapshot):
+                self._mark_superseded()
         # (compiles for the rules in force are never paced: once a version is published, each
         # request's debit is fenced until the new rules are in, so a pause would only make it
         # wait longer; with one table read again they are milliseconds of CPU)
@@ -862,8 +885,22 @@ class PolicyCache:
     def _poll_version(self, snapshot):
         self.checked_at = self._clock()
         version = self._version_or(None)  # None: keep serving the rules we have
-        if version is not None and version != snapshot.version:
-            self.stale = True
+        if version is not None and version != snapshot.version \
+                and not self._ahead_of(version, snapshot):
+            self._mark_superseded()
+
+    def _ahead_of(self, version, snapshot):
+        """True when ``snapshot`` was compiled as a publication under way, moments ago, that
+        the version key (``version``) has not caught up with yet."""
+        return self._clock() < self._ahead_until and \
+            published_ms(version) < published_ms(snapshot.version)
+
+    def _mark_superseded(self):
+        """The store holds another version than the snapshot's: compile, and meanwhile decide
+        nothing without Redis on the old rules."""
+        if not self.stale and self._superseded is not None:
+            self._superseded()
+        self.stale = True
 
     def _compare_rows(self, snapshot, now):
         """At ``compare_at`` (no watcher): set the next one, and compare the rows with those
@@ -938,16 +975,17 @@ class PolicyCache:
                 return self.snapshot  # another thread reloaded while we waited
             return self._reload_locked(pause_s)
 
-    def _reload_locked(self, pause_s=0.0):
+    def _reload_locked(self, pause_s=0.0, version=None):
         # an edit of this process during the reload may have committed after the rows were
         # read: it then still reloads in the next request
         edits_seen = self._edits_here
         pending, self._pending_parts = self._pending_parts, set()
-        # "unknown" differs from any real version: reload once the store answers
-        version = self._version_or("unknown")
+        if version is None:
+            # "unknown" differs from any real version: reload once the store answers
+            version = self._version_or("unknown")
         base = self.snapshot if self.fingerprint is not None or not self.reload_interval_s \
             else None  # (no fingerprint: no snapshot yet, or one of a failed load)
-        changed = self._changed_since(base, pending)
+        changed = self._changed_since(base, pending, version)
         try:
             # the digest before the rows: a change landing between the two then makes the
             # next comparison reload once more, rather than hide behind a newer digest
@@ -981,15 +1019,18 @@ class PolicyCache:
             self._watcher.ensure_running()
         return snapshot
 
-    def _changed_since(self, base, pending):
-        """Return the model names of the tables changed since ``base`` was compiled (what the
-        published versions since say, and ``pending``), or None when that cannot be known: no
-        ``base``, a store that cannot say, a version older than its record of changes."""
+    def _changed_since(self, base, pending, version):
+        """Return the model names of the tables changed since ``base`` was compiled, up to
+        ``version`` (what the published versions say, and ``pending``), or None when that
+        cannot be known: no ``base``, a store that cannot say, a version older than its record
+        of changes or not in it."""
         if base is None or pending is None or self._changes_since is None \
                 or base.version == "unknown":
             return None
+        if version == base.version:
+            return set(pending)
         try:
-            logged = self._changes_since(base.version)
+            logged = self._changes_since(base.version, version)
         except StoreUnavailable:
             return None
         return None if logged is None else logged | pending

@@ -18,19 +18,22 @@ POLL_INTERVAL_S = 0.05
 
 
 class Uvicorn:
-    """``uvicorn project.asgi:application`` on a free port, stopped by PID."""
+    """``uvicorn project.asgi:application`` with ``workers`` worker processes on a free port,
+    stopped by PID."""
 
     name = "uvicorn"
 
-    def __init__(self, env, workdir):
+    def __init__(self, env, workdir, workers=1):
         self.env, self.workdir = env, workdir
+        self.workers = workers
         self.port = _free_port()
         self.log_path = workdir / f"{self.name}.log"
         self.process = None
 
     def command(self):
         return [sys.executable, "-m", "uvicorn", "project.asgi:application", "--host",
-                "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+                "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
+                "--log-level", "warning"]
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}{path}"

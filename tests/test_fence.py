@@ -238,3 +238,28 @@ def test_a_slot_whose_copy_was_lost_is_repaired_and_debited_once(cluster):
         assert cluster.client().get(copy).decode() == other.snapshot().version
     finally:
         other.close()
+
+
+def test_a_publication_under_way_is_never_repaired_backwards(cluster):
+    """A publication writes every slot's copy before the version key: a worker fenced by a
+    copy newer than the version key compiles the new rows as that version, and writes
+    nothing back (a repair would undo the publication)."""
+    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+    Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
+                        burst=100)
+    held = publish_elsewhere()
+    other = worker()
+    try:
+        other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+        Rule.objects.filter(name="free-ip").update(burst=200)  # committed, then published:
+        newer = f"{int(held.split('-')[0]) + 1000}-{'f' * 16}"
+        limiter().store.write_version_copies(VERSION_KEY, newer)  # ... its copies so far
+        decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+        assert decision.allowed and decision.policies[0].burst == 200
+        assert other.snapshot().version == newer
+        client = cluster.client()
+        assert client.get(VERSION_KEY).decode() == held  # left to the publication
+        assert {client.get(version_copy_key(VERSION_KEY, slot)).decode()
+                for slot in range(0, SLOTS, 997)} == {newer}
+    finally:
+        other.close()

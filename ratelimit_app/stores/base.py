@@ -143,6 +143,14 @@ class Store:
         pushed onto that list (the newest CHANGE_LOG_LENGTH kept) before the version is set."""
         raise NotImplementedError
 
+    def finish_publication(self, version_key, expected, value):
+        """Set the version key to ``value`` if it holds ``expected``, and its copies (never to
+        an older version); nothing where the version is not copied."""
+
+    def write_version_copies(self, version_key, value):
+        """Rewrite the copies of the version (a Cluster's, one per slot) with ``value``, not the
+        version key itself; nothing where the version is not copied."""
+
     def read_changes(self, changes_key):
         """Return the entries of the record of changes, newest first (str)."""
         raise NotImplementedError
