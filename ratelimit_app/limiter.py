@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from asgiref.sync import sync_to_async
 
-from . import engine, keys, metrics
+from . import engine, metrics
 from .alerts import AlertQueue
 from .breaker import CircuitBreaker
 from .buckets import ConcurrencySlot, slot_member
@@ -28,21 +28,20 @@ from .deny_cache import DenyCache
 from .engine import Decision
 from .identity import identify
 from .leases import Leases
-from .policy import PUBLICATION_WAIT_S, PolicyCache, published_ms
+from .policy import PolicyCache
 from .stores import StoreUnavailable, SupersededRules, build_store
 from .stores.base import is_misconfiguration
 from .unexpected import UnexpectedErrorLog, error_text, type_label
+from .versions import ConfigVersions
 
 __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
            "install_limiter", "forget_default_limiter"]
 
 logger = logging.getLogger("ratelimit_app")
 
-# A decision refused by the fence is made again on fresh rules, at most this many times in all.
-FENCED_ATTEMPTS = 3
-# How long the claim of a change found by the comparison of the rows is kept: far longer than
-# the workers' comparisons of one version's rows are apart.
-NOTICE_CLAIM_TTL_MS = 600_000
+# A decision refused by the fence is made again on fresh rules, at most this many times in all
+# (more than once only while versions are published faster than a worker compiles them).
+FENCED_ATTEMPTS = 5
 
 
 def _record_outside_change():
@@ -152,10 +151,10 @@ class Limiter:
         # the wall clock (unix s) of dated overrides, metrics, usage days and alert periods: a
         # test clock's time while it sets one (so a test's usage lands on the test's day)
         wall_time = time.time if type(self.clock) is SystemClock else self.clock.wall_time
-        self.version_key = keys.config_version_key(config["KEY_PREFIX"])
-        self.changes_key = keys.config_changes_key(config["KEY_PREFIX"])
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
+        self.versions = ConfigVersions(store, config["KEY_PREFIX"], self._guarded)
+        self.version_key = self.versions.key
         self.stats = LimiterStats()
         self.unexpected_log = UnexpectedErrorLog(clock=monotonic)
         self.policies = PolicyCache(self.read_version,
@@ -167,8 +166,8 @@ class Limiter:
                                     noticed=_record_outside_change,
                                     in_threads=metrics_autostart,
                                     watch_interval_s=config["CONFIG_WATCH_INTERVAL_S"],
-                                    poll_version=self._poll_version,
-                                    changes_since=self.changes_since,
+                                    poll_version=self.versions.poll,
+                                    changes_since=self.versions.changes_since,
                                     superseded=self._forget_local_decisions)
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
@@ -276,69 +275,14 @@ class Limiter:
 
     def _fresher_snapshot(self, snapshot, store_version):
         """Return rules to decide again on after the fence found ``store_version`` in the store
-        instead of ``snapshot``'s version: newer rules; or, on a Cluster whose copy of the
-        version in that slot is behind the version of record (a failover or a restart lost it),
-        the same rules once the copies are rewritten; or None when no newer rules can be
-        compiled now (the database is down): the rules in force stay so, unfenced."""
-        label = None  # the version to compile the rows as (None: the version of record)
-        if self.store.versions_copied:
-            try:
-                current = self.read_version()
-            except StoreUnavailable:
-                current = store_version
-            if current == snapshot.version:
-                if published_ms(store_version) > published_ms(current):
-                    # a publication under way: its copies are written before its version key,
-                    # and after its commit, so the rows read now are at least that version's
-                    label = store_version
-                else:
-                    self._repair_version_copies(store_version, current)
-                    return snapshot
-            elif published_ms(snapshot.version) > published_ms(current):
-                # these rules were compiled as a publication under way (seen in another slot's
-                # copy) whose copy in this slot is not written yet: wait for its version key
-                if self._await_version(snapshot.version):
-                    return snapshot
-                # the publication never finished (its process died, or a failover lost its
-                # version key): finish it, forwards (its rows are committed)
-                self._finish_publication(current, snapshot.version)
-                return snapshot
+        instead of ``snapshot``'s version: newer rules; or the same ones, on a Cluster whose
+        copies of the version were mended (see versions.py); or None when no newer rules can
+        be compiled now (the database is down): the rules in force stay so, unfenced."""
+        same_rules, label = self.versions.after_fence(snapshot.version, store_version)
+        if same_rules:
+            return snapshot
         fresher = self.policies.fresh(snapshot, label)
         return None if fresher.version == snapshot.version else fresher
-
-    def _await_version(self, version):
-        """Poll the version key until it holds ``version`` (True), or PUBLICATION_WAIT_S
-        passed (False)."""
-        deadline, pause = time.monotonic() + PUBLICATION_WAIT_S, threading.Event()
-        while time.monotonic() < deadline:
-            try:
-                if self.read_version() == version:
-                    return True
-            except StoreUnavailable:
-                return False
-            pause.wait(0.005)
-        return False
-
-    def _finish_publication(self, current, version):
-        """Set the version key from ``current`` to ``version`` (unless it moved meanwhile), and
-        the copies (never to an older version)."""
-        logger.warning("ratelimit_app: the config version key held %s while copies held the "
-                       "later %s; finishing that publication", current, version)
-        try:
-            self._guarded(self.store.finish_publication, self.version_key, current, version)
-        except StoreUnavailable:
-            pass  # the next attempt is fenced again, then the fail modes decide
-
-    def _repair_version_copies(self, found, current):
-        """Rewrite the Cluster's copies of the version, behind the version of record (lost in
-        a failover or a node restarted without persistence), from the version of record. The
-        version key itself is never written here: a repair must not undo a publication."""
-        logger.warning("ratelimit_app: a copy of the config version held %s instead of %s "
-                       "(lost in a failover or a restart?); rewriting the copies", found, current)
-        try:
-            self._guarded(self.store.write_version_copies, self.version_key, current)
-        except StoreUnavailable:
-            pass  # the next attempt is fenced again, then the fail modes decide
 
     def _superseded_too_often(self, snapshot, request, user, endpoint):
         """The Decision when the fence refused every attempt (the version changed during each
@@ -435,11 +379,11 @@ class Limiter:
         allowed, reply = True, None
         try:
             if plan.send:
-                reply = self.take(plan.send, now_ms=now_ms, fence=version)
+                reply = self.take(plan.send, now_ms=now_ms, fence=fence)
                 if not reply.allowed and _lease_was_too_much(plan, buckets, reply):
                     # the bucket holds this request's cost but not a lease as well: no lease
                     plan = leases.without_leasing(plan, buckets)
-                    reply = self.take(plan.send, now_ms=now_ms, fence=version)
+                    reply = self.take(plan.send, now_ms=now_ms, fence=fence)
                 allowed = reply.allowed
         except (StoreUnavailable, SupersededRules):
             leases.settle(plan, buckets, False, version)
@@ -635,7 +579,7 @@ class Limiter:
 
     def read_version(self):
         """Return the config version in the store ("0" when unset). Raises StoreUnavailable."""
-        return self._guarded(self.store.read_version, self.version_key)
+        return self.versions.read()
 
     def _forget_local_decisions(self):
         """A newer config version is published: drop the denials learnt on the old rules, so
@@ -643,40 +587,16 @@ class Limiter:
         if self.deny_cache is not None:
             self.deny_cache.clear()
 
-    def _poll_version(self):
-        """``read_version`` for the watcher thread: not through the breaker, which counts
-        the requests' calls. Raises StoreUnavailable."""
-        return self.store.read_version(self.version_key)
-
     def bump_config_version(self, parts=None):
         """Give the config version a value never used before, so every worker reloads; return it.
         ``parts``: the model names of the tables the edit changed (None: unknown, every worker
         compiles everything; empty: none, the workers only take the new version).
 
         Workers reload whenever the version differs from their snapshot's, so a bump only has
-        to be new. A counter is not enough: after FLUSHALL, a restore or a failover to a replica
-        that missed the last bump, counting on from an older value can land on a number a
-        worker already holds, and that worker would never load the edit. The value is the clock
-        in ms (readable when debugging) plus 64 random bits. This process reloads at once.
+        to be new (see versions.py). This process reloads at once. Raises StoreUnavailable.
         """
         self.policies.invalidate(parts)
-        return self._write_new_version(parts)
-
-    def changes_since(self, version, newest):
-        """Return the model names of the tables changed by the versions published after
-        ``version`` up to ``newest`` (a set), or None when the record cannot say: ``newest`` is
-        not in it, ``version`` is older than it (or was never recorded), or a version changed
-        tables it did not name. Raises StoreUnavailable."""
-        changed, newest_seen = set(), False
-        for entry in self._guarded(self.store.read_changes, self.changes_key):
-            recorded, _, parts = entry.partition(" ")
-            newest_seen = newest_seen or recorded == newest
-            if recorded == version:
-                return changed if newest_seen else None
-            if parts == "*":
-                return None
-            changed.update(part for part in parts.split(",") if part)
-        return None
+        return self.versions.publish(parts)
 
     def _announce_noticed_change(self, superseded, parts=None):
         """Tell every worker to reload: what the comparison of the rows does when it finds the
@@ -684,20 +604,10 @@ class Limiter:
         first to claim it announces it, and only it returns True (it records the change in the
         audit trail). Unlike ``bump_config_version``, this process's snapshot is left to the
         comparison, which marks it stale for the watcher to compile."""
-        claim = f"{self.version_key}:noticed:{superseded}"
-        if not self._guarded(self.store.claim, claim, NOTICE_CLAIM_TTL_MS):
+        if not self.versions.claim_change(superseded):
             return False
-        self._write_new_version(parts)
+        self.versions.publish(parts)
         return True
-
-    def _write_new_version(self, parts=None):
-        """Write a config version never used before (see bump_config_version), recording the
-        tables it changed (``parts``); return it."""
-        version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
-        entry = f"{version} {'*' if parts is None else ','.join(sorted(parts))}"
-        self._guarded(self.store.write_version, self.version_key, version,
-                      (self.changes_key, entry))
-        return version
 
     # --- the store, through the breaker ------------------------------------------------------
 

@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from .background import WorkerThread
 from .conf import get_config
 from .stores.base import StoreUnavailable
+from .versions import PUBLICATION_WAIT_S, published_ms
 
 __all__ = ["CompiledRule", "Snapshot", "PolicyCache", "compile_snapshot", "config_fingerprint"]
 
@@ -514,20 +515,6 @@ def config_fingerprint(pause_s=0.0, parts=None):
                 _pause(pause_s)
     return {part: digest.hexdigest() for part, digest in digests.items()}
 
-
-def published_ms(version):
-    """Return the publication time (ms) a config version starts with (see
-    ``Limiter._write_new_version``): 0 for "0" (no version), -1 for one that says none. Versions
-    are compared by it only to tell a publication under way on a Cluster (its copies written,
-    its version key not yet), never to fence."""
-    head = version.partition("-")[0]
-    return int(head) if head.isdigit() else -1
-
-
-# On a Cluster, how long a publication may take from its first copy to its version key (16,384
-# copies): a worker that compiled its rows as that version, seen in a copy, waits this long for
-# the version key rather than take the older one back.
-PUBLICATION_WAIT_S = 1.0
 
 # How long before a dated row's moment its snapshot is compiled (see PolicyCache.upcoming): far
 # enough ahead that the compile is done when the moment comes, near enough that an edit seldom
