@@ -12,7 +12,7 @@ from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
 from . import support
-from .conf import get_config, reload_interval_problem, unknown_keys
+from .conf import get_config, reload_interval_problem, unknown_keys, watch_interval_problem
 from .periods import valid_time_zone
 
 TAG = "ratelimit_app"
@@ -249,3 +249,16 @@ def check_reload_interval(app_configs=None, **kwargs):
              "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
              "Until then the default (30) applies.",
         id="ratelimit_app.E010")]
+
+
+@register(TAG)
+def check_watch_interval(app_configs=None, **kwargs):
+    """E011 when CONFIG_WATCH_INTERVAL_S is not a valid interval (the default applies then)."""
+    problem = watch_interval_problem(get_config()["CONFIG_WATCH_INTERVAL_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_WATCH_INTERVAL_S'] {problem}.",
+        hint="Give the seconds (0.01 to 10, e.g. 0.05) between two reads of the config version "
+             "by each worker's watcher thread. Until then the default (0.05) applies.",
+        id="ratelimit_app.E011")]

@@ -171,6 +171,25 @@ def reload_interval_problem(value):
     return ""
 
 
+def watch_interval_s(config):
+    """Return CONFIG_WATCH_INTERVAL_S of ``config`` in seconds; a value
+    ``watch_interval_problem`` refuses counts as the default (check E011 reports it)."""
+    value = config["CONFIG_WATCH_INTERVAL_S"]
+    if watch_interval_problem(value):
+        value = DEFAULTS["CONFIG_WATCH_INTERVAL_S"]
+    return float(value)
+
+
+def watch_interval_problem(value):
+    """Return what is wrong with a CONFIG_WATCH_INTERVAL_S value, or "" if it is valid."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {value!r}, not a number of seconds"
+    if not 0.01 <= value <= 10:  # (False for NaN too)
+        return f"is {value!r}: the watcher would poll Redis nearly without pause, or let " \
+               f"workers learn of edits seconds late"
+    return ""
+
+
 def unknown_keys():
     """Return the RATELIMIT_APP keys that are not settings of this app."""
     return sorted(set(getattr(settings, "RATELIMIT_APP", {}) or {}) - set(DEFAULTS))

@@ -23,7 +23,7 @@ from . import engine, metrics
 from .alerts import AlertQueue
 from .breaker import CircuitBreaker
 from .buckets import ConcurrencySlot, slot_member
-from .conf import get_config, reload_interval_s
+from .conf import get_config, reload_interval_s, watch_interval_s
 from .deny_cache import DenyCache
 from .engine import Decision
 from .identity import identify
@@ -165,7 +165,7 @@ class Limiter:
                                     wall_clock=wall_time,
                                     noticed=_record_outside_change,
                                     in_threads=metrics_autostart,
-                                    watch_interval_s=config["CONFIG_WATCH_INTERVAL_S"],
+                                    watch_interval_s=watch_interval_s(config),
                                     poll_version=self.versions.poll,
                                     changes_since=self.versions.changes_since,
                                     superseded=self._forget_local_decisions)

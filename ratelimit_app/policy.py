@@ -540,8 +540,8 @@ class PolicyCache:
       version every ``watch_interval_s`` (one GET) and compiles a new version's rules at once,
       compiles the snapshot of a dated row's moment ahead of it, and compares the rows every
       ``reload_interval_s``, none of it waiting for a request. So the fence seldom fires, and a
-      request seldom waits for a compile. The compile pauses between chunks of rows
-      (``RELOAD_PAUSE_S``, for the requests' share of the GIL) unless a request waits for it.
+      request seldom waits for a compile. A compile reads only the tables the versions since
+      the snapshot's changed (``changes_since``, the store's record; see compile_snapshot).
     - Dated rows: a snapshot holds the rows active at its ``compiled_at`` and the next moment
       one starts or ends (``next_change_at``). The snapshot of that moment (``upcoming``) is
       compiled ahead, and swapped in by the first request at or after the moment or by the
@@ -555,10 +555,11 @@ class PolicyCache:
 
     With ``reload_interval_s`` (None: off), the rows are compared with those the snapshot was
     compiled from through ``fingerprint`` (a digest, one query), for edits that send no signal
-    (a queryset's ``update()``, raw SQL). On a difference ``announce(version)`` writes a new
-    version for every worker unless another worker has announced this very change (it returns
-    False then), and the worker whose announcement it was calls ``noticed`` (the audit trail's
-    record): one record per change.
+    (a queryset's ``update()``, raw SQL), one digest per table. On a difference
+    ``announce(version, parts)`` writes a new version naming the tables that differ for every
+    worker, unless another worker has announced this very change (it returns False then), and
+    the worker whose announcement it was calls ``noticed`` (the audit trail's record): one
+    record per change.
     """
 
     def __init__(self, read_version, *, check_interval_s, clock=time.monotonic,
@@ -570,8 +571,9 @@ class PolicyCache:
         # the watcher's read: straight to the store (its failures are not the requests')
         self._poll_store = poll_version or read_version
         self._poll_failed = False
-        # ``changes_since(version)``: the model names of the tables the published versions after
-        # ``version`` changed (a set), or None when the store cannot say (then everything)
+        # ``changes_since(version, newest)``: the model names of the tables the versions
+        # published after ``version`` up to ``newest`` changed (a set), or None when the store
+        # cannot say (then everything is read)
         self._changes_since = changes_since
         # called as soon as a newer version is seen, before its compile: what the process
         # decides without Redis (the deny cache) must not outlive the rules (see Limiter)

@@ -663,3 +663,18 @@ def test_a_valid_interval_passes_the_check(settings, value):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_RELOAD_INTERVAL_S": value}
     assert not [e for e in run_checks() if e.id == "ratelimit_app.E010"]
     assert limiter().policies.reload_interval_s == (float(value) if value else None)
+
+
+@pytest.mark.parametrize("value", ["0.05", True, 0, -1, 0.001, 60, float("nan")])
+def test_an_invalid_watch_interval_is_reported_and_the_default_applies(settings, value):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_WATCH_INTERVAL_S": value}
+    errors = [e for e in run_checks() if e.id == "ratelimit_app.E011"]
+    assert len(errors) == 1 and repr(value) in errors[0].msg
+    assert limiter().policies.watch_interval_s == 0.05
+
+
+@pytest.mark.parametrize("value", [0.01, 0.05, 1, 10])
+def test_a_valid_watch_interval_passes_the_check(settings, value):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_WATCH_INTERVAL_S": value}
+    assert not [e for e in run_checks() if e.id == "ratelimit_app.E011"]
+    assert limiter().policies.watch_interval_s == value

@@ -230,3 +230,30 @@ def test_admin_edit_after_a_failover_that_lost_the_last_version_applies_within_a
         worker.stop()
         if killed is not None:
             redis_sentinel.restart_node(killed)
+
+
+@pytest.mark.django_db
+def test_the_first_decision_after_an_edit_is_fenced_on_the_sentinel_master(sentinel_limiter):
+    """The fence of tests/test_fence.py on a Sentinel group: another worker's first decision
+    after a publication is made on the new rules."""
+    from django.contrib.auth.models import AnonymousUser
+    from django.test import RequestFactory
+
+    from ratelimit_app.limiter import Limiter
+    from ratelimit_app.models import Plan, Rule, Scope
+
+    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+    Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
+                        burst=100)
+    sentinel_limiter.bump_config_version()
+    other = Limiter(sentinel_limiter.config, sentinel_limiter.store, metrics_autostart=False)
+    request = RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.7")
+    try:
+        assert other.decide(request, AnonymousUser(), "hello").policies[0].burst == 100
+        Rule.objects.filter(name="free-ip").update(burst=200)  # no signal...
+        published = sentinel_limiter.bump_config_version()     # ... the version says it
+        decision = other.decide(request, AnonymousUser(), "hello")
+        assert decision.policies[0].burst == 200 and other.snapshot().version == published
+        assert decision.policies[0].remaining == 98  # the refused attempt debited nothing
+    finally:
+        other.policies.close()

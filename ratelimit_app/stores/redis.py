@@ -21,11 +21,7 @@ def parse_take_reply(reply, with_version=True):
     """Return the TakeReply of a raw take.lua reply: ``{2, version, level, ...}`` when every
     bucket was debited (each result 1), else ``{allowed, version, level, result, ...}``.
     Raises SupersededRules for a fenced call's ``{3, version}``."""
-    version = reply[1]
-    if with_version:
-        version = version.decode() if isinstance(version, bytes) else str(version)
-    else:
-        version = None
+    version = _text(reply[1]) if with_version else None
     status = reply[0]
     if status == 2:
         levels = reply[2:]
