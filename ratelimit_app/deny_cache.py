@@ -12,9 +12,11 @@ it as well, and we answer locally.
 What would invalidate the bound: a rule edit, an override, or a bucket reset from the dashboard.
 Each of these bumps the config version, and an entry is used only while the worker's snapshot
 has the version the entry was written at; a worker drops every entry as soon as it sees a newer
-version (its watcher polls every CONFIG_WATCH_INTERVAL_S), before it has compiled the new rules.
-So a refusal from here after a publication comes at most that long after it: the one decision
-on older rules the fence cannot catch (it makes no Redis call), bounded.
+version (its watcher polls every CONFIG_WATCH_INTERVAL_S), before it has compiled the new rules,
+and answers from here only while that version was confirmed within two polls (the Limiter asks
+PolicyCache.confirmed_recently). So a refusal from here after a publication comes at most about
+two polls after it: the one decision on older rules the fence cannot catch (it makes no Redis
+call), bounded.
 A Redis restart that loses the buckets is the one case where Redis would briefly be more lenient;
 entries live at most until the bucket would be full again, so that window is bounded too.
 """

@@ -243,16 +243,26 @@ class Limiter:
             try:
                 decision = self._decide_on(snapshot, request, user, endpoint, now_ms, fence)
             except SupersededRules as superseded:
-                fresher = self._fresher_snapshot(snapshot, superseded.version)
-                if fresher is None:
-                    fence = engine.NO_FENCE  # no newer rules to be had: these, unfenced
-                else:
-                    snapshot = fresher
+                snapshot, fence = self._next_attempt(
+                    snapshot, self._fresher_snapshot(snapshot, superseded.version))
                 continue
-            if self.expose_version:
-                decision = decision._replace(config_version=snapshot.version)
-            return decision
+            # (the test-only name asked for here: no call per decision otherwise)
+            return self._named(decision, snapshot) if self.expose_version else decision
         return self._superseded_too_often(snapshot, request, user, endpoint)
+
+    @staticmethod
+    def _next_attempt(snapshot, fresher):
+        """Return the rules and the fence of the attempt after a fenced one, ``fresher`` being
+        what ``_fresher_snapshot`` gave."""
+        if fresher is None:
+            return snapshot, engine.NO_FENCE  # no newer rules to be had: these, unfenced
+        return fresher, None
+
+    def _named(self, decision, snapshot):
+        """Return ``decision``, naming the version of ``snapshot`` with EXPOSE_CONFIG_VERSION."""
+        if self.expose_version:
+            return decision._replace(config_version=snapshot.version)
+        return decision
 
     def _decide_on(self, snapshot, request, user, endpoint, now_ms, fence=None):
         """``decide`` on the rules of ``snapshot``, the debit fenced on their version (or on
@@ -291,10 +301,8 @@ class Limiter:
                        "to decide a request; decided by the rules' fail modes",
                        FENCED_ATTEMPTS)
         pending = self._prepare(snapshot, request, user, endpoint, None)
-        decision = pending if isinstance(pending, Decision) else pending.degraded()
-        if self.expose_version:
-            decision = decision._replace(config_version=snapshot.version)
-        return decision
+        return self._named(pending if isinstance(pending, Decision) else pending.degraded(),
+                           snapshot)
 
     def _prepare(self, snapshot, request, user, endpoint, now_ms):
         """The steps of a decision before the store: return a Decision when no call is needed,
@@ -311,7 +319,8 @@ class Limiter:
         sent_at = None
         if deny_cache is not None:
             cached = deny_cache.lookup(buckets, snapshot.version)
-            if cached is not None:
+            # (a refusal without Redis is not fenced: only while the version is confirmed)
+            if cached is not None and self.policies.confirmed_recently():
                 return engine.decision_from(buckets, cached, False, identity, endpoint,
                                             cost)._replace(from_deny_cache=True)
             sent_at = deny_cache.now()
@@ -439,16 +448,11 @@ class Limiter:
                                                   fence)
             except SupersededRules as superseded:
                 # the compile, if any, in a thread (the ORM's rule: thread_sensitive)
-                fresher = await sync_to_async(self._fresher_snapshot)(snapshot,
-                                                                      superseded.version)
-                if fresher is None:
-                    fence = engine.NO_FENCE  # no newer rules to be had: these, unfenced
-                else:
-                    snapshot = fresher
+                snapshot, fence = self._next_attempt(snapshot, await sync_to_async(
+                    self._fresher_snapshot)(snapshot, superseded.version))
                 continue
-            if self.expose_version:
-                decision = decision._replace(config_version=snapshot.version)
-            return decision
+            # (the test-only name asked for here: no call per decision otherwise)
+            return self._named(decision, snapshot) if self.expose_version else decision
         return self._superseded_too_often(snapshot, request, user, endpoint)
 
     async def _adecide_on(self, snapshot, request, user, endpoint, now_ms, fence=None):
@@ -583,7 +587,9 @@ class Limiter:
 
     def _forget_local_decisions(self):
         """A newer config version is published: drop the denials learnt on the old rules, so
-        no request is refused without Redis on them (leases are kept per version already)."""
+        no request is refused without Redis on them (leases are kept per version already).
+        A watcher that lags (a busy machine) cannot do this in time: the deny cache answers
+        only while the version was confirmed moments ago (PolicyCache.confirmed_recently)."""
         if self.deny_cache is not None:
             self.deny_cache.clear()
 

@@ -672,6 +672,15 @@ class PolicyCache:
             self.stale = True
             self.retry_at = 0.0
 
+    def confirmed_recently(self):
+        """True when the store confirmed the snapshot's version within two watcher rounds (with
+        no watcher: within ``check_interval_s``): what a decision made without Redis, which
+        the fence cannot catch, needs to be made on rules that are still the published ones.
+        So a watcher held up by a busy machine delays no edit's effect on local refusals."""
+        window = 2 * self.watch_interval_s if self._watcher is not None \
+            else self.check_interval_s
+        return not self.stale and self._clock() - self.checked_at <= window
+
     def observe_version(self, version):
         """Record the config version a store reply carried (None: the reply had none); any
         difference from the snapshot's, up or down, makes the snapshot stale."""

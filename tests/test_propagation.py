@@ -37,7 +37,8 @@ OVERRIDE_LEAD_S = OVERRIDE_LENGTH_S = 3.0
 AROUND_S = 0.5            # traffic around a moment: this long before it (busy) and after it
 OVERRIDE_RATE, OVERRIDE_BURST = 500, 777  # per second; q=777 in RateLimit-Policy
 LOAD_THREADS = 6
-# the watcher's poll (CONFIG_WATCH_INTERVAL_S, 50 ms) and its wait for the CPU on a busy machine
+# the deny cache answers only while the version was confirmed within two watcher polls (100 ms);
+# the rest is a busy machine's scheduling
 LOCAL_REFUSALS_S = 0.25
 SERVERS = {"gunicorn": (Gunicorn, 3), "uvicorn": (Uvicorn, 2)}
 
