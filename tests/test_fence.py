@@ -196,11 +196,8 @@ def test_a_published_version_is_copied_into_every_slot_before_the_version_key(cl
         {published}
 
 
-def test_a_new_global_rule_binds_the_first_decisions_on_a_cluster(cluster):
+def test_a_new_global_rule_binds_the_first_decisions_on_a_cluster(cluster, free_plan):
     """The scenario that over-granted: a worker whose rules predate a new global rule."""
-    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
-    Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
-                        burst=100)
     other = worker()
     try:
         other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
@@ -215,10 +212,7 @@ def test_a_new_global_rule_binds_the_first_decisions_on_a_cluster(cluster):
         other.close()
 
 
-def test_a_slot_whose_copy_was_lost_is_repaired_and_debited_once(cluster):
-    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
-    Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
-                        burst=100)
+def test_a_slot_whose_copy_was_lost_is_repaired_and_debited_once(cluster, free_plan):
     Rule.objects.create(name="everyone", scope=Scope.GLOBAL, rate=1, period_s=60, burst=100)
     publish_elsewhere()
     other = worker()
@@ -240,14 +234,11 @@ def test_a_slot_whose_copy_was_lost_is_repaired_and_debited_once(cluster):
         other.close()
 
 
-def test_a_publication_under_way_is_never_repaired_backwards(cluster):
+def test_a_publication_under_way_is_never_repaired_backwards(cluster, free_plan):
     """A publication writes every slot's copy before the version key: a worker fenced by a
     copy newer than the version key compiles the new rows as that version, and writes
     nothing back (a repair would undo the publication)."""
-    plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
-    Rule.objects.create(name="free-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
-                        burst=100)
-    held = publish_elsewhere()
+    held = limiter().read_version()  # free_plan's publication
     other = worker()
     try:
         other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
