@@ -14,8 +14,8 @@ from django_ratelimit.core import is_ratelimited
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
 
-from ratelimit_app import guard
-from ratelimit_app.headers import apply_headers
+from ratelimit_app.decision.headers import apply_headers
+from ratelimit_app.runtime import guard
 
 from . import naive
 

@@ -15,7 +15,7 @@ reach the hot bucket itself are the script calls per decision beyond the spread 
 import itertools
 
 from ratelimit_app.conf import get_config
-from ratelimit_app.limiter import Limiter
+from ratelimit_app.runtime.limiter import Limiter
 from ratelimit_app.stores import RedisStore
 from ratelimit_app.testing import RedisCluster
 

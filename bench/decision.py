@@ -5,8 +5,17 @@ UserRateThrottle (history 10 / 1,000 / 10,000) and django-ratelimit, all on the 
 from ratelimit_app.testing import HOST
 
 from . import alternatives, raw_floor
-from .harness import (interleave, interval_text, median, median_interval, paired_ratio,
-                      round_ratios, spread, table, verdict)
+from .harness import (
+    interleave,
+    interval_text,
+    median,
+    median_interval,
+    paired_ratio,
+    round_ratios,
+    spread,
+    table,
+    verdict,
+)
 
 # issue 11: ours ÷ each of these, same run, paired per round
 RAW_FLOOR = "raw floor: take.lua on a held socket, hiredis only"

@@ -61,7 +61,7 @@ class Environment:
 
     def reset_redis(self):
         """Empty Redis and forget every process-local limiter state."""
-        from ratelimit_app.limiter import install_limiter
+        from ratelimit_app.runtime.limiter import install_limiter
 
         self.client().flushall()
         install_limiter()  # a new Limiter: no snapshot, deny cache or breaker state

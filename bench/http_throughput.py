@@ -10,8 +10,15 @@ relative to the first floor, the one Redis call every exact limiter pays, not to
 import math
 
 from . import servers
-from .harness import (interval_text, median, median_interval, paired_ratio, round_ratios,
-                      table, verdict)
+from .harness import (
+    interval_text,
+    median,
+    median_interval,
+    paired_ratio,
+    round_ratios,
+    table,
+    verdict,
+)
 
 VARIANTS = {
     "none": "no throttle",

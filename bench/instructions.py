@@ -97,7 +97,7 @@ def quiet():
     """Stop the limiter's periodic work (a version poll each second, a metrics flush, a
     comparison of the rows each 30 s): under valgrind a second is a few dozen requests, so
     it would be counted many times over; then turn the collector off."""
-    from ratelimit_app.limiter import default_limiter
+    from ratelimit_app.runtime.limiter import default_limiter
 
     limiter = default_limiter()
     policies = limiter.policies
@@ -125,7 +125,7 @@ async def serve_asgi(variant, count):
     from django.conf import settings
     from django.core.handlers.asgi import ASGIHandler
 
-    from ratelimit_app.limiter import default_limiter
+    from ratelimit_app.runtime.limiter import default_limiter
 
     ours = "ratelimit_app.middleware.QuotaMiddleware"
     base = [m for m in settings.MIDDLEWARE if m != ours]

@@ -70,7 +70,7 @@ def percentile(values, share):
 def config_edits(every_s):
     """Write a new config version every ``every_s`` seconds while the block runs (the admin's
     save does the same on commit); yield a list that ends up holding how many were written."""
-    from ratelimit_app.limiter import default_limiter
+    from ratelimit_app.runtime.limiter import default_limiter
 
     limiter, stop, written = default_limiter(), threading.Event(), [0]
 

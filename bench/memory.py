@@ -5,8 +5,8 @@ import statistics
 import time
 from typing import NamedTuple
 
-from ratelimit_app.buckets import unpack_value
-from ratelimit_app.limiter import default_limiter
+from ratelimit_app.decision.buckets import unpack_value
+from ratelimit_app.runtime.limiter import default_limiter
 
 from . import alternatives, naive
 from .harness import table, verdict
@@ -72,7 +72,7 @@ def run(env, quick):
     keys = client.dbsize()
     used = client.info("memory")["used_memory"] - base_memory
     rule_id = next(r.id for r in default_limiter().snapshot().rules if r.name == "anon-memory-ip")
-    # every identity's key, each holding that identity's buckets (see keys.py); the rule keeps
+    # every identity's key, each holding that identity's buckets (see decision/keys.py); the rule keeps
     # them an hour (bench/fixtures.py), so how many there are does not depend on how fast this
     # host filled them, and read_keys skips any that vanish anyway
     states, vanished = read_keys(client, "rl:{ip.*")

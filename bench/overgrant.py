@@ -22,7 +22,7 @@ def _contender(name):
     user = get_user_model().objects.get(username="overgrant")
     request = alternatives.django_request(user=user)
     if name == "ours":
-        from ratelimit_app.limiter import default_limiter
+        from ratelimit_app.runtime.limiter import default_limiter
         limiter = default_limiter()
         return lambda: limiter.decide(request, user, "bench:item").allowed
     if name == "drf":
@@ -45,7 +45,7 @@ def _warm_up(name):
     """Load the policy snapshot and open connections without spending any token."""
     from django.core.cache import cache
 
-    from ratelimit_app.limiter import default_limiter
+    from ratelimit_app.runtime.limiter import default_limiter
     if name == "ours":
         default_limiter().snapshot()
         default_limiter().store.ping()

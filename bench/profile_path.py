@@ -77,7 +77,7 @@ def request(app):
 
 def fake_store():
     """Answer take.lua with the reply of one real call (no Redis on ours' path)."""
-    from ratelimit_app.limiter import default_limiter
+    from ratelimit_app.runtime.limiter import default_limiter
 
     store = default_limiter().store
     real_take = store.take

@@ -238,7 +238,7 @@ def run_editor(env, count):
 def version_key():
     """The Redis key of the config version (this process's settings: the servers')."""
     from ratelimit_app.conf import get_config
-    from ratelimit_app.keys import config_version_key
+    from ratelimit_app.decision.keys import config_version_key
 
     return config_version_key(get_config()["KEY_PREFIX"])
 

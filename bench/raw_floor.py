@@ -10,7 +10,7 @@ import socket
 
 import hiredis
 
-from ratelimit_app.limiter import default_limiter
+from ratelimit_app.runtime.limiter import default_limiter
 
 
 class RawTake:

@@ -20,9 +20,9 @@ import django  # noqa: E402
 
 django.setup()
 
-from ratelimit_app.buckets import PolicyStatus  # noqa: E402
-from ratelimit_app.engine import Decision  # noqa: E402
-from ratelimit_app.identity import Identity  # noqa: E402
+from ratelimit_app.decision.buckets import PolicyStatus  # noqa: E402
+from ratelimit_app.decision.engine import Decision  # noqa: E402
+from ratelimit_app.decision.identity import Identity  # noqa: E402
 from ratelimit_app.metrics import Recorder  # noqa: E402
 
 DECISIONS = 100_000

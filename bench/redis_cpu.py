@@ -11,9 +11,10 @@ cache misses inflate both columns alike on a shared VM.
 from django.test import RequestFactory
 from django.urls import resolve
 
-from ratelimit_app import engine, guard
-from ratelimit_app.limiter import default_limiter
-from ratelimit_app.identity import identify
+from ratelimit_app.decision import engine
+from ratelimit_app.decision.identity import identify
+from ratelimit_app.runtime import guard
+from ratelimit_app.runtime.limiter import default_limiter
 
 from . import alternatives, naive
 from .harness import median, table, verdict

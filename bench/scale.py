@@ -4,7 +4,7 @@ apply to the request, and with hierarchy depth 1 to 6, variants interleaved."""
 import time
 from dataclasses import replace
 
-from ratelimit_app.limiter import default_limiter
+from ratelimit_app.runtime.limiter import default_limiter
 
 from . import alternatives
 from .harness import interleave, median, paired_ratio, table, verdict

@@ -79,8 +79,8 @@ class AsyncTakeAloneMiddleware:
     def _plan(self, request):
         """Ours' take call and header fields for ``request``'s client, through ours' own path
         once (the database: in a thread)."""
-        from ratelimit_app.headers import apply_headers
-        from ratelimit_app.limiter import default_limiter
+        from ratelimit_app.decision.headers import apply_headers
+        from ratelimit_app.runtime.limiter import default_limiter
 
         limiter = default_limiter()
         endpoint = resolve(request.path_info).view_name  # (a middleware runs before the view's

@@ -20,6 +20,8 @@ def reload_config():
     reload`` does the same. Returns the new config version; raises
     ``ratelimit_app.stores.StoreUnavailable`` when Redis cannot be told.
     """
-    from .limiter import default_limiter  # (not at import: the package is imported by settings)
+    from .runtime.limiter import (
+        default_limiter,  # (not at import: the package is imported by settings)
+    )
 
     return default_limiter().bump_config_version()

@@ -9,10 +9,11 @@ class RatelimitAppConfig(AppConfig):
     def ready(self):
         from django.core.signals import setting_changed
 
-        from . import checks, signals  # noqa: F401  (registers checks and receivers)
         from .conf import reset_config
-        from .identity import reset as reset_identity
-        from .limiter import forget_default_limiter
+        from .decision.identity import reset as reset_identity
+        from .operations import system_checks  # noqa: F401  (registers the system checks)
+        from .runtime import signals  # noqa: F401  (registers the receivers)
+        from .runtime.limiter import forget_default_limiter
 
         # in this order: the settings first, then what was built from them
         setting_changed.connect(reset_config, dispatch_uid="ratelimit_app.reset_config")

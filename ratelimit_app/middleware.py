@@ -22,11 +22,25 @@ from .conf import ensure_installed, exempt_path_prefixes, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
-from .guard import (DECISION_ATTR, HEADERS_ON_THE_WAY_OUT_ATTR,  # noqa: E402 (needs models)
-                    acharge_failed_authentication, acheck_failed_authentication, adecide,
-                    authentication_failed, charge_failed_authentication,
-                    check_failed_authentication, decide, hold_slot, release_slot)
-from .headers import apply_headers_unless_set, problem_response, uncharged_preflight  # noqa: E402
+# (imported after the check above: they need the app's models)
+from .decision.headers import (  # noqa: E402
+    apply_headers_unless_set,
+    problem_response,
+    uncharged_preflight,
+)
+from .runtime.guard import (  # noqa: E402
+    DECISION_ATTR,
+    HEADERS_ON_THE_WAY_OUT_ATTR,
+    acharge_failed_authentication,
+    acheck_failed_authentication,
+    adecide,
+    authentication_failed,
+    charge_failed_authentication,
+    check_failed_authentication,
+    decide,
+    hold_slot,
+    release_slot,
+)
 
 __all__ = ["QuotaMiddleware"]
 

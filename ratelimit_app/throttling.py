@@ -7,9 +7,14 @@ from .conf import ensure_installed
 
 ensure_installed("ratelimit_app.throttling.QuotaThrottle")
 
-from .guard import HEADERS_ON_THE_WAY_OUT_ATTR, decide  # noqa: E402  (needs the app's models)
-from .headers import (apply_headers, problem_body, retry_after_s,  # noqa: E402
-                      uncharged_preflight)
+# (imported after the check above: they need the app's models)
+from .decision.headers import (  # noqa: E402
+    apply_headers,
+    problem_body,
+    retry_after_s,
+    uncharged_preflight,
+)
+from .runtime.guard import HEADERS_ON_THE_WAY_OUT_ATTR, decide  # noqa: E402
 
 __all__ = ["QuotaThrottle", "QuotaThrottled"]
 

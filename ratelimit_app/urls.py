@@ -1,15 +1,15 @@
 """Optional URLs of the app: ``path("ratelimit/", include("ratelimit_app.urls"))``.
 
-``usage/`` is the caller's own quota usage (see usage.py), ``metrics/`` the Prometheus endpoint
+``usage/`` is the caller's own quota usage (see views/usage.py), ``metrics/`` the Prometheus endpoint
 (off unless enabled), ``usage-records/`` the staff JSON API of the usage records for billing
-(usage_api.py). The dashboard itself lives in the admin and needs no URL here.
+(views/usage_records.py). The dashboard itself lives in the admin and needs no URL here.
 """
 
 from django.urls import path
 
-from .prometheus import metrics_view
-from .usage import usage_view
-from .usage_api import usage_records_view
+from .views.prometheus import metrics_view
+from .views.usage import usage_view
+from .views.usage_records import usage_records_view
 
 app_name = "ratelimit_app"
 

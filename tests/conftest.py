@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from ratelimit_app.limiter import install_limiter
+from ratelimit_app.runtime.limiter import install_limiter
 from ratelimit_app.testing import RedisServer
 from tests.databases import databases_from_env
 from tests.helpers import live_server_requests, poll_until
@@ -96,31 +96,6 @@ def _live_server_idle_before_flush(request):
 @pytest.fixture
 def redis_client(redis_server):
     return redis_server.client()
-
-
-@pytest.fixture
-def received():
-    """The quota_threshold_crossed signals sent during the test (their alerts)."""
-    from ratelimit_app.alerts import quota_threshold_crossed
-
-    alerts = []
-
-    def receiver(sender, alert, **kwargs):
-        alerts.append(alert)
-
-    quota_threshold_crossed.connect(receiver)
-    yield alerts
-    quota_threshold_crossed.disconnect(receiver)
-
-
-@pytest.fixture
-def receiver():
-    """A real webhook receiver (tests/webhook_receiver.py) on a free port, stopped after."""
-    from tests.webhook_receiver import Receiver
-
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 @pytest.fixture(scope="session")

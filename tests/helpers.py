@@ -4,11 +4,11 @@ import contextlib
 import threading
 import time
 
-from ratelimit_app.buckets import Bucket, CalendarQuota
-from ratelimit_app.engine import statuses_from
-from ratelimit_app.limiter import default_limiter, install_limiter
-from ratelimit_app.keys import bucket_key
-from ratelimit_app.policy import CompiledRule
+from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.decision.buckets import Bucket, CalendarQuota
+from ratelimit_app.decision.engine import statuses_from
+from ratelimit_app.decision.keys import bucket_key
+from ratelimit_app.runtime.limiter import default_limiter, install_limiter
 
 _next_id = iter(range(1, 10**9))
 

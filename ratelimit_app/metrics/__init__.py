@@ -8,7 +8,8 @@ for the dashboard and the Prometheus endpoint.
                  and keeps the counts while Redis is down
     reads.py     Reader: series, breakdowns, hot keys, near-limit, totals for the dashboard
     usage.py     usage records for billing: the calendar day, the caller, the counts per rule
-                 (rolled up into the database by ratelimit_app/rollup.py)
+                 (rolled up into the database by business/usage/rollup.py)
+    models.py    Dashboard: the table-less model behind the dashboard's page and permissions
 
 Each Limiter owns a Recorder, a Flusher and a Reader, wired to its store
 (``default_limiter().recorder``, ``.flusher``, ``.reader``): nothing here knows the Limiter.

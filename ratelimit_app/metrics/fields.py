@@ -19,7 +19,7 @@ layout works unchanged on Redis Cluster where the buckets live::
     <p>:m:{usage}:added:<flusher>   STRING the last usage batch a flusher added       TTL 1 day
 
 The usage keys share one hash tag (one Cluster slot) so that RENAME and the claim's SADD run in
-one script (rollup.py), and a flush's batch and its marker in another (usage_batches.py).
+one script (business/usage/rollup.py), and a flush's batch and its marker in another (usage_batches.py).
 
 A count is keyed in process by ``(dimension, name, outcome)``: ``dimension`` and ``outcome`` are
 the app's own words (never contain ``|``); ``name`` is a rule, plan or endpoint name and may.
@@ -27,7 +27,7 @@ the app's own words (never contain ``|``); ``name`` is a rule, plan or endpoint 
 
 import json
 
-from .. import keys
+from ..decision import keys
 
 __all__ = ["HOT_METRICS", "RESOLUTIONS", "counts_key", "hot_key", "near_key", "totals_key",
            "flushed_at_key", "buffered_key", "decode", "count_field", "parse_count_field",
@@ -75,7 +75,7 @@ def buffered_key(prefix):
 
 
 def usage_pending_key(prefix):
-    """Return the HASH the flushes add usage to (see usage.py) until a rollup claims it."""
+    """Return the HASH the flushes add usage to (see views/usage.py) until a rollup claims it."""
     return keys.metrics_key(prefix, "{usage}", "pending")
 
 

@@ -16,17 +16,17 @@ breaker; it tries once per interval, off the request path.
 
 Any other exception (a bug, bad data, a library incompatibility) is handled the same way, kept
 counts included, but reported as an unexpected error: counted apart from Redis errors and logged
-with its traceback at a bounded rate (``unexpected.py``), not taken for Redis being down.
+with its traceback at a bounded rate (``process/unexpected.py``), not taken for Redis being down.
 """
 
 import logging
 import os
 import time
 
-from ..background import WorkerThread
 from ..conf import get_config
+from ..process.background import WorkerThread
+from ..process.unexpected import UnexpectedErrorLog, error_text
 from ..stores.base import READ_ERRORS
-from ..unexpected import UnexpectedErrorLog, error_text
 from . import fields
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
 from .usage_batches import UsageBatches

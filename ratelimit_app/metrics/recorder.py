@@ -2,7 +2,7 @@
 Redis, no I/O, no lock), counted per minute in batches until a flush takes them.
 
 Usage records (billing): per minute, the decisions that charged buckets, by shape with their
-caller and calendar day (see usage.py); never compacted, never sampled.
+caller and calendar day (see views/usage.py); never compacted, never sampled.
 
 Hot keys: per minute, two Space-Saving sketches (top identities by tokens and by denials) of at
 most ``HOT_KEYS_CAPACITY`` entries each, so memory stays bounded however many distinct
@@ -22,8 +22,8 @@ import threading
 import time
 from collections import defaultdict, deque
 
-from ..buckets import LevelStatuses
 from ..conf import get_config
+from ..decision.buckets import LevelStatuses
 from .fields import identity_member
 from .sketch import SpaceSaving
 from .usage import DayClock, cost_of, usage_caller
@@ -115,7 +115,7 @@ class PendingMinute:
         # decisions not yet added to the counts, by shape (see Recorder.record): one increment
         # per decision instead of one per count it adds to
         self.shapes = defaultdict(int)
-        # (day, caller, allowed, rule names, per-rule costs) -> decisions (see usage.py)
+        # (day, caller, allowed, rule names, per-rule costs) -> decisions (see views/usage.py)
         self.usage = defaultdict(int)
         self.by_tokens = SpaceSaving(capacity)
         self.by_denials = SpaceSaving(capacity)
@@ -276,7 +276,7 @@ class Recorder:
     def _member(self, identity):
         """Return ``(identity_member(identity), usage_caller(identity))``, memoised: the same
         callers come back decision after decision (about 0.3 µs each). An Identity's fields
-        are length-bounded (identity.py), and the memo starts afresh when full, so it is
+        are length-bounded (decision/identity.py), and the memo starts afresh when full, so it is
         bounded in bytes too (caller holds the lock)."""
         members = self._members
         member = members.get(identity)

@@ -2,8 +2,9 @@
 
 import django.core.validators
 import django.db.models.deletion
-import ratelimit_app.alert_models
 from django.db import migrations, models
+
+import ratelimit_app.business.alerts.models
 
 
 class Migration(migrations.Migration):
@@ -20,7 +21,7 @@ class Migration(migrations.Migration):
                 ('name', models.CharField(max_length=100)),
                 ('url', models.URLField(help_text='Where deliveries are POSTed (http or https). Redirects are not followed.', max_length=500, validators=[django.core.validators.URLValidator(schemes=['http', 'https'])], verbose_name='URL')),
                 ('events', models.CharField(default='quota.threshold_crossed,quota.exhausted', help_text='The events this endpoint receives.', max_length=200)),
-                ('secret', models.CharField(default=ratelimit_app.alert_models.new_webhook_secret, editable=False, max_length=100)),
+                ('secret', models.CharField(default=ratelimit_app.business.alerts.models.new_webhook_secret, editable=False, max_length=100)),
                 ('enabled', models.BooleanField(default=True)),
                 ('created', models.DateTimeField(auto_now_add=True)),
             ],

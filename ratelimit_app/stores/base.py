@@ -105,7 +105,7 @@ class TakeReply(NamedTuple):
 
 def script_source(name):
     """Return the text of ``lua/<name>.lua`` shipped with the package."""
-    return resources.files("ratelimit_app").joinpath(f"lua/{name}.lua").read_text()
+    return resources.files("ratelimit_app.stores").joinpath(f"lua/{name}.lua").read_text()
 
 
 class Store:

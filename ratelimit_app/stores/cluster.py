@@ -45,8 +45,15 @@ from redis.exceptions import (
     TryAgainError,
 )  # ConnectionError and TimeoutError: redis-py's, not the builtins
 
-from .base import CHANGE_LOG_LENGTH, Store, StoreUnavailable, SupersededRules, TakeReply, \
-    script_source, store_error
+from .base import (
+    CHANGE_LOG_LENGTH,
+    Store,
+    StoreUnavailable,
+    SupersededRules,
+    TakeReply,
+    script_source,
+    store_error,
+)
 from .redis import parse_take_reply
 
 __all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]

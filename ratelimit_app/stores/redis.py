@@ -7,11 +7,22 @@ redis-py's Sentinel pool leaves to its user (see the class).
 
 import time
 
-from redis.exceptions import ConnectionError, NoScriptError, ReadOnlyError, RedisError, \
-    ResponseError  # redis-py's ConnectionError, not the builtin
+from redis.exceptions import (
+    ConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,  # redis-py's ConnectionError, not the builtin
+)
 
-from .base import CHANGE_LOG_LENGTH, Store, StoreUnavailable, SupersededRules, TakeReply, \
-    script_source
+from .base import (
+    CHANGE_LOG_LENGTH,
+    Store,
+    StoreUnavailable,
+    SupersededRules,
+    TakeReply,
+    script_source,
+)
 from .connections import HeldConnections
 
 __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]

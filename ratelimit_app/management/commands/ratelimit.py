@@ -26,23 +26,36 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import metrics
-from ...audit import Actor, acting_as
-from ...dashboard.admin import RESET_PERMISSION
-from ...dashboard.data import dashboard_data
-from ...dashboard.inspector import bucket_rows, find_identity, reset_and_record
-from ...dashboard.text import bucket_lines, counted, top_lines
-from ...limiter import default_limiter
-from ...models import AuditSource
-from ...operator_checks import FAIL, OK, run_operator_checks
-from ...quotas_as_code import (QuotaFileError, apply_import, describe_change, dumps,
-                               export_document, plan_import)
-from ...rollup import UsageRollup
-from ...stop_signal import StopSignal
+from ...admin.dashboard.admin import RESET_PERMISSION
+from ...admin.dashboard.data import dashboard_data
+from ...admin.dashboard.inspector import bucket_rows, find_identity, reset_and_record
+from ...admin.dashboard.text import bucket_lines, counted, top_lines
+from ...business.alerts.webhooks import Sender
+from ...business.usage.records import (
+    DAY,
+    FORMATS,
+    MONTH,
+    UsageQueryError,
+    parse_range,
+    render,
+    usage_rows,
+)
+from ...business.usage.rollup import UsageRollup
+from ...config.audit import Actor, acting_as
+from ...config.models import AuditSource
+from ...config.quotas_as_code import (
+    QuotaFileError,
+    apply_import,
+    describe_change,
+    dumps,
+    export_document,
+    plan_import,
+)
+from ...operations.readiness import FAIL, OK, run_operator_checks
+from ...process.stop_signal import StopSignal
+from ...runtime.limiter import default_limiter
 from ...stores import StoreUnavailable
 from ...stores.base import READ_ERRORS
-from ...usage_records import (DAY, FORMATS, MONTH, UsageQueryError, parse_range, render,
-                              usage_rows)
-from ...webhooks import Sender
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -1,0 +1,183 @@
+"""The bucket inspector: find a client from what an operator types, show its buckets, reset them.
+
+A client is found by user name, API key prefix, IP address, or the ``ref`` a hot-key row links
+with (``user:<id>``, ``key:<id>``, ``ip:<address>``). Its identity comes from
+``identity.identify`` on a synthetic request, so plans, tenants and overrides resolve exactly as
+they do for its real requests; buckets are read with a non-debiting Lua call.
+"""
+
+import dataclasses
+import ipaddress
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth import get_user_model
+from django.contrib.contenttypes.models import ContentType
+from django.http import HttpRequest
+
+from ...config.models import ApiKey
+from ...decision import engine
+from ...decision.identity import identify
+from ...decision.scopes import Scope
+from ...metrics.models import Dashboard
+from ...runtime.limiter import default_limiter
+from .data import parse_id
+from .text import counted
+
+__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "reset_and_record"]
+
+MAX_QUERY_LENGTH = 200
+# Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
+CLIENT_SCOPES = (Scope.USER, Scope.IP)
+
+
+@dataclasses.dataclass
+class Lookup:
+    """What a query found: one ``identity``, several ``choices`` [(ref, label)], or nothing."""
+
+    query: str
+    identity: object = None
+    label: str = ""
+    choices: list = dataclasses.field(default_factory=list)
+
+
+def key_label(api_key):
+    return f"key {api_key.prefix}… ({api_key.user.get_username()} / {api_key.name})"
+
+
+def _request(ip="0.0.0.0"):
+    request = HttpRequest()
+    request.META = {"REMOTE_ADDR": ip}
+    request.method = "GET"
+    return request
+
+
+def _ip_identity(text, snapshot):
+    try:
+        network = ipaddress.ip_network(text, strict=False)
+    except (ValueError, TypeError):
+        return None
+    # an IPv6 client is limited per network: any address of it finds the same buckets
+    return identify(_request(str(network.network_address)), None, snapshot)
+
+
+def _user_identity(user, snapshot):
+    return identify(_request(), user, snapshot)
+
+
+def _key_identity(api_key, snapshot):
+    base = identify(_request(), api_key.user, snapshot)
+    # the key's plan as requests see it: none outside its dates (nor for a revoked key)
+    entry = snapshot.api_keys.get(api_key.digest)
+    return base._replace(
+        kind="key", display=f"key {api_key.prefix}…", api_key_id=api_key.id,
+        user_id=str(api_key.user_id), tenant=api_key.tenant or base.tenant,
+        plan=(entry.plan if entry else None) or base.plan)
+
+
+def find_identity(query, snapshot):
+    """Return a :class:`Lookup` for what an operator typed (never raises on odd input)."""
+    text = (query or "").strip()[:MAX_QUERY_LENGTH]
+    lookup = Lookup(query=text)
+    # No user name, key prefix or address holds a NUL or a control character (and some
+    # databases refuse NUL in a query): nothing can match.
+    if not text or not text.isprintable():
+        return lookup
+    kind, _, value = text.partition(":")
+    User = get_user_model()
+    keys = ApiKey.objects.select_related("user", "plan")
+    if kind == "key" and parse_id(value) is not None:
+        api_key = keys.filter(pk=parse_id(value)).first()
+        if api_key:
+            lookup.identity, lookup.label = _key_identity(api_key, snapshot), key_label(api_key)
+        return lookup
+    if kind == "user" and parse_id(value) is not None:
+        user = User.objects.filter(pk=parse_id(value)).first()
+        if user:
+            lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
+        return lookup
+    if kind == "ip":
+        text = value
+    identity = _ip_identity(text, snapshot)
+    if identity is not None:
+        lookup.identity, lookup.label = identity, f"IP {identity.ip}"
+        return lookup
+    user = User.objects.filter(**{User.USERNAME_FIELD: text}).first()
+    if user is not None:
+        lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
+        return lookup
+    prefix = text.removeprefix("key ").rstrip("…").strip()[:ApiKey.PREFIX_LENGTH]
+    found = list(keys.filter(prefix__startswith=prefix).order_by("id")[:20]) if len(prefix) >= 3 \
+        else []
+    if len(found) == 1:
+        lookup.identity, lookup.label = _key_identity(found[0], snapshot), key_label(found[0])
+    else:
+        lookup.choices = [(f"key:{k.id}", key_label(k)) for k in found]
+    return lookup
+
+
+def _client_buckets(identity, snapshot):
+    """Return the buckets of every endpoint that apply to ``identity`` (None when exempt)."""
+    # a signed-in client's IP buckets depend on where it calls from: inspect the IP
+    return engine.client_buckets(snapshot, identity, ip_buckets=identity.kind == "anonymous")
+
+
+def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
+    """Return ``(rows, exempt)``: one dict per bucket with rule, scope, endpoint, mode, tokens,
+    capacity, percent and time to full. With ``endpoint``: only the buckets a ``method`` request
+    to it is charged against, each row with its ``cost`` (None without). Raises
+    ``StoreUnavailable``."""
+    buckets = _client_buckets(identity, snapshot)
+    if buckets is None:
+        return [], True
+    costs = {}
+    if endpoint is not None:
+        # the engine's own plan for one such request says which buckets and what they are charged
+        cost = snapshot.cost_for(endpoint, method, identity.plan)
+        costs = {b.id: b.cost for b in engine.plan_buckets(snapshot, identity, endpoint, cost)}
+        buckets = [bucket for bucket in buckets if bucket.id in costs]
+    if not buckets:
+        return [], False
+    statuses, _allowed = default_limiter().peek_buckets(buckets)
+    rows = []
+    for bucket, status in zip(buckets, statuses):
+        rule = bucket.rule
+        rows.append({
+            "rule": rule.name, "scope": rule.scope, "endpoint": rule.endpoint or "every endpoint",
+            "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
+            "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
+            "full_in_s": status.full_s, "rate": _pace(rule, status),
+            "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.id),
+        })
+    return rows, False
+
+
+def _pace(rule, status):
+    """How the rule refills: '10 per 60 s', or a calendar quota's reset time."""
+    if not rule.calendar:
+        return f"{rule.rate} per {rule.period_s} s"
+    return f"{rule.rate} per {rule.calendar} (resets in {status.reset_s} s)"
+
+
+def reset_buckets(identity, snapshot):
+    """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay) and
+    bump the config version so workers drop stale local denials. Returns
+    ``(keys deleted, new config version)``; raises ``StoreUnavailable``."""
+    buckets = _client_buckets(identity, snapshot) or []
+    own = list(dict.fromkeys(b.key for b in buckets if b.rule.scope in CLIENT_SCOPES))
+    # one identity's keys share a hash tag: one DEL, even on Redis Cluster
+    return default_limiter().reset(own)
+
+
+def reset_and_record(lookup, snapshot, user, source=""):
+    """Reset the buckets of the client ``lookup`` found (``reset_buckets``) and record it in the
+    admin history as done by ``user``, from ``source`` when it is not the admin. Returns the
+    message to show; raises ``StoreUnavailable`` (then nothing is reset or recorded)."""
+    deleted, version = reset_buckets(lookup.identity, snapshot)
+    message = f"Reset the buckets of {lookup.label} ({counted(deleted, 'key')} deleted; " \
+              f"config version {version})."
+    LogEntry.objects.create(
+        user_id=user.pk, action_flag=CHANGE,
+        change_message=f"{message} Done with {source}." if source else message,
+        content_type=ContentType.objects.get_for_model(Dashboard, for_concrete_model=False),
+        object_id=None, object_repr=f"buckets of {lookup.label}"[:200])
+    return message

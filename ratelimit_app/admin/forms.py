@@ -1,0 +1,286 @@
+"""Admin forms: endpoint pickers fed by the URLconf, operator-worded validation, the simulator form.
+
+The models' ``clean()`` methods hold the rules of a valid configuration; the forms here make sure
+those messages reach the operator (on the main form and on every inline row), add the checks
+that only make sense across the rows of one plan page, and offer real endpoints, not free text.
+"""
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.core.validators import MinValueValidator
+from django.forms.models import BaseInlineFormSet
+from django.utils.html import format_html
+
+from ..config.endpoints import endpoint_names, find_endpoint, limited_endpoints
+from ..config.models import (
+    HTTP_METHODS,
+    MAX_PERIOD_S,
+    MINIMUM_MESSAGES,
+    ApiKey,
+    EndpointCost,
+    Kind,
+    Rule,
+    burst_below_cost_message,
+    cost_above_burst_message,
+)
+
+__all__ = [
+    "EndpointCostForm",
+    "EndpointCostInlineFormSet",
+    "EndpointField",
+    "PlanInlineFormSet",
+    "RuleForm",
+    "RuleInlineFormSet",
+    "SimulatorForm",
+    "is_missing_endpoint",
+]
+
+MISSING_ENDPOINT = "not in the URLconf any more"
+EXEMPT_ENDPOINT = "exempt from limits (EXEMPT_PATHS or @ratelimit_exempt)"
+
+# MINIMUM_MESSAGES (from models) are shown instead of Django's "Ensure this value is greater
+# than or equal to 1."
+# Replace the model validators' "Ensure this value is less than or equal to …".
+MAXIMUM_MESSAGES = {
+    "period_s": f"The period can be at most 366 days ({MAX_PERIOD_S} seconds).",
+    "cost": "A request can cost at most 1000000 tokens.",
+}
+
+
+def _django_blank_label():
+    """Return the label Django's own selects give their empty choice on this version.
+
+    "---------" up to Django 6.0, "- Select an option -" (translated) from 6.1, or whatever the
+    project set instead: asked of a ModelChoiceField, the same source the admin's selects use,
+    so our pickers never look foreign beside them.
+    """
+    return forms.ModelChoiceField(queryset=None, required=False).empty_label
+
+
+def is_missing_endpoint(name):
+    """Return True if ``name`` is set but no longer an endpoint of the URLconf."""
+    return bool(name) and name not in endpoint_names()
+
+
+class EndpointField(forms.ChoiceField):
+    """A choice of the project's endpoints that requests are charged on (exempt ones are not
+    offered). A stored value that left the URLconf or became exempt stays on offer (flagged),
+    so editing other fields of an old row never loses or changes its endpoint."""
+
+    default_error_messages = {
+        "invalid_choice": ("“%(value)s” is not an endpoint of this project: pick one from the "
+                           "list (the URL names of the URLconf)."),
+    }
+
+    def __init__(self, *, current="", blank_label=None, **kwargs):
+        super().__init__(**kwargs)
+        if blank_label is None:
+            blank_label = _django_blank_label()
+        choices = [("", blank_label)] + [(e.name, e.label) for e in limited_endpoints()]
+        if is_missing_endpoint(current):
+            choices.append((current, f"{current} — ⚠ {MISSING_ENDPOINT}"))
+            self.help_text = format_html(
+                "⚠ “{}” is {}: no request matches it. Pick a current endpoint. {}",
+                current, MISSING_ENDPOINT, self.help_text)
+        elif current and getattr(find_endpoint(current), "exempt", False):
+            choices.append((current, f"{current} — ⚠ {EXEMPT_ENDPOINT}"))
+            self.help_text = format_html(
+                "⚠ “{}” is {}: no request to it is charged. Pick another endpoint. {}",
+                current, EXEMPT_ENDPOINT, self.help_text)
+        self.choices = choices
+
+
+def _use_endpoint_picker(form, blank_label):
+    """Replace the model's free-text endpoint field of ``form`` by an EndpointField."""
+    text_field = form.fields.get("endpoint")
+    if text_field is None:  # read-only or left out of this form
+        return
+    form.fields["endpoint"] = EndpointField(
+        current=form.initial.get("endpoint") or "", blank_label=blank_label,
+        required=text_field.required, label=text_field.label, help_text=text_field.help_text)
+
+
+def _word_number_limits(form):
+    """Give the number fields' bounds one clear message each (not Django's generic ones)."""
+    for name, message in MINIMUM_MESSAGES.items():
+        field = form.fields.get(name)
+        if field is None:
+            continue
+        field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
+        field.validators.append(MinValueValidator(1, message=message))
+        field.min_value = 1
+        field.widget.attrs["min"] = 1
+    for name, message in MAXIMUM_MESSAGES.items():
+        if name in form.fields:  # checked by the model field's validator, reworded here
+            form.fields[name].error_messages["max_value"] = message
+
+
+class _QuotaRowForm(forms.ModelForm):
+    """A rule or cost row: the endpoint picked from the URLconf, the numbers' bounds in words."""
+
+    endpoint_blank_label = None  # Django's own blank label
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _use_endpoint_picker(self, blank_label=self.endpoint_blank_label)
+        _word_number_limits(self)
+
+
+# What rate and period mean for each kind of rule (shown under the fields).
+RULE_FIELD_HELP = {
+    "rate": "Token bucket: tokens added per period. Calendar quota: units per day or month. "
+            "Concurrency limit: the most requests in flight at once.",
+    "period_s": "Token bucket: the period in seconds. Concurrency limit: the timeout in seconds "
+                "after which the slot of a request that never finished is freed. Calendar "
+                "quota: not used (leave empty).",
+}
+
+
+class RuleForm(_QuotaRowForm):
+    endpoint_blank_label = "Every endpoint"
+
+    class Meta:
+        model = Rule
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "kind" in self.fields:
+            # a form (or script) written before calendar quotas means a token bucket
+            self.fields["kind"].required = False
+        # the model's help texts predate concurrency limits ("period: token buckets only"), and
+        # a concurrency limit's N and timeout are typed in these very fields: say so here
+        for name, text in RULE_FIELD_HELP.items():
+            if name in self.fields:
+                self.fields[name].help_text = text
+
+    def clean_kind(self):
+        return self.cleaned_data.get("kind") or Kind.TOKEN_BUCKET
+
+
+class EndpointCostForm(_QuotaRowForm):
+    class Meta:
+        model = EndpointCost
+        fields = "__all__"
+
+
+class PlanInlineFormSet(BaseInlineFormSet):
+    """An inline of the plan page that can see the plan page's other inlines.
+
+    Each row is checked against the database by the model's ``clean()``; rows added in the same
+    save (a rule and a cost typed together) are only visible to each other here. ``siblings``
+    is a list shared by the inlines of one request (see ``PlanAdmin.get_formset_kwargs``).
+    """
+
+    def __init__(self, *args, siblings=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.siblings = siblings if siblings is not None else []
+        self.siblings.append(self)
+        # rows refused only by the check against the sibling: still rows the operator typed,
+        # so the sibling's own check must see them too (both sides get their message)
+        self.cross_refused = set()
+
+    def refuse(self, form, field, message):
+        """Add a cross-inline error to a row that was valid on its own."""
+        form.add_error(field, message)
+        self.cross_refused.add(form)
+
+    def sibling_rows(self, model):
+        """Return the forms of the rows the sibling inline of ``model`` keeps in this save."""
+        for formset in self.siblings:
+            if formset.model is model:
+                return list(formset.kept_rows())
+        return []
+
+    def kept_rows(self):
+        """Return the forms of the valid rows this save keeps (``form.instance`` is the row)."""
+        rows = []
+        for form in self.forms:
+            valid = form.is_valid() or form in self.cross_refused
+            if not valid or form.cleaned_data.get("DELETE"):
+                continue
+            if form.instance.pk is None and not form.has_changed():
+                continue  # an empty extra row
+            rows.append(form)
+        return rows
+
+
+class RuleInlineFormSet(PlanInlineFormSet):
+    def clean(self):
+        super().clean()
+        costs = [form.instance for form in self.sibling_rows(EndpointCost)]
+        if not costs:
+            return
+        top = max(costs, key=lambda c: c.cost)
+        for form in self.kept_rows():
+            rule = form.instance
+            # endpoint rules count calls (one token each), so costs do not apply to them
+            if not rule.endpoint and rule.burst < top.cost and not form.has_error("burst"):
+                self.refuse(form, "burst",
+                            burst_below_cost_message(rule.burst, top.cost, top.describe()))
+
+
+class EndpointCostInlineFormSet(PlanInlineFormSet):
+    def clean(self):
+        super().clean()
+        rules = [form.instance for form in self.sibling_rows(Rule)
+                 if form.instance.enabled and not form.instance.endpoint]
+        seen = set()
+        for form in self.kept_rows():
+            cost = form.instance
+            if (cost.endpoint, cost.method) in seen:
+                form.add_error(None, f"{cost.describe()} is listed twice on this page; "
+                                     f"keep one row.")
+            seen.add((cost.endpoint, cost.method))
+            short = [r for r in rules if r.burst < cost.cost]
+            if short and not form.has_error("cost"):
+                smallest = min(short, key=lambda r: r.burst)
+                self.refuse(form, "cost", cost_above_burst_message(smallest.name, smallest.burst))
+
+
+class ApiKeyChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj):
+        inactive = "" if obj.active else " [inactive]"
+        return f"{obj.prefix}… {obj.name} (user {obj.user}){inactive}"
+
+
+class SimulatorForm(forms.Form):
+    """Who calls which endpoint with which method: the input of ``simulator.simulate``."""
+
+    user = forms.CharField(
+        label="User", required=False, max_length=150,
+        help_text="User name of a signed-in caller. Empty: an anonymous caller (unless an API "
+                  "key is chosen).")
+    api_key = ApiKeyChoiceField(
+        queryset=ApiKey.objects.select_related("user").order_by("user__username", "name"),
+        label="API key", required=False,
+        help_text="The request carries this key, as in the API key header.")
+    ip = forms.GenericIPAddressField(
+        label="Client IP", initial="203.0.113.10",
+        help_text="The address the request comes from (after trusted proxies).")
+    endpoint = forms.ChoiceField()  # replaced per form: the URLconf is read when needed
+    method = forms.ChoiceField(label="HTTP method", choices=[(m, m) for m in HTTP_METHODS],
+                               initial="GET")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["endpoint"] = EndpointField(
+            help_text="The URL name of the view the request goes to.")
+
+    def clean_user(self):
+        """Return the User with this user name, or None for an empty field."""
+        username = self.cleaned_data["user"].strip()
+        if not username:
+            return None
+        User = get_user_model()
+        try:
+            return User._default_manager.get(**{User.USERNAME_FIELD: username})
+        except User.DoesNotExist:
+            raise forms.ValidationError(f"No user named “{username}”.") from None
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("user") and cleaned.get("api_key"):
+            raise forms.ValidationError("Choose a user or an API key, not both: a request with "
+                                        "a key is limited as the key.")
+        return cleaned

@@ -1,0 +1,260 @@
+"""Quota alerts: learn threshold crossings from the levels a decision already has, store each once.
+
+On the request path (``Limiter._conclude``), only for snapshots with a rule carrying
+``alert_thresholds`` and only for allowed requests: ``crossings`` compares, per bucket of such a
+rule, the level the Lua call returned after this request's debit with each threshold's mark. A
+threshold of p % is reached when the units used, ``capacity - level``, are at or above
+``ceil(capacity × p / 100)``. A few integer comparisons, no Redis call, no database; the
+``AlertQueue`` queues a threshold reached in a period the first time this process sees it
+(``ReportedCrossings``, bounded), so a caller past 80 % is reported once, not on every request.
+Reached, not crossed by this request: when the reply of the request that crossed is lost (a
+timeout, a failover), that request is decided by the fail mode and no worker sees its levels;
+the caller's next allowed request reports the threshold instead. A crossing's ``used`` is the
+usage the crossing request left, or the threshold's own mark when it was reached earlier: a
+worker racing the crossing one then reports no later usage than the crossing's (the same, for
+requests of one unit).
+
+Off the request path, the queue's thread stores the crossings (``store_crossings``): one
+``QuotaAlert`` row each, whose unique constraint on (rule, identity key, threshold, period start)
+keeps exactly one row however many workers, or re-crossings of a refilled token bucket, report
+it; with the row, in the same transaction, one ``WebhookDelivery`` per subscribed endpoint (the
+outbox ``manage.py ratelimit deliver`` sends). The signal ``quota_threshold_crossed`` is sent
+once per stored row, by the process that stored it.
+
+Periods: a calendar quota's day or month; a token bucket's window of one period aligned to the
+epoch (a bucket of period 1 h alerts at most once per threshold per clock hour, UTC).
+"""
+
+import atexit
+import logging
+import threading
+import weakref
+from collections import deque
+from datetime import datetime, timezone
+from typing import NamedTuple
+
+from django.db import IntegrityError, transaction
+from django.dispatch import Signal
+
+from ...decision import periods
+from ...process.background import WorkerThread
+
+__all__ = ["quota_threshold_crossed", "Crossing", "crossings", "ReportedCrossings", "AlertQueue",
+           "store_crossings"]
+
+logger = logging.getLogger("ratelimit_app")
+
+# Sent once per stored QuotaAlert, with ``alert`` (the row), by the process that stored it.
+quota_threshold_crossed = Signal()
+
+
+class Crossing(NamedTuple):
+    """One threshold a caller's usage reached (units: tokens, or a calendar quota's units;
+    ``used``: see ``crossings``)."""
+
+    rule_id: int
+    identity_key: str
+    identity: str
+    threshold: int
+    period_start_ms: int
+    used: int
+    limit: int
+
+
+def crossings(buckets, statuses, identity, now_ms):
+    """Return the Crossings of the thresholds an allowed request's buckets have reached, at
+    ``statuses`` (in the buckets' order) at ``now_ms``; usually ()."""
+    found = ()
+    for bucket, status in zip(buckets, statuses):
+        thresholds = bucket.rule.alerts
+        if not thresholds or status.short:  # short: this bucket was not debited
+            continue
+        capacity, level = bucket.capacity_units, status.level_units
+        before = level + bucket.cost_units
+        for percent in thresholds:
+            # the level at which ``percent`` of the capacity is used (rounded up)
+            mark = capacity + (capacity * percent // -100)
+            if level <= mark:
+                # crossed by this request: the usage it left; reached before it (a request
+                # whose reply was lost, or another worker's): the threshold's own mark
+                at_level = level if mark < before else mark
+                found += (_crossing(bucket, status, identity, percent, now_ms, at_level),)
+    return found
+
+
+def _crossing(bucket, status, identity, percent, now_ms, at_level):
+    rule, unit = bucket.rule, bucket.period_ms  # a token's units (1 for a calendar quota)
+    if rule.calendar:
+        # the status's period ends ``reset_s`` (rounded up) from now: a moment just before
+        # that end lies in it, whichever period Redis counted the request in
+        inside = now_ms + status.reset_s * 1000 - 1500
+        start_ms = periods.bounds_at(rule.calendar, inside).start_ms
+    else:
+        start_ms = now_ms - now_ms % (rule.period_s * 1000)
+    used = -((at_level - bucket.capacity_units) // unit)
+    display = f"{identity.ref} ({identity.display})" if identity is not None else ""
+    return Crossing(rule.id, status.key, display[:300], percent, start_ms, used,
+                    bucket.capacity_units // unit)
+
+
+# Thresholds reached that a process remembers having queued (see ReportedCrossings).
+MAX_REPORTED_REMEMBERED = 10_000
+
+
+class ReportedCrossings:
+    """The (rule, identity key, threshold, period) this process has queued, so that a caller
+    past a threshold is queued once per period, not once per request. Bounded (its keys come
+    from request input): when full it starts afresh, and what it forgot is queued once more,
+    which the database's unique constraint stores once anyway."""
+
+    def __init__(self, capacity=MAX_REPORTED_REMEMBERED):
+        self.capacity = capacity
+        self._seen = set()
+
+    def new(self, found):
+        """Return the Crossings of ``found`` not seen before, and remember them."""
+        seen, fresh = self._seen, ()
+        for crossing in found:
+            key = (crossing.rule_id, crossing.identity_key, crossing.threshold,
+                   crossing.period_start_ms)
+            if key not in seen:
+                if len(seen) >= self.capacity:
+                    seen.clear()
+                seen.add(key)
+                fresh += (crossing,)
+        return fresh
+
+    def forget(self):
+        self._seen.clear()
+
+
+class AlertQueue:
+    """This process's crossings waiting to be stored, and the thread that stores them.
+
+    ``note`` runs on the request path; ``drain`` (the thread, every ALERTS_DRAIN_INTERVAL_S or
+    when woken by a crossing; tests call it directly) stores what is queued. While the database
+    fails, crossings stay queued, up to ALERTS_QUEUE_SIZE; past that, new ones are dropped and
+    counted in ``dropped``.
+    """
+
+    def __init__(self, now_ms, config, *, autostart=True, drain_at_exit=None):
+        self.now_ms = now_ms      # callable: the decision's clock in ms
+        self.config = config      # callable: the RATELIMIT_APP mapping
+        self.autostart = autostart
+        self.dropped = 0
+        self.stored = 0
+        self._queue = deque()
+        self.reported = ReportedCrossings()
+        self._thread = WorkerThread(self._drain_logged, "ratelimit-alerts",
+                                    every_s=lambda: self.config()["ALERTS_DRAIN_INTERVAL_S"],
+                                    final_round=True)
+        self._drain_lock = threading.Lock()
+        if autostart if drain_at_exit is None else drain_at_exit:
+            # a worker stopped gracefully (a deploy, gunicorn's max_requests) stores what it
+            # holds; a weak reference, so a replaced Limiter's queue can still be collected
+            atexit.register(_drain_at_exit, weakref.ref(self))
+
+    def note(self, buckets, statuses, identity):
+        """Queue the thresholds an allowed decision reached that this process has not queued
+        in their period yet (see ``crossings``)."""
+        found = crossings(buckets, statuses, identity, self.now_ms())
+        if found:
+            found = self.reported.new(found)
+            if found:
+                self.put(found)
+
+    def put(self, found):
+        """Queue ``found`` crossings (dropped and counted when the queue is full)."""
+        if len(self._queue) + len(found) > self.config()["ALERTS_QUEUE_SIZE"]:
+            self.dropped += len(found)
+            logger.warning("ratelimit_app: alert queue full; %d crossing(s) dropped", len(found))
+            return
+        self._queue.extend(found)
+        if self.autostart:
+            self._thread.wake()
+
+    def pending(self):
+        """Return how many crossings wait to be stored."""
+        return len(self._queue)
+
+    def drain(self):
+        """Store every queued crossing. Returns the QuotaAlert rows this call stored (not those
+        another process stored first). On a database error the crossings are queued again and
+        the error raised."""
+        with self._drain_lock:
+            taken = []
+            while self._queue:
+                taken.append(self._queue.popleft())
+            if not taken:
+                return []
+            try:
+                stored = store_crossings(taken)
+            except Exception:
+                self._queue.extendleft(reversed(taken))
+                raise
+            self.stored += len(stored)
+            return stored
+
+    def _drain_logged(self):
+        """``drain`` as the thread runs it: a database that is down or locked is retried at the
+        next round."""
+        try:
+            self.drain()
+        except Exception as exc:
+            logger.warning("ratelimit_app: alerts not stored yet (%s: %s); retrying",
+                           type(exc).__name__, exc)
+
+    def stop(self):
+        """Stop the thread, after a last drain (what it cannot store stays queued)."""
+        self._thread.stop()
+
+
+def _drain_at_exit(queue_ref):
+    queue = queue_ref()
+    if queue is None or not queue.pending():
+        return
+    queue.stop()
+    try:
+        queue.drain()
+    except Exception as exc:
+        logger.error("ratelimit_app: %d alert crossing(s) lost at exit (%s: %s)",
+                     queue.pending(), type(exc).__name__, exc)
+
+
+def store_crossings(found):
+    """Store ``found`` crossings: a QuotaAlert row each, unless one exists for the same rule,
+    identity key, threshold and period, with its webhook deliveries. Returns the rows stored
+    here; sends ``quota_threshold_crossed`` once for each."""
+    from .models import QuotaAlert, WebhookDelivery, WebhookEndpoint
+    from .webhooks import alert_body, first_attempt_times
+
+    endpoints = list(WebhookEndpoint.objects.filter(enabled=True))
+    stored = []
+    for crossing in found:
+        period_start = datetime.fromtimestamp(crossing.period_start_ms / 1000, timezone.utc)
+        try:
+            # one transaction per row: a duplicate rolls back its own savepoint only (the
+            # unique constraint decides, so two workers racing store one row)
+            with transaction.atomic():
+                alert = QuotaAlert.objects.create(
+                    rule_id=crossing.rule_id, identity_key=crossing.identity_key,
+                    identity=crossing.identity, threshold=crossing.threshold,
+                    period_start=period_start, used=crossing.used, limit=crossing.limit)
+                subscribed = [e for e in endpoints if alert.event in e.event_list()]
+                if subscribed:
+                    body = alert_body(alert)
+                    next_at, give_up_at = first_attempt_times()
+                    WebhookDelivery.objects.bulk_create([
+                        WebhookDelivery(endpoint=e, alert=alert, event=alert.event, body=body,
+                                        next_attempt_at=next_at, give_up_at=give_up_at)
+                        for e in subscribed])
+        except IntegrityError:
+            continue  # stored already (by another worker, or earlier in this period)
+        stored.append(alert)
+    for alert in stored:
+        for receiver, result in quota_threshold_crossed.send_robust(
+                sender=QuotaAlert, alert=alert):
+            if isinstance(result, Exception):
+                logger.error("ratelimit_app: a quota_threshold_crossed receiver (%r) failed: "
+                             "%s: %s", receiver, type(result).__name__, result)
+    return stored

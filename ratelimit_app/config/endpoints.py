@@ -1,0 +1,157 @@
+"""The project's real endpoints, read from the URLconf, for the admin's endpoint pickers.
+
+An endpoint is named the way the limiter sees it at request time (``guard.endpoint_name``, i.e.
+``resolver_match.view_name``): the namespaced URL name such as ``api:items``, or the view's dotted
+path for a URL pattern without a name. Admin URLs are left out: the middleware never limits them.
+Routes read as Django routes: a regex pattern's named groups (a DRF router's ``(?P<pk>[^/.]+)``)
+show as ``<pk>``, without anchors.
+
+An endpoint is *exempt* when no request to it is ever charged: QuotaMiddleware skips it (its
+route lies under an ``EXEMPT_PATHS`` prefix, or its view is marked ``@ratelimit_exempt``) and it
+is not a DRF view that QuotaThrottle limits anyway (the throttle knows neither). The pickers do
+not offer exempt endpoints: a rule or cost on one would never apply.
+"""
+
+import functools
+import logging
+from dataclasses import dataclass
+
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls.resolvers import RegexPattern
+from django.utils.regex_helper import normalize
+
+from ..conf import exempt_path_prefixes
+
+__all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
+
+logger = logging.getLogger("ratelimit_app")
+
+# Methods every class-based view answers by itself; listing them would say nothing.
+_IMPLICIT_METHODS = {"head", "options"}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One endpoint: ``name`` as rules and costs store it, its route and what serves it."""
+
+    name: str
+    route: str          # e.g. "/api/items/", "/api/items/<pk>/"
+    view: str           # DRF view name ("Item List"), else the view's dotted path
+    methods: tuple = () # HTTP methods the view implements; empty when unknown (function views)
+    exempt: bool = False  # never charged (see the module docstring)
+
+    @property
+    def label(self):
+        """Return the text an operator picks: ``api:item-list — GET, POST /api/items/ (Item
+        List)``, or ``hello — /hello/ (project.views.hello)`` when the methods are unknown."""
+        methods = f"{', '.join(self.methods)} " if self.methods else ""
+        return f"{self.name} — {methods}{self.route} ({self.view})"
+
+
+def list_endpoints(urlconf=None):
+    """Return the project's endpoints (admin excluded, exempt ones included), sorted by name,
+    each name once."""
+    exempt_prefixes = exempt_path_prefixes()
+    return _endpoints_of(get_resolver(urlconf), exempt_prefixes)
+
+
+def limited_endpoints(urlconf=None):
+    """Return the endpoints a rule or cost can apply to: ``list_endpoints`` less exempt ones."""
+    return tuple(endpoint for endpoint in list_endpoints(urlconf) if not endpoint.exempt)
+
+
+def endpoint_names(urlconf=None):
+    """Return the set of endpoint names of the URLconf."""
+    return {endpoint.name for endpoint in list_endpoints(urlconf)}
+
+
+def find_endpoint(name, urlconf=None):
+    """Return the Endpoint called ``name``, or None if the URLconf has no such endpoint."""
+    return next((e for e in list_endpoints(urlconf) if e.name == name), None)
+
+
+# Keyed by the resolver object: Django builds a new one when the URLconf changes (and in
+# tests with override_settings(ROOT_URLCONF=...)), so a stale list is never served.
+@functools.lru_cache(maxsize=8)
+def _endpoints_of(resolver, exempt_prefixes):
+    found = {}
+    for endpoint in _walk(resolver.url_patterns, (), "/", "/", exempt_prefixes):
+        found.setdefault(endpoint.name, endpoint)  # e.g. DRF format-suffix patterns repeat a name
+    return tuple(sorted(found.values(), key=lambda e: e.name))
+
+
+def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt_prefixes):
+    # literal_prefix: the start every path of the route shares (up to its first parameter),
+    # which is what EXEMPT_PATHS's prefixes are compared with
+    for pattern in patterns:
+        text = _route_text(pattern.pattern)
+        route = route_prefix + text
+        literal = literal_prefix + text.split("<", 1)[0] if literal_prefix == route_prefix \
+            else literal_prefix
+        if isinstance(pattern, URLResolver):
+            if pattern.app_name == "admin":  # any AdminSite, whatever its instance name
+                continue
+            inner = namespaces + (pattern.namespace,) if pattern.namespace else namespaces
+            yield from _walk(pattern.url_patterns, inner, route, literal, exempt_prefixes)
+        elif isinstance(pattern, URLPattern):
+            yield _endpoint(pattern, namespaces, route, literal.startswith(exempt_prefixes))
+
+
+def _route_text(pattern):
+    """Return a URL pattern as a route: ``items/<int:pk>/`` as written, a regex pattern with
+    its named groups as ``<name>`` and no anchors (the regex itself when it has parts a route
+    cannot show, such as alternatives)."""
+    if not isinstance(pattern, RegexPattern):
+        return str(pattern)
+    regex = pattern.regex.pattern
+    raw = regex.removeprefix("^").removesuffix("$").removesuffix(r"\Z")
+    try:
+        # Django's reverse() reads a regex the same way: a format string and its parameters
+        text, params = normalize(regex)[0]
+        route = text % {param: f"<{param}>" for param in params}
+    except (IndexError, KeyError, TypeError, ValueError):
+        return raw
+    return route if route or not raw else raw
+
+
+def _endpoint(pattern, namespaces, route, under_exempt_path):
+    callback = pattern.callback
+    view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+    name = ":".join(namespaces + (pattern.name or _func_path(callback),))
+    skipped_by_middleware = under_exempt_path or getattr(callback, "ratelimit_exempt", False)
+    return Endpoint(name=name, route=route, view=_view_label(callback, view_class),
+                    methods=_methods(callback, view_class),
+                    exempt=skipped_by_middleware and not _quota_throttled(view_class))
+
+
+def _quota_throttled(view_class):
+    """True for a DRF view whose throttles include QuotaThrottle (or a subclass)."""
+    return any(getattr(throttle, "is_quota_throttle", False)
+               for throttle in getattr(view_class, "throttle_classes", ()))
+
+
+def _func_path(callback):
+    """The dotted path Django's ResolverMatch uses as the view name of an unnamed pattern."""
+    view = getattr(callback, "view_class", callback)
+    if not hasattr(view, "__name__"):
+        return f"{view.__class__.__module__}.{view.__class__.__name__}"
+    return f"{view.__module__}.{view.__name__}"
+
+
+def _view_label(callback, view_class):
+    if view_class is not None and hasattr(view_class, "get_view_name"):
+        try:  # DRF's own name for the view, as its browsable API shows it
+            return str(view_class(**getattr(callback, "initkwargs", {})).get_view_name())
+        except Exception:
+            logger.debug("ratelimit_app: no DRF name for %r", view_class, exc_info=True)
+    return _func_path(callback)
+
+
+def _methods(callback, view_class):
+    actions = getattr(callback, "actions", None)  # DRF viewsets: {"get": "list", ...}
+    if actions:
+        return tuple(m.upper() for m in actions if m not in _IMPLICIT_METHODS)
+    if view_class is None:
+        return ()
+    return tuple(m.upper() for m in view_class.http_method_names
+                 if m not in _IMPLICIT_METHODS and hasattr(view_class, m))

@@ -1,0 +1,661 @@
+"""The quota configuration's rows, edited in the Django admin, and the audit trail of their changes.
+
+Rows here are never read on the request path: ``config/policy.py`` compiles them into an
+in-process snapshot, and ``runtime/signals.py`` publishes a new config version in Redis on every
+committed change so each worker applies it within about a second. ``ratelimit_app.models`` (the
+module Django and users import) re-exports every model of the app.
+"""
+
+import re
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from ..decision.scopes import Scope, hash_api_key
+
+__all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
+           "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
+           "schedule_fields", "schedule_of", "active_at", "Mode", "Counts", "Kind",
+           "CalendarPeriod", "FailureMode", "parse_alert_thresholds", "burst_below_cost_message",
+           "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
+           "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
+           "ALERT_MIN_PERIOD_S", "HTTP_METHODS"]
+
+# Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
+MAX_BUCKET_UNITS = 2**50
+MAX_PERIOD_S = 366 * 24 * 3600
+RULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# What an operator reads when a number is below 1 (the admin forms show the same words).
+MINIMUM_MESSAGES = {
+    "rate": "The rate must be at least 1 token per period.",
+    "period_s": "The period must be at least 1 second.",
+    "burst": "The burst must be at least 1 token.",
+    "cost": "The cost must be at least 1 token.",
+}
+
+
+class Plan(models.Model):
+    """A tier such as free, pro or enterprise."""
+
+    slug = models.SlugField(unique=True, help_text="Short identifier, e.g. 'pro'.")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    default_for_authenticated = models.BooleanField(
+        default=False, help_text="Plan of signed-in users and API keys without an assignment."
+    )
+    default_for_anonymous = models.BooleanField(
+        default=False, help_text="Plan of clients that are not signed in."
+    )
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        for field, label in (
+            ("default_for_authenticated", "signed-in users"),
+            ("default_for_anonymous", "anonymous clients"),
+        ):
+            if getattr(self, field):
+                other = Plan.objects.filter(**{field: True}).exclude(pk=self.pk).first()
+                if other:
+                    raise ValidationError(
+                        {field: f"“{other}” is already the default plan for {label}; "
+                                f"untick it there first."}
+                    )
+
+
+class Schedule(models.TextChoices):
+    """Where a row with an optional start and end stands at a moment (see ``Scheduled``)."""
+
+    PERMANENT = "permanent", "Permanent"
+    SCHEDULED = "scheduled", "Scheduled"
+    ACTIVE = "active", "Active (temporary)"
+    EXPIRED = "expired", "Expired"
+
+
+def schedule_fields(what="the row"):
+    """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row (or ``what``
+    of it, as the help texts say) that applies only between its start and end (either may be
+    empty), and why. Declared last in each model, so exports list them after the model's own
+    fields."""
+    return (
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text=f"Empty: from now on. Otherwise {what} applies from this moment."),
+        models.DateTimeField(
+            null=True, blank=True, db_index=True,
+            help_text=f"Empty: until removed. Otherwise {what} stops applying at this moment "
+                      "(it is kept, listed as expired)."),
+        models.CharField(
+            max_length=200, blank=True,
+            help_text="Why, for the next operator: “launch week”, “ticket 4711”."),
+    )
+
+
+def schedule_of(starts_at, ends_at, now):
+    """Return the Schedule value, at the datetime ``now``, of a row starting at ``starts_at``
+    and ending at ``ends_at`` (None: no start, no end). The policy compile reads rows as
+    tuples, not model instances, and asks this directly."""
+    if ends_at is not None and ends_at <= now:
+        return Schedule.EXPIRED
+    if starts_at is not None and starts_at > now:
+        return Schedule.SCHEDULED
+    if starts_at is None and ends_at is None:
+        return Schedule.PERMANENT
+    return Schedule.ACTIVE
+
+
+def active_at(starts_at, ends_at, now):
+    """Return True if a row with these dates applies at the datetime ``now``."""
+    return schedule_of(starts_at, ends_at, now) in (Schedule.PERMANENT, Schedule.ACTIVE)
+
+
+class Scheduled:
+    """What a model with ``schedule_fields()`` can say about its dates.
+
+    The policy snapshot holds only the rows active when it was compiled and the next moment a
+    row starts or ends; every worker recompiles at that moment (``policy.PolicyCache``).
+    """
+
+    def schedule_at(self, now):
+        """Return the Schedule value of this row at the datetime ``now``."""
+        return schedule_of(self.starts_at, self.ends_at, now)
+
+    def is_active_at(self, now):
+        """Return True if the row applies at the datetime ``now``."""
+        return active_at(self.starts_at, self.ends_at, now)
+
+    def clean_schedule(self):
+        """Raise ValidationError if the end is not after the start."""
+        if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            raise ValidationError({"ends_at": "The end must be after the start: set a later "
+                                              "end, or clear one of the two."})
+
+    @classmethod
+    def active_q(cls, now):
+        """Return the Q of the rows that apply at the datetime ``now``."""
+        return (Q(starts_at__isnull=True) | Q(starts_at__lte=now)) & \
+            (Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+
+
+class PlanAssignment(Scheduled, models.Model):
+    """Which plan (and tenant) a user is on; with a start or an end, only between them (the
+    user is on the default plan for signed-in users outside them)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_plan"
+    )
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="assignments")
+    tenant = models.CharField(
+        max_length=100, blank=True, help_text="Organisation the user belongs to, if any."
+    )
+    starts_at, ends_at, reason = schedule_fields()
+
+    def __str__(self):
+        return f"{self.user} → {self.plan}"
+
+    def clean(self):
+        self.clean_schedule()
+
+
+class ApiKey(Scheduled, models.Model):
+    """An API key. Only a digest and a short prefix (for display) are stored.
+
+    Its own plan may have a start and an end (``Scheduled``): outside them the key is on the
+    plan of its user, as without a plan of its own. The key itself keeps working.
+    """
+
+    PREFIX_LENGTH = 8
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_api_keys"
+    )
+    name = models.CharField(max_length=100, help_text="What the key is used for.")
+    prefix = models.CharField(max_length=16, editable=False, db_index=True)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.SET_NULL,
+        help_text="Empty (or outside the dates below): the plan of the key's user.",
+    )
+    tenant = models.CharField(max_length=100, blank=True)
+    active = models.BooleanField(default=True)
+    created = models.DateTimeField(auto_now_add=True)
+    starts_at, ends_at, reason = schedule_fields("the key's plan")
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self):
+        return f"{self.prefix}… ({self.name})"
+
+    def clean(self):
+        self.clean_schedule()
+        if not self.plan_id and (self.starts_at or self.ends_at):
+            raise ValidationError({"plan": "The start and the end are those of the key's plan: "
+                                           "choose a plan, or clear them."})
+
+    @classmethod
+    def create_key(cls, user, name, raw_key=None, **fields):
+        """Create a key and return ``(api_key, raw_key)``; the raw key is shown once only."""
+        api_key = cls(user=user, name=name, **fields)
+        raw_key = api_key.set_new_key(raw_key)
+        api_key.save()
+        return api_key, raw_key
+
+    def set_new_key(self, raw_key=None):
+        """Give this key a new secret (not saved yet); return the raw key to show once."""
+        raw_key = raw_key or "rk_" + secrets.token_urlsafe(24)
+        self.prefix, self.digest = raw_key[: self.PREFIX_LENGTH], hash_api_key(raw_key)
+        return raw_key
+
+
+class Mode(models.TextChoices):
+    ENFORCE = "enforce", "Enforce"
+    SHADOW = "shadow", "Shadow (count would-be denials, never deny)"
+
+
+class Counts(models.TextChoices):
+    REQUESTS = "requests", "Requests (each charged its cost)"
+    FAILED_AUTH = "failed_auth", "Failed authentications (per client IP)"
+
+
+class Kind(models.TextChoices):
+    TOKEN_BUCKET = "token_bucket", "Token bucket (rate per period, up to a burst)"
+    CALENDAR = "calendar", "Calendar quota (N per day or month, reset at the boundary)"
+    CONCURRENCY = "concurrency", "Concurrency limit (at most N requests in flight)"
+
+
+# The most requests in flight a concurrency limit may allow per scope value, and its longest
+# timeout (the deadline of a slot a crashed worker never released).
+MAX_CONCURRENCY = 100_000
+MAX_CONCURRENCY_TIMEOUT_S = 24 * 3600
+
+
+class CalendarPeriod(models.TextChoices):
+    DAY = "day", "Day (resets at midnight)"
+    MONTH = "month", "Month (resets at midnight on the 1st)"
+
+
+# The period_s a calendar quota stores (its real length varies: DST days, month lengths), so
+# that the admin's lists and the number-based checks read it like any rule.
+NOMINAL_PERIOD_S = {CalendarPeriod.DAY: 24 * 3600, CalendarPeriod.MONTH: 31 * 24 * 3600}
+
+
+class FailureMode(models.TextChoices):
+    DEFAULT = "default", "Project default (FAIL_OPEN setting)"
+    OPEN = "open", "Allow requests"
+    CLOSED = "closed", "Refuse requests"
+
+
+# The shortest period of a token bucket that may carry alert thresholds: a bucket refilling
+# faster crosses them all day long, and the alert (once per period-long window) would be noise.
+ALERT_MIN_PERIOD_S = 3600
+
+
+def parse_alert_thresholds(text):
+    """Return the thresholds of ``text`` ("80,100": percent of the quota used) as a sorted
+    tuple of distinct ints from 1 to 100; raise ValueError with an operator's message."""
+    thresholds = set()
+    for part in text.replace(" ", "").split(","):
+        if not part.isdigit() or not 1 <= int(part) <= 100:
+            raise ValueError(f"“{part}” is not a percent from 1 to 100; write the thresholds "
+                             f"as whole percents separated by commas, e.g. 80,100.")
+        thresholds.add(int(part))
+    if len(thresholds) > 10:
+        raise ValueError("At most 10 thresholds per rule.")
+    return tuple(sorted(thresholds))
+
+
+class Rule(models.Model):
+    """One token bucket per scope value: ``rate`` tokens per ``period_s`` up to ``burst``."""
+
+    name = models.CharField(
+        max_length=64, unique=True,
+        help_text="Shown to clients in the RateLimit headers: letters, digits, '.', '_' or '-'.",
+    )
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.CASCADE, related_name="rules",
+        help_text="Empty: the rule applies to every plan.",
+    )
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.USER)
+    endpoint = models.CharField(
+        max_length=200, blank=True,
+        help_text="Empty: every endpoint, each request charged its endpoint cost. "
+                  "Set: only this endpoint, one token per request.",
+    )
+    kind = models.CharField(
+        max_length=12, choices=Kind.choices, default=Kind.TOKEN_BUCKET,
+        help_text="Calendar quota: “rate” units per day or month, all usable at once, counted "
+                  "from 0 again at midnight (or midnight on the 1st) in the CALENDAR_TIME_ZONE "
+                  "setting; period and burst are then not used. Concurrency limit: at most "
+                  "“rate” requests of each scope value in flight at once (each holds a slot until "
+                  "its response is finished, whatever its cost); “period” is the timeout in "
+                  "seconds after which the slot of a request that never finished (a crashed "
+                  "worker) is freed; burst is not used.",
+    )
+    calendar_period = models.CharField(
+        max_length=5, choices=CalendarPeriod.choices, blank=True,
+        help_text="Calendar quotas only: when the count starts again.",
+    )
+    rate = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="Tokens added per period (a calendar quota: units per day or month).",
+    )
+    period_s = models.PositiveIntegerField(
+        "period (seconds)", blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)],
+        help_text="Token buckets only.",
+    )
+    burst = models.PositiveIntegerField(
+        blank=True, validators=[MinValueValidator(1)],
+        help_text="Bucket capacity: the most tokens a client can spend at once (token buckets "
+                  "only).",
+    )
+    counts = models.CharField(
+        max_length=12, choices=Counts.choices, default=Counts.REQUESTS,
+        help_text="Failed authentications: wrong passwords, unknown tokens or API keys cost the "
+                  "client IP one token each, and while its bucket is empty every request from "
+                  "that IP is refused, whether its credentials are right or not.",
+    )
+    lease = models.PositiveIntegerField(
+        "lease size", default=0,
+        help_text="For a busy shared bucket (global, plan or tenant): each worker takes this many "
+                  "tokens at a time and spends them locally, so the bucket's Redis node sees one "
+                  "call per lease instead of one per request. Never lets more through; a worker "
+                  "may hold up to this many tokens for about a second that others cannot use. "
+                  "0: off.",
+    )
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE)
+    on_redis_failure = models.CharField(
+        max_length=10, choices=FailureMode.choices, default=FailureMode.DEFAULT
+    )
+    enabled = models.BooleanField(default=True)
+    alert_thresholds = models.CharField(
+        max_length=64, blank=True,
+        help_text="Percent of the quota used at which to alert, e.g. “80,100”: the signal "
+                  "quota_threshold_crossed and the webhooks, once per identity, threshold and "
+                  "period. Calendar quotas, and token buckets of a period of at least an hour.")
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["plan__slug", "scope", "name"]
+
+    def __str__(self):
+        return self.name
+
+    def describe(self):
+        """Spell the rule out for an operator: '100 per 60 s, burst 20', '1000 per month'."""
+        if self.kind == Kind.CALENDAR:
+            return f"{self.rate} per {self.calendar_period or '?'}"
+        if self.kind == Kind.CONCURRENCY:
+            return f"{self.rate} in flight, timeout {self.period_s} s"
+        what = " failed authentications" if self.counts == Counts.FAILED_AUTH else ""
+        return f"{self.rate}{what} per {self.period_s} s, burst {self.burst}"
+
+    def clean(self):
+        errors = {}
+        if self.kind == Kind.CALENDAR:
+            self._clean_calendar(errors)
+        else:
+            self.calendar_period = ""  # only calendar quotas have one
+        if self.kind == Kind.CONCURRENCY:
+            self._clean_concurrency(errors)
+        if self.name and not RULE_NAME_RE.match(self.name):
+            errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
+                              "or digit: clients read this name in the RateLimit headers.")
+        for field in ("rate", "period_s"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                errors[field] = MINIMUM_MESSAGES[field]
+        if self.kind == Kind.TOKEN_BUCKET and self.burst is not None and self.period_s and \
+                self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
+            errors["burst"] = "Burst × period is too large; lower the burst or the period."
+        if self.lease:
+            if self.scope not in (Scope.GLOBAL, Scope.PLAN, Scope.TENANT):
+                errors["lease"] = ("Leases are for buckets many clients share (global, plan, "
+                                   "tenant); a client's own bucket is not busy enough to need "
+                                   "one. Set it to 0.")
+            elif self.burst and self.lease > self.burst // 2:
+                errors["lease"] = (f"A lease of {self.lease} tokens could hold more than half "
+                                   f"of the burst ({self.burst}) in one worker; use at most "
+                                   f"{max(1, self.burst // 2)}.")
+        self._clean_alert_thresholds(errors)
+        if self.counts == Counts.FAILED_AUTH:
+            if self.scope != Scope.IP:
+                errors["scope"] = ("Failed authentications are counted per client IP (the "
+                                   "caller is unknown when its credentials fail): choose "
+                                   "“Client IP”.")
+            if self.plan_id:
+                errors["plan"] = ("A failed authentication has no plan yet (the caller is "
+                                  "unknown): leave the plan empty.")
+        elif self.burst and not errors and self.kind != Kind.CONCURRENCY:
+            largest = self._largest_cost()
+            if largest and self.burst < largest[0]:
+                if self.kind == Kind.CALENDAR:
+                    errors["rate"] = (f"A quota of {self.rate} is below the cost of "
+                                      f"{largest[1]} ({largest[0]} units): such requests could "
+                                      f"never pass. Raise it to at least {largest[0]}.")
+                else:
+                    errors["burst"] = burst_below_cost_message(self.burst, *largest)
+        if errors:
+            raise ValidationError(errors)
+
+    def clean_fields(self, exclude=None):
+        # period and burst may be blank (a calendar quota has none), but a token bucket needs
+        # them: checked here, where the fields a form already refused are known (``exclude``)
+        errors = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if self.kind == Kind.CONCURRENCY:
+            if self.period_s is None and "period_s" not in (exclude or ()) and \
+                    "period_s" not in errors:
+                errors["period_s"] = ["A concurrency limit needs its timeout in seconds: how long "
+                                      "the slot of a request that never finishes (a crashed "
+                                      "worker) stays taken."]
+        elif self.kind != Kind.CALENDAR:
+            for field, message in (("period_s", "A token bucket needs its period in seconds."),
+                                   ("burst", "A token bucket needs its burst (its capacity).")):
+                if getattr(self, field) is None and field not in (exclude or ()) and \
+                        field not in errors:
+                    errors[field] = [message]
+        if errors:
+            raise ValidationError(errors)
+
+    def _clean_alert_thresholds(self, errors):
+        """Check ``alert_thresholds`` and write it back normalised ("100,80" -> "80,100")."""
+        if not self.alert_thresholds.strip():
+            self.alert_thresholds = ""
+            return
+        try:
+            thresholds = parse_alert_thresholds(self.alert_thresholds)
+        except ValueError as exc:
+            errors["alert_thresholds"] = str(exc)
+            return
+        if self.kind == Kind.CONCURRENCY or self.counts == Counts.FAILED_AUTH or self.lease:
+            errors["alert_thresholds"] = ("Alerts are for calendar quotas and token buckets "
+                                          "counting requests, without a lease; clear this field.")
+        elif self.kind == Kind.TOKEN_BUCKET and self.period_s and \
+                self.period_s < ALERT_MIN_PERIOD_S:
+            errors["alert_thresholds"] = (
+                f"A token bucket of a {self.period_s} s period refills too fast for an alert to "
+                f"mean much; alerts need a period of at least {ALERT_MIN_PERIOD_S} s (or a "
+                f"calendar quota). Clear this field.")
+        else:
+            self.alert_thresholds = ",".join(map(str, thresholds))
+
+    def _clean_calendar(self, errors):
+        """Check a calendar quota and give it the burst (N: all of it usable at once) and the
+        nominal period the number-based checks and lists read."""
+        if not self.calendar_period:
+            errors["calendar_period"] = ("Choose when the quota starts again: every day or "
+                                         "every month.")
+        if self.counts == Counts.FAILED_AUTH:
+            errors["kind"] = ("Failed authentications are limited by a token bucket (a guesser "
+                              "must not get a whole month's tries at once): choose “Token "
+                              "bucket”.")
+        if self.lease:
+            errors["lease"] = ("Leases are for token buckets; a calendar quota is counted in "
+                               "Redis on every request. Set it to 0.")
+        if self.rate and self.rate > MAX_BUCKET_UNITS:
+            errors["rate"] = f"A calendar quota can count at most {MAX_BUCKET_UNITS} units."
+        if self.rate:
+            self.burst = self.rate
+        self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, 24 * 3600)
+
+    def _clean_concurrency(self, errors):
+        """Check a concurrency limit: ``rate`` requests in flight, ``period_s`` the timeout of a
+        slot; its burst is N (only shown)."""
+        if self.counts == Counts.FAILED_AUTH:
+            errors["kind"] = ("Failed authentications are counted by a token bucket, not in "
+                              "flight: choose “Token bucket”.")
+        if self.lease:
+            errors["lease"] = ("Leases are for token buckets; a concurrency slot is taken and "
+                               "released in Redis for every request. Set it to 0.")
+        if self.rate and self.rate > MAX_CONCURRENCY:
+            errors["rate"] = (f"A concurrency limit allows at most {MAX_CONCURRENCY} requests "
+                              "in flight.")
+        if self.period_s and self.period_s > MAX_CONCURRENCY_TIMEOUT_S:
+            errors["period_s"] = ("The timeout frees the slots of crashed workers: use at most "
+                                  f"{MAX_CONCURRENCY_TIMEOUT_S} s (a day), and a little more "
+                                  "than your slowest response takes.")
+        if self.rate:
+            self.burst = self.rate
+
+    def _largest_cost(self):
+        """Return (cost, description) of the most expensive request this rule is charged for."""
+        if self.endpoint:
+            return None  # endpoint rules count calls: one token each
+        costs = EndpointCost.objects.all()
+        if self.plan_id:
+            costs = costs.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
+        top = costs.order_by("-cost").first()
+        return (top.cost, top.describe()) if top else None
+
+
+def burst_below_cost_message(burst, cost, what):
+    """The error for a rule whose burst cannot hold the ``cost`` of requests to ``what``."""
+    return (f"Burst {burst} is below the cost of {what} ({cost} tokens): such requests could "
+            f"never pass. Raise the burst to at least {cost}.")
+
+
+def cost_above_burst_message(rule_name, burst):
+    """The error for an endpoint cost above the burst of a rule that charges it."""
+    return (f"Rule “{rule_name}” has burst {burst}, below this cost: such requests could never "
+            f"pass. Lower the cost or raise that rule's burst.")
+
+
+HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+class EndpointCost(models.Model):
+    """How many tokens a request to an endpoint costs (1 when no row matches)."""
+
+    ANY_METHOD = "*"
+    METHOD_CHOICES = [(ANY_METHOD, "Any method")] + [(m, m) for m in HTTP_METHODS]
+
+    endpoint = models.CharField(max_length=200, help_text="URL name of the view, e.g. 'api:search'.")
+    method = models.CharField(max_length=8, choices=METHOD_CHOICES, default=ANY_METHOD)
+    plan = models.ForeignKey(
+        Plan, null=True, blank=True, on_delete=models.CASCADE, related_name="costs",
+        help_text="Empty: the cost for every plan without its own row.",
+    )
+    cost = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10**6)])
+
+    class Meta:
+        ordering = ["endpoint", "method"]
+
+    def __str__(self):
+        return self.describe()
+
+    def describe(self):
+        method = "any method" if self.method == self.ANY_METHOD else self.method
+        plan = f" on {self.plan}" if self.plan_id else ""
+        return f"{self.endpoint} ({method}{plan})"
+
+    def clean(self):
+        errors = {}
+        duplicate = EndpointCost.objects.filter(
+            endpoint=self.endpoint, method=self.method, plan_id=self.plan_id
+        ).exclude(pk=self.pk)
+        if self.endpoint and duplicate.exists():
+            errors["__all__"] = (f"{self.describe()} already has a cost; edit that row instead "
+                                 f"of adding a second one.")
+        if self.cost:
+            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost,
+                                        counts=Counts.REQUESTS)
+            if self.plan_id:
+                rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
+            smallest = rules.order_by("burst").first()
+            if smallest:
+                errors["cost"] = cost_above_burst_message(smallest.name, smallest.burst)
+        if errors:
+            raise ValidationError(errors)
+
+
+class IdentityOverride(Scheduled, models.Model):
+    """Special treatment for one caller: exempt from limits, or its own numbers; with a start
+    or an end, only between them (a dated override wins over a permanent one meanwhile)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE)
+    ip = models.GenericIPAddressField("client IP", null=True, blank=True)
+    rule = models.ForeignKey(
+        Rule, null=True, blank=True, on_delete=models.CASCADE,
+        help_text="Empty: every user/key/IP rule that applies to this caller.",
+    )
+    exempt = models.BooleanField(default=False, help_text="Never limit this caller at all.")
+    rate = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    period_s = models.PositiveIntegerField(
+        "period (seconds)", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)],
+    )
+    burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    note = models.CharField(max_length=200, blank=True)
+    starts_at, ends_at, reason = schedule_fields()
+
+    def __str__(self):
+        who = self.user or self.api_key or self.ip
+        return f"{who}: " + ("exempt" if self.exempt else f"{self.rate} per {self.period_s} s, burst {self.burst}")
+
+    def clean(self):
+        self.clean_schedule()
+        chosen = [f for f in ("user", "api_key", "ip") if getattr(self, f if f == "ip" else f + "_id")]
+        if len(chosen) != 1:
+            raise ValidationError("Choose exactly one of user, API key or client IP.")
+        numbers = [self.rate, self.period_s, self.burst]
+        if not self.exempt and None in numbers:
+            raise ValidationError("Either tick “exempt” or give rate, period and burst.")
+        if self.exempt and any(n is not None for n in numbers):
+            raise ValidationError("An exempt caller has no numbers; clear rate, period and burst.")
+        if self.burst and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
+            raise ValidationError({"burst": "Burst × period is too large."})
+        if self.rule_id and self.rule.scope not in (Scope.USER, Scope.IP):
+            raise ValidationError({"rule": "Only user/API key or IP rules can be overridden per caller."})
+        if self.rule_id and self.rule.kind == Kind.CALENDAR and not self.exempt:
+            raise ValidationError({"rule": "A calendar quota has no rate, period and burst to "
+                                           "override; choose a token-bucket rule (or tick "
+                                           "“exempt”)."})
+
+
+class AuditSource(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    IMPORT = "import", "Import"
+    RESTORE = "restore", "Restore"
+    CODE = "code", "Application code"
+    OUTSIDE = "outside", "Changed outside the app"
+    MIGRATE = "migrate", "Migration"
+
+
+class AuditEntry(models.Model):
+    """One recorded change of the quota configuration (see ``audit.py``): who made it, when, the
+    field-by-field ``diff`` against the previous entry, and the whole configuration after it
+    (``snapshot``, the quotas-as-code document) so that any entry can be restored."""
+
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                             on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=150, help_text="Who: a user name, a command, or "
+                                                      "“outside the app”.")
+    source = models.CharField(max_length=10, choices=AuditSource.choices)
+    summary = models.CharField(max_length=300)
+    diff = models.JSONField(default=list)
+    snapshot = models.JSONField()
+    # one "\n<section>|<key>\n" line per item the change touched: per-object history
+    touched = models.TextField(blank=True, editable=False)
+    # the entry this one's diff is against; unique, so two processes recording at once cannot
+    # both follow the same entry (the second one retries against the first)
+    previous = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="following", editable=False)
+    # the entry recorded into an empty trail; at most one (a constraint), so two processes
+    # recording into an empty trail cannot both write a first entry (the second one retries
+    # against the first). Not "previous is NULL": deleting an entry sets its follower's
+    # previous to NULL (SET_NULL), and that must stay possible.
+    opens_trail = models.BooleanField(default=False, editable=False)
+    restored_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit trail"
+        default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(fields=["opens_trail"],
+                                               condition=Q(opens_trail=True),
+                                               name="ratelimit_audit_one_first_entry")]
+        permissions = [("restore_configuration",
+                        "Can restore the quota configuration of an audit entry")]
+
+    def __str__(self):
+        return f"#{self.pk} {self.actor}: {self.summary}"

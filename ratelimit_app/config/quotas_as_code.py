@@ -1,0 +1,401 @@
+"""Quotas as code: the quota rows as one JSON document, and an import that applies one.
+
+The document names every row and every reference by a natural key (plan slugs, rule names,
+endpoint names, usernames, API key prefixes), never a database id, so it can live in version
+control, be reviewed, and be applied to another environment whose ids differ. Items are sorted by
+their natural key and fields come in the model's order: two exports of the same rows are
+byte-identical, and a diff of two exports shows only real changes.
+
+API keys are not in the document. A key is a credential, not a quota: its secret is never stored,
+and its digest authenticates too (whoever can write a digest into a database has a working key
+for that environment), so neither belongs in a file that is copied between environments and kept
+in version control. Keys are issued, rotated and revoked in the admin; overrides refer to them by
+prefix, and an import refuses an override whose key does not exist. Users are not created either:
+assignments and overrides refer to users by username.
+
+An import is planned first (``plan_import``: what would be added, changed and removed, per item
+and field, or the validation errors naming item and field), then applied (``apply_import``) in
+one transaction with one config-version bump, so workers switch to the whole new set at once.
+"""
+
+import dataclasses
+import json
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+
+__all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
+           "plan_import", "apply_import", "describe_change"]
+
+FORMAT = "ratelimit_app.quotas/1"
+
+
+class QuotaFileError(Exception):
+    """A document that cannot be imported; ``errors`` are sentences naming item and field."""
+
+    def __init__(self, errors):
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One list of the document: the rows of ``model``, identified by the ``key`` fields."""
+
+    name: str
+    model: type
+    key: tuple
+    noun: str
+
+    @property
+    def fields(self):
+        """The model fields written to the document, key fields first (ids, auto-set and
+        non-editable fields such as ``Rule.updated`` never are)."""
+        editable = [f for f in self.model._meta.concrete_fields
+                    if f.editable and not f.primary_key]
+        by_name = {f.name: f for f in editable}
+        return [by_name[name] for name in self.key] + \
+            [f for f in editable if f.name not in self.key]
+
+
+# In dependency order: a section refers only to sections before it (and to users and API keys,
+# which the document does not manage).
+SECTIONS = (
+    Section("plans", Plan, ("slug",), "plan"),
+    Section("rules", Rule, ("name",), "rule"),
+    Section("endpoint_costs", EndpointCost, ("endpoint", "method", "plan"), "endpoint cost"),
+    Section("plan_assignments", PlanAssignment, ("user",), "plan assignment"),
+    # with its start: a caller may have a permanent override and a dated one for the same rule
+    Section("identity_overrides", IdentityOverride, ("user", "api_key", "ip", "rule", "starts_at"),
+            "identity override"),
+)
+
+
+# The field a reference to a row of these models is written as (a user: its USERNAME_FIELD).
+_NATURAL_KEYS = {Plan: "slug", Rule: "name", ApiKey: "prefix"}
+
+
+def _natural_key_field(model):
+    """Return the field a reference to a ``model`` row is written as."""
+    return _NATURAL_KEYS.get(model) or model.USERNAME_FIELD
+
+
+def _json_value(value):
+    """Return a model field's Python ``value`` as the document writes it."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # e.g. a decimal or a date: its canonical text
+
+
+def _item(section, row):
+    """Return ``row`` as a document item (references by natural key)."""
+    item = {}
+    for field in section.fields:
+        if field.is_relation:
+            target = getattr(row, field.name)
+            item[field.name] = None if target is None else \
+                getattr(target, _natural_key_field(field.related_model))
+        else:
+            item[field.name] = _json_value(field.value_from_object(row))
+    return item
+
+
+def _key_of(section, item):
+    return tuple(item[name] for name in section.key)
+
+
+def _sort_key(section, item):
+    # None before any text; the whole item breaks ties between rows with the same natural key
+    key = tuple((value is not None, "" if value is None else str(value))
+                for value in _key_of(section, item))
+    return key, json.dumps(item, sort_keys=True)
+
+
+def _rows(section):
+    """Return the section's rows in primary-key order, their relations fetched in one query."""
+    rows = section.model.objects.order_by("pk")
+    relations = [f.name for f in section.fields if f.is_relation]
+    # select_related() with no names means "every relation" (deprecated in Django 6.1): a
+    # section without relations joins nothing
+    return rows.select_related(*relations) if relations else rows
+
+
+def export_document():
+    """Return every quota row as the document (a dict: ``format`` and one list per section)."""
+    document = {"format": FORMAT}
+    for section in SECTIONS:
+        items = [_item(section, row) for row in _rows(section)]
+        document[section.name] = sorted(items, key=lambda item: _sort_key(section, item))
+    return document
+
+
+def dumps(document):
+    """Return ``document`` as the exported text: stable key order, indented, newline-ended."""
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+# --- planning an import ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Change:
+    """One row to add, change or remove. ``fields`` holds ``(name, old, new)`` for a change;
+    ``item`` is the new document item (add, change); ``pk`` the row's id (change, remove: used
+    to apply the change, never written anywhere)."""
+
+    action: str
+    section: Section
+    label: str
+    item: dict = None
+    fields: list = dataclasses.field(default_factory=list)
+    pk: int = None
+    position: int = None
+
+
+def _label(section, item):
+    """Return how an operator recognises ``item``: 'rule “free-user”', 'endpoint cost
+    (endpoint api:search, method GET)'."""
+    if len(section.key) == 1:
+        return f"{section.noun} “{item.get(section.key[0])}”"
+    parts = [f"{name} {item[name]}" for name in section.key if item.get(name) not in (None, "")]
+    return f"{section.noun} ({', '.join(parts)})"
+
+
+def _where(section, position, item):
+    return f"{section.name}[{position}] ({_label(section, item)})"
+
+
+def _read_item(section, position, raw, errors):
+    """Return ``(item, valid)``: the document item ``raw`` with every field converted as the
+    model converts it (missing fields take the model's default; a value that cannot be converted
+    is kept as it is and ``valid`` is False, its errors added); ``(None, False)`` if ``raw`` is
+    not an object."""
+    if not isinstance(raw, dict):
+        errors.append(f"{section.name}[{position}]: an item must be a JSON object.")
+        return None, False
+    fields = {f.name: f for f in section.fields}
+    item, problems = {}, []
+    for name, field in fields.items():
+        value = raw[name] if name in raw else \
+            (None if field.is_relation else field.get_default())
+        item[name] = value
+        if field.is_relation:
+            if value is not None and not isinstance(value, str):
+                problems.append(f"{name}: a reference is written as text (a "
+                                f"{_natural_key_field(field.related_model)}) or null.")
+                item[name] = None
+            continue
+        try:
+            item[name] = _json_value(field.to_python(value))
+        except ValidationError as exc:
+            problems.append(f"{name}: {' '.join(exc.messages)}")
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        problems.append(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)}).")
+    # the item still counts as present: references to it are not reported missing as well
+    errors.extend(f"{_where(section, position, item)}: {problem}" for problem in problems)
+    return item, not problems
+
+
+def _check_fields(section, position, item, errors):
+    """Add the model's own field errors (types, choices, limits, blank) of ``item``."""
+    relations = [f.name for f in section.fields if f.is_relation]
+    row = section.model(**{name: value for name, value in item.items() if name not in relations})
+    try:
+        row.clean_fields(exclude=relations)
+    except ValidationError as exc:
+        _add_errors(errors, _where(section, position, item), exc)
+
+
+def _add_errors(errors, where, exc):
+    for field, messages in sorted(exc.message_dict.items()):
+        prefix = "" if field == "__all__" else f"{field}: "
+        errors.extend(f"{where}: {prefix}{message}" for message in messages)
+
+
+class _References:
+    """Checks that each reference names a row that will exist after the import."""
+
+    def __init__(self, document_items, keep_missing):
+        self.known = {
+            Plan: {item["slug"] for item in document_items["plans"]},
+            Rule: {item["name"] for item in document_items["rules"]},
+        }
+        if keep_missing:
+            self.known[Plan] |= set(Plan.objects.values_list("slug", flat=True))
+            self.known[Rule] |= set(Rule.objects.values_list("name", flat=True))
+        self._found = {}
+
+    def problem(self, model, value):
+        """Return why ``value`` does not name a ``model`` row, or None if it does."""
+        if model in self.known:
+            if value in self.known[model]:
+                return None
+            return f"no {model._meta.verbose_name} “{value}” in the file."
+        field = _natural_key_field(model)
+        count = self._found.get((model, value))
+        if count is None:
+            count = self._found[(model, value)] = model.objects.filter(**{field: value}).count()
+        if count == 1:
+            return None
+        if count == 0:
+            creator = "API keys are issued in the admin" if model is ApiKey else \
+                "users are not created by an import"
+            return f"no {model._meta.verbose_name} with {field} “{value}” ({creator})."
+        return f"{count} API keys share the prefix “{value}”: rotate all but one of them."
+
+
+def _read_document(document, keep_missing):
+    """Return ``{section name: [(position, item)]}`` of a valid document; raise QuotaFileError
+    listing every problem otherwise."""
+    if not isinstance(document, dict):
+        raise QuotaFileError(["The file must hold a JSON object (what export writes)."])
+    if document.get("format") != FORMAT:
+        raise QuotaFileError([f"“format” must be “{FORMAT}” (found "
+                              f"{json.dumps(document.get('format'))})."])
+    errors = []
+    names = [section.name for section in SECTIONS]
+    unknown = sorted(set(document) - set(names) - {"format"})
+    if unknown:
+        errors.append(f"Unknown list(s) {', '.join(unknown)} (known: {', '.join(names)}).")
+    for name in names:
+        if not isinstance(document.get(name), list):
+            errors.append(f"“{name}” must be a list (an empty list removes every row).")
+    if errors:
+        raise QuotaFileError(errors)
+
+    read = {}
+    for section in SECTIONS:
+        read[section.name] = []
+        seen = {}
+        for position, raw in enumerate(document[section.name]):
+            item, valid = _read_item(section, position, raw, errors)
+            if item is None:
+                continue
+            key = _key_of(section, item)
+            if key in seen:
+                errors.append(f"{_where(section, position, item)}: the same item as "
+                              f"{section.name}[{seen[key]}]; keep one.")
+                continue
+            seen[key] = position
+            if valid:
+                _check_fields(section, position, item, errors)
+            read[section.name].append((position, item))
+    references = _References({name: [item for _, item in items] for name, items in read.items()},
+                             keep_missing)
+    for section in SECTIONS:
+        relations = [f for f in section.fields if f.is_relation]
+        for position, item in read[section.name]:
+            for field in relations:
+                if item[field.name] is None:
+                    continue
+                problem = references.problem(field.related_model, item[field.name])
+                if problem:
+                    errors.append(f"{_where(section, position, item)}: {field.name}: {problem}")
+    if errors:
+        raise QuotaFileError(errors)
+    return read
+
+
+@dataclasses.dataclass
+class ImportPlan:
+    """What an import does: ``changes`` (empty: nothing to change), and how many rows absent
+    from the document are ``kept`` (``keep_missing``) instead of removed."""
+
+    changes: list
+    kept: int = 0
+
+
+def plan_import(document, *, keep_missing=False):
+    """Return the ImportPlan that makes the database hold ``document``. Rows absent from the
+    document are removed unless ``keep_missing``. Raises QuotaFileError (naming item and field)
+    when the document cannot be imported."""
+    read = _read_document(document, keep_missing)
+    changes, kept = [], 0
+    for section in SECTIONS:
+        existing = {}
+        removals = []
+        for row in _rows(section):
+            item = _item(section, row)
+            key = _key_of(section, item)
+            if key in existing:  # a duplicate the admin let through: keep the oldest
+                removals.append(Change("remove", section, _label(section, item), pk=row.pk))
+            else:
+                existing[key] = (row.pk, item)
+        for position, item in sorted(read[section.name], key=lambda p: _sort_key(section, p[1])):
+            key = _key_of(section, item)
+            label = _label(section, item)
+            if key not in existing:
+                changes.append(Change("add", section, label, item=item, position=position))
+                continue
+            pk, old = existing.pop(key)
+            fields = [(name, old[name], item[name]) for name in item if old[name] != item[name]]
+            if fields:
+                changes.append(Change("change", section, label, item=item, fields=fields, pk=pk,
+                                      position=position))
+        if keep_missing:
+            kept += len(existing)
+        else:
+            removals += [Change("remove", section, _label(section, old), pk=pk)
+                         for pk, old in existing.values()]
+        changes += removals
+    return ImportPlan(changes, kept)
+
+
+def describe_change(change):
+    """Return the lines an operator reads for ``change``: '+ rule “x”: rate=10, ...',
+    '~ rule “x”' then one '    burst: 30 → 40' per field, '- plan “old”'."""
+    if change.action == "remove":
+        return [f"- {change.label}"]
+    if change.action == "add":
+        key = change.section.key
+        values = ", ".join(f"{name}={json.dumps(value, ensure_ascii=False)}"
+                           for name, value in change.item.items() if name not in key)
+        return [f"+ {change.label}: {values}"]
+    return [f"~ {change.label}"] + [
+        f"    {name}: {json.dumps(old, ensure_ascii=False)} → {json.dumps(new, ensure_ascii=False)}"
+        for name, old, new in change.fields]
+
+
+# --- applying it -----------------------------------------------------------------------------
+
+def _lookup(model, value):
+    return model.objects.get(**{_natural_key_field(model): value})
+
+
+def _save(change):
+    section, item = change.section, change.item
+    row = section.model.objects.get(pk=change.pk) if change.pk else section.model()
+    for field in section.fields:
+        value = item[field.name]
+        if field.is_relation:
+            value = None if value is None else _lookup(field.related_model, value)
+        setattr(row, field.name, value)
+    row.save()
+    return row
+
+
+def apply_import(changes):
+    """Apply ``changes`` (from ``plan_import``) in one transaction and announce them with one
+    config-version bump at its commit. Every saved row is validated against the final state
+    (``full_clean``: a rule's burst against the new costs, one default plan...); any error rolls
+    everything back and raises QuotaFileError naming item and field."""
+    order = {section.name: index for index, section in enumerate(SECTIONS)}
+    saves = sorted((c for c in changes if c.action != "remove"),
+                   key=lambda c: order[c.section.name])
+    # removals last, the most dependent rows first, after the rows moving to a new plan moved
+    removals = sorted((c for c in changes if c.action == "remove"),
+                      key=lambda c: -order[c.section.name])
+    with transaction.atomic():  # one version bump at its commit (runtime/signals.py)
+        saved = [(change, _save(change)) for change in saves]
+        for change in removals:
+            change.section.model.objects.filter(pk=change.pk).delete()
+        errors = []
+        for change, row in saved:
+            try:
+                row.full_clean()
+            except ValidationError as exc:
+                _add_errors(errors, _where(change.section, change.position, change.item), exc)
+        if errors:
+            raise QuotaFileError(errors)  # rolls the transaction back

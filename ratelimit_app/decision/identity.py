@@ -1,0 +1,239 @@
+"""Who is calling: the signed-in user, an API key, a tenant, and the proxy-aware client IP.
+
+Everything here treats request data as hostile: header values are length-checked, addresses
+parsed with ``ipaddress``, and nothing read from a request is used as a Redis key without
+``keys.scope_token`` hashing it.
+"""
+
+import functools
+import ipaddress
+import logging
+from typing import NamedTuple
+
+from django.utils.module_loading import import_string
+
+from ..conf import get_config, meta_key
+from .keys import scope_token
+from .scopes import Scope, hash_api_key
+
+__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset"]
+
+logger = logging.getLogger("ratelimit_app")
+
+# Longer header values are not API keys; they are ignored (and never hashed at length).
+MAX_API_KEY_LENGTH = 200
+# Only the last hops of X-Forwarded-For can have been added by our own proxies.
+MAX_FORWARDED_HOPS = 20
+# The longest textual IP address ("ffff:...:255.255.255.255" is 45) with room for a zone id.
+MAX_ADDRESS_LENGTH = 64
+# Longer tenant names (from a TENANT_RESOLVER, possibly request input) are kept as their digest,
+# so an identity, and every per-process memo keyed by one, stays small.
+MAX_TENANT_LENGTH = 100
+
+
+class Identity(NamedTuple):
+    """The caller of one request. ``display`` is safe to show staff (never a secret).
+
+    (A NamedTuple rather than a dataclass: one is built per request.)
+    """
+
+    kind: str                 # "key", "user" or "anonymous"
+    display: str              # user name, "key rk_ab12…" or the client IP
+    ip: str                   # client address (IPv6: its network)
+    plan: str | None
+    tenant: str | None = None
+    user_id: str | None = None
+    api_key_id: int | None = None
+
+    @property
+    def client_token(self):
+        """Key-safe token of the user/key scope, or None for anonymous callers."""
+        if self.kind == "key":
+            return scope_token("key", self.api_key_id)
+        if self.kind == "user":
+            return scope_token("user", self.user_id)
+        return None
+
+    @property
+    def ref(self):
+        """What finds this caller again (hot-key rows, the inspector): ``key:<id>``,
+        ``user:<id>`` or ``ip:<address>``."""
+        if self.kind == "key":
+            return f"key:{self.api_key_id}"
+        if self.kind == "user":
+            return f"user:{self.user_id}"
+        return f"ip:{self.ip}"
+
+    @property
+    def primary_token(self):
+        """The most specific token of this caller (its key, user or IP)."""
+        return self.client_token or scope_token("ip", self.ip)
+
+    def token_for(self, scope):
+        """Return the key-safe scope value of a rule scope for this caller, None if N/A."""
+        if scope == Scope.USER:
+            return self.client_token
+        if scope == Scope.IP:
+            return scope_token("ip", self.ip)
+        if scope == Scope.TENANT:
+            return scope_token("tenant", self.tenant) if self.tenant else None
+        if scope == Scope.PLAN:
+            return scope_token("plan", self.plan)
+        return "global"
+
+
+def reset(**kwargs):
+    """Forget parsed settings (a ``setting_changed`` receiver: RATELIMIT_APP changed)."""
+    if kwargs.get("setting") not in (None, "RATELIMIT_APP"):
+        return
+    for cached in (_trusted_networks, _resolver, _is_trusted, _as_limited, _parse_address,
+                   _direct_client):
+        cached.cache_clear()
+
+
+@functools.cache
+def _trusted_networks():
+    return tuple(ipaddress.ip_network(p, strict=False) for p in get_config()["TRUSTED_PROXIES"])
+
+
+@functools.cache
+def _resolver(name):
+    path = get_config()[name]
+    return import_string(path) if path else None
+
+
+def _parse_ip(text):
+    # Only short texts reach the cache: its keys are request input, and a bounded number of
+    # unbounded strings is still unbounded memory (random 4 kB X-Forwarded-For hops once grew
+    # it to half a gigabyte per worker).
+    text = text.strip()
+    if len(text) > MAX_ADDRESS_LENGTH:
+        return None
+    return _parse_address(text)
+
+
+@functools.lru_cache(maxsize=65536)  # bounded; the same addresses come back request after request
+def _parse_address(text):
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if address.version == 6 and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_trusted(address):
+    return any(address in network for network in _trusted_networks())
+
+
+def client_ip(meta):
+    """Return the client address: REMOTE_ADDR, or, when that is a trusted proxy, the nearest
+    X-Forwarded-For hop that is not one of our proxies. IPv6 addresses become their network."""
+    remote = (meta.get("REMOTE_ADDR") or "").strip()
+    if len(remote) <= MAX_ADDRESS_LENGTH:
+        # the common case in one cached call on the text (no ipaddress object hashed twice:
+        # about 0.7 µs per request); short texts only, as in _parse_ip
+        direct = _direct_client(remote)
+        if direct is not None:
+            return direct
+    address = _parse_ip(remote)
+    if address is None:
+        return "unknown"
+    if _is_trusted(address):
+        forwarded = (meta.get("HTTP_X_FORWARDED_FOR") or "").split(",")[-MAX_FORWARDED_HOPS:]
+        for hop in reversed(forwarded):
+            hop_address = _parse_ip(hop)
+            if hop_address is None:
+                logger.info("ratelimit_app: malformed X-Forwarded-For hop ignored")
+                break  # a forged or broken entry: trust nothing further left
+            address = hop_address
+            if not _is_trusted(hop_address):
+                break
+    return _as_limited(address)
+
+
+@functools.lru_cache(maxsize=65536)
+def _direct_client(text):
+    """Return client_ip's answer for a REMOTE_ADDR ``text`` that is not a trusted proxy, or None
+    when it is one (X-Forwarded-For must be read)."""
+    address = _parse_address(text)
+    if address is None:
+        return "unknown"
+    return None if _is_trusted(address) else _as_limited(address)
+
+
+def limited_ip(text):
+    """Return the address ``text`` as ``Identity.ip`` holds it (IPv6: its network), or None if
+    ``text`` is not an address. Used to match per-IP overrides."""
+    address = _parse_ip(text or "")
+    return None if address is None else _as_limited(address)
+
+
+@functools.lru_cache(maxsize=65536)
+def _as_limited(address):
+    if address.version == 6:
+        prefix = get_config()["IPV6_PREFIX_LENGTH"]
+        return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+    return str(address)
+
+
+def _api_key(meta, snapshot):
+    header = get_config()["API_KEY_HEADER"]
+    if not header:
+        return None
+    raw = meta.get(meta_key(header))
+    if not raw or len(raw) > MAX_API_KEY_LENGTH:
+        return None
+    try:
+        digest = hash_api_key(raw)
+    except UnicodeEncodeError:  # a lone surrogate (test clients, odd servers): not a key we issued
+        return None
+    return snapshot.api_keys.get(digest)
+
+
+_new_identity = tuple.__new__
+
+
+def identify(request, user, snapshot):
+    """Return the Identity of ``request`` (``user`` is the authenticated user or None)."""
+    meta = request.META
+    ip = client_ip(meta)
+    key = _api_key(meta, snapshot)
+    user_id = None
+    if user is not None and getattr(user, "is_authenticated", False):
+        user_id = str(user.pk)
+    if key is not None:
+        kind, display, user_id = "key", f"key {key.prefix}…", key.user_id
+    elif user_id is not None:
+        kind, display = "user", user.get_username()[:150]
+    else:
+        kind, display = "anonymous", ip
+
+    assignment = snapshot.assignments.get(user_id) if user_id else None
+    tenant_resolver = _resolver("TENANT_RESOLVER")
+    if tenant_resolver is not None:
+        tenant = tenant_resolver(request)
+        if tenant and len(tenant) > MAX_TENANT_LENGTH:
+            tenant = scope_token("tenant", tenant)
+    else:
+        tenant = (key.tenant if key else "") or (assignment[1] if assignment else "")
+    if kind == "anonymous":
+        plan = snapshot.default_anonymous_plan
+    else:
+        plan = (key.plan if key else None) or (assignment[0] if assignment else None) \
+            or snapshot.default_authenticated_plan
+    # positionally, without the NamedTuple's keyword-handling __new__ (one per request)
+    identity = _new_identity(Identity, (kind, display, ip, plan, tenant or None, user_id,
+                                        key.id if key else None))
+    plan_resolver = _resolver("PLAN_RESOLVER")
+    if plan_resolver is not None:
+        resolved = plan_resolver(request, identity)
+        if resolved in snapshot.plans:
+            identity = identity._replace(plan=resolved)
+        elif resolved:
+            # a slug that names no plan matches no plan's rules; as a plan-scope bucket token it
+            # would let request input mint new shared buckets
+            logger.info("ratelimit_app: PLAN_RESOLVER gave unknown plan %.40r; ignored", resolved)
+    return identity

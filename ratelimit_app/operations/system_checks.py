@@ -1,0 +1,269 @@
+"""System checks: misconfiguration is reported at start-up with an id and a hint.
+
+Every check here carries the tag ``ratelimit_app``: ``manage.py check --tag ratelimit_app`` runs
+them alone. ``check_store`` talks to Redis (see its docstring); the others read settings and
+installed versions only.
+"""
+
+import ipaddress
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.utils.module_loading import import_string
+
+from ..conf import get_config, reload_interval_problem, unknown_keys, watch_interval_problem
+from ..decision.periods import valid_time_zone
+from . import support
+
+TAG = "ratelimit_app"
+
+MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
+THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+@register(TAG)
+def check_settings(app_configs=None, **kwargs):
+    errors = []
+    unknown = unknown_keys()
+    if unknown:
+        errors.append(Error(
+            f"RATELIMIT_APP has unknown keys: {', '.join(unknown)}.",
+            hint="Check the spelling against the settings reference (docs/reference/settings.md).",
+            id="ratelimit_app.E003"))
+    config = get_config()
+    alias = config["CACHE_ALIAS"]
+    cache = settings.CACHES.get(alias)
+    if config["CLUSTER_NODES"]:
+        pass  # the buckets live in the cluster: the cache alias is not used for them
+    elif cache is None:
+        errors.append(Error(
+            f"RATELIMIT_APP['CACHE_ALIAS'] is {alias!r}, but CACHES has no such alias.",
+            hint="Add a django-redis cache under that alias or point CACHE_ALIAS at one.",
+            id="ratelimit_app.E001"))
+    elif not cache.get("BACKEND", "").startswith("django_redis."):
+        errors.append(Error(
+            f"The cache {alias!r} uses {cache.get('BACKEND')}, not django-redis.",
+            hint="Buckets must live in Redis shared by every worker: use "
+                 "'django_redis.cache.RedisCache'.",
+            id="ratelimit_app.E001"))
+    else:
+        options = cache.get("OPTIONS", {})
+        if "SOCKET_TIMEOUT" not in options or "SOCKET_CONNECT_TIMEOUT" not in options:
+            errors.append(Warning(
+                f"The cache {alias!r} sets no SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.",
+                hint="Without them a hung Redis stalls requests until the OS gives up; "
+                     "0.1–0.25 seconds suits a local Redis.",
+                id="ratelimit_app.W002"))
+    proxies = config["TRUSTED_PROXIES"]
+    if isinstance(proxies, str):
+        errors.append(Error(
+            "RATELIMIT_APP['TRUSTED_PROXIES'] is a string, not a list of addresses.",
+            hint=f"Write it as a list: [{proxies!r}].", id="ratelimit_app.E004"))
+        proxies = ()
+    for proxy in proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            errors.append(Error(
+                f"RATELIMIT_APP['TRUSTED_PROXIES'] holds {proxy!r}, which is not an address or "
+                f"network.", hint="Use addresses or CIDR networks such as '10.0.0.0/8'.",
+                id="ratelimit_app.E004"))
+    zone = config["CALENDAR_TIME_ZONE"]
+    if not isinstance(zone, str) or not valid_time_zone(zone):
+        errors.append(Error(
+            f"RATELIMIT_APP['CALENDAR_TIME_ZONE'] is {zone!r}, not a time zone Python knows.",
+            hint="Give an IANA name such as 'UTC' or 'Europe/Berlin' (install the tzdata "
+                 "package where the system has no zone database).",
+            id="ratelimit_app.E007"))
+    for name in ("TENANT_RESOLVER", "PLAN_RESOLVER"):
+        path = config[name]
+        if path:
+            try:
+                import_string(path)
+            except ImportError as exc:
+                errors.append(Error(
+                    f"RATELIMIT_APP['{name}'] = {path!r} cannot be imported: {exc}",
+                    hint="Give the dotted path of a callable.", id="ratelimit_app.E005"))
+    return errors
+
+
+@register(TAG)
+def check_adapters(app_configs=None, **kwargs):
+    errors = []
+    middleware = list(settings.MIDDLEWARE)
+    rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
+    throttle_default = THROTTLE_PATH in (rest.get("DEFAULT_THROTTLE_CLASSES") or ())
+    if MIDDLEWARE_PATH in middleware:
+        if AUTH_MIDDLEWARE in middleware and \
+                middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE):
+            errors.append(Error(
+                "QuotaMiddleware comes before AuthenticationMiddleware.",
+                hint="Move it after AuthenticationMiddleware, or every signed-in user is "
+                     "limited as an anonymous client.",
+                id="ratelimit_app.E002"))
+    elif throttle_default:
+        # Only DEFAULT_THROTTLE_CLASSES can be checked here (a view's own throttle_classes
+        # are not settings), so the message names exactly that.
+        errors.append(Warning(
+            "QuotaThrottle is in REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] but QuotaMiddleware "
+            "is not in MIDDLEWARE.",
+            hint=f"The throttle sees DRF views only: plain Django views are not limited, failed "
+                 f"authentications are not charged and concurrency slots are freed only at "
+                 f"their timeout (the middleware does both once the response is done). Add "
+                 f"'{MIDDLEWARE_PATH}' to MIDDLEWARE after AuthenticationMiddleware.",
+            id="ratelimit_app.W001"))
+    if MIDDLEWARE_PATH not in middleware and not throttle_default:
+        errors.append(Warning(
+            "Neither QuotaMiddleware nor QuotaThrottle (in DEFAULT_THROTTLE_CLASSES) is "
+            "configured; only views that list QuotaThrottle themselves are limited.",
+            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE.",
+            id="ratelimit_app.W003"))
+    return errors
+
+
+@register(TAG)
+def check_store(app_configs=None, **kwargs):
+    """E006 when the store cannot serve the limiter's script (a cluster node behind a
+    single-node store, an ACL refusing EVALSHA, a cluster not ok); E008 when it answers but a
+    decision fails with an unexpected error (a bug or a library incompatibility: every request
+    would be let through unlimited); W004 when it cannot be reached at all: Redis may simply be
+    starting later than this process, and decisions then follow the rules' fail modes until it
+    answers.
+
+    Talks to Redis through the process's Limiter (socket timeouts apply): PING, the store's own
+    checks, then one decision on a scratch identity whose key it deletes (round_trip.py). That
+    is a few milliseconds whenever ``check``, ``runserver`` or ``migrate`` runs the checks; a
+    Redis that does not answer PING costs one connect timeout and skips the rest.
+    """
+    from ..runtime.limiter import default_limiter
+    from ..stores import StoreUnavailable
+    from ..stores.base import is_misconfiguration
+    from .round_trip import (
+        MISCONFIGURED,
+        UNAVAILABLE,
+        UNEXPECTED,
+        decision_round_trip,
+        describe_error,
+    )
+
+    config = get_config()
+    if not config["CLUSTER_NODES"]:
+        cache = settings.CACHES.get(config["CACHE_ALIAS"]) or {}
+        if not cache.get("BACKEND", "").startswith("django_redis."):
+            return []  # E001 says so already; there is no store to ask
+    try:
+        limiter = default_limiter()
+    except Exception as exc:  # a setting the store cannot even be built from
+        return [_store_error([f"{type(exc).__name__}: {exc}"])]
+    try:
+        limiter.store.ping()
+        problems = limiter.store.problems()
+    except StoreUnavailable as exc:
+        if not is_misconfiguration(exc):
+            return [_unreachable(f"The rate-limit store cannot be reached at startup: {exc}")]
+        problems = [str(exc)]
+    except Exception as exc:  # redis-py itself fails: the decisions' calls will too
+        return [_unexpected_error("The rate-limit store's client", describe_error(exc))]
+    if problems:
+        return [_store_error(problems)]
+    trip = decision_round_trip(limiter)
+    if trip.outcome == UNEXPECTED:
+        return [_unexpected_error("A decision on a scratch identity", trip.detail)]
+    if trip.outcome == MISCONFIGURED:
+        return [_store_error([trip.detail])]
+    if trip.outcome == UNAVAILABLE:
+        return [_unreachable(f"The rate-limit store answers PING but not a decision: "
+                             f"{trip.detail}")]
+    return []
+
+
+def _unreachable(message):
+    return Warning(message, id="ratelimit_app.W004",
+                   hint="Requests follow each rule's fail mode (FAIL_OPEN) until Redis answers; "
+                        "check the Redis address, or start Redis before the app.")
+
+
+def _store_error(problems):
+    return Error(
+        "The rate-limit store cannot serve the limiter's script: " + " ".join(problems),
+        hint="For a Redis Cluster set RATELIMIT_APP['CLUSTER_NODES'] (the cluster store); for "
+             "one node or Sentinel point CACHE_ALIAS at it; an ACL user needs EVALSHA, EVAL, "
+             "SCRIPT LOAD, GET, SET and MGET on the key prefix.",
+        id="ratelimit_app.E006")
+
+
+def _unexpected_error(what, detail):
+    return Error(
+        f"{what} failed with an unexpected error: {detail}. Every request meets it and is let "
+        f"through unlimited.",
+        hint="This is a bug or a library incompatibility, not Redis being down: compare the "
+             "installed redis-py, django-redis and Django with the supported versions "
+             "(ratelimit_app.E009 names any outside them), then report the error with this "
+             "message. Silencing this check does not make requests limited.",
+        id="ratelimit_app.E008")
+
+
+@register(TAG)
+def check_versions(app_configs=None, **kwargs):
+    """E009 for a library below the version it needs, W005 above the newest version the test
+    matrix runs, W006 when hiredis is missing (the ranges: ``support.py``)."""
+    return [_version_message(finding)
+            for finding in support.version_findings(support.installed_versions())]
+
+
+def _version_message(finding):
+    """Return the Error or Warning of one ``support.Finding``."""
+    entry, installed = finding.supported, finding.installed
+    name = entry.distribution
+    if finding.kind == support.BELOW_FLOOR:
+        why = f" ({entry.why_floor})" if entry.why_floor else ""
+        return Error(
+            f"{name} {installed} is installed; ratelimit_app needs {name} >= {entry.floor}{why}.",
+            hint=f"pip install '{name}>={entry.floor}'.", id="ratelimit_app.E009")
+    if finding.kind == support.UNTESTED:
+        return Warning(
+            f"{name} {installed} is newer than the newest version ratelimit_app is tested with "
+            f"({entry.newest_tested}.x).",
+            hint=f"It may work; if requests go unlimited or checks fail, pin "
+                 f"'{name}<{_next_minor(entry.newest_tested)}' and report it.",
+            id="ratelimit_app.W005")
+    # MISSING: in practice only hiredis (the others are imported before any check runs)
+    return Warning(
+        f"{name} is not installed.",
+        hint=f"pip install '{name}>={entry.floor}': without it redis-py parses replies in "
+             f"Python and every decision costs more CPU.",
+        id="ratelimit_app.W006")
+
+
+def _next_minor(version):
+    """Return the major.minor after ``version`` ("6.1" -> "6.2")."""
+    major, minor = (support.parse_version(version) + (0,))[:2]
+    return f"{major}.{minor + 1}"
+
+
+@register(TAG)
+def check_reload_interval(app_configs=None, **kwargs):
+    """E010 when CONFIG_RELOAD_INTERVAL_S is not a valid interval (the default applies then)."""
+    problem = reload_interval_problem(get_config()["CONFIG_RELOAD_INTERVAL_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_RELOAD_INTERVAL_S'] {problem}.",
+        hint="Give the seconds (1 or more, e.g. 30) within which rows changed without a signal "
+             "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
+             "Until then the default (30) applies.",
+        id="ratelimit_app.E010")]
+
+
+@register(TAG)
+def check_watch_interval(app_configs=None, **kwargs):
+    """E011 when CONFIG_WATCH_INTERVAL_S is not a valid interval (the default applies then)."""
+    problem = watch_interval_problem(get_config()["CONFIG_WATCH_INTERVAL_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_WATCH_INTERVAL_S'] {problem}.",
+        hint="Give the seconds (0.01 to 10, e.g. 0.05) between two reads of the config version "
+             "by each worker's watcher thread. Until then the default (0.05) applies.",
+        id="ratelimit_app.E011")]

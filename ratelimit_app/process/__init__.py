@@ -1,0 +1,6 @@
+"""What a worker process runs besides requests: daemon threads that work off the request path
+(``background``), the bounded log of unexpected errors (``unexpected``), and the stop request of a
+long-running command (``stop_signal``).
+
+Layer: the bottom, beside ``stores`` and ``conf``; imports nothing of the app.
+"""

@@ -1,0 +1,106 @@
+"""A daemon thread of this process that does one piece of work when woken or at an interval, off
+the request path.
+
+The metrics' flush (metrics/flush.py), the alerts' drain (business/alerts/crossings.py) and the comparison of the
+quota rows with the rules in memory (config/policy.py) each own one. The thread starts at the first ``wake()``, and again in a child
+process forked after it started (a fork copies no thread: ``is_alive()`` is then False). It
+uses database connections of its own (Django's are per thread), closed after each round, so
+it holds none while it waits.
+"""
+
+import logging
+import os
+import sys
+import threading
+
+from django.db import connections
+
+__all__ = ["WorkerThread"]
+
+logger = logging.getLogger("ratelimit_app")
+
+
+class WorkerThread:
+    """Run ``work`` (a callable, no arguments) in a thread named ``name`` when woken, and with
+    ``every_s`` (a callable returning seconds) at least that often.
+
+    ``work`` handles its own errors; one that escapes is logged and the thread waits for the
+    next round, so a bug never stops the work for the life of the process. With
+    ``low_priority``, the thread runs at the lowest CPU priority (see ``_lower_priority``);
+    with ``final_round``, ``stop()`` has it run ``work`` once more before it ends (what a
+    queue's drain needs: nothing left behind).
+    """
+
+    def __init__(self, work, name, every_s=None, *, low_priority=False, final_round=False):
+        self._work = work
+        self.name = name
+        self._every_s = every_s
+        self._low_priority = low_priority
+        self._final_round = final_round
+        self._wake = threading.Event()
+        # one per started thread: a thread still finishing its round after stop() keeps its
+        # own, so starting the next one can never make it go on
+        self._stop = threading.Event()
+        self._thread = None
+        self._start_lock = threading.Lock()
+
+    @property
+    def running(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self):
+        """Have the thread run ``work`` once more, as soon as it finishes the round under way
+        (wakes while it works count as one); start it if it is not running."""
+        self.ensure_running()
+        self._wake.set()
+
+    def ensure_running(self):
+        if self.running:
+            return
+        with self._start_lock:  # two first callers at once start one thread
+            if not self.running:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,),
+                                                name=self.name, daemon=True)
+                self._thread.start()
+
+    def stop(self):
+        """Stop the thread after the round under way (and its final round, if it has one)."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    def _run(self, stop):
+        if self._low_priority:
+            _lower_priority()
+        while True:
+            self._wake.wait(self._every_s() if self._every_s is not None else None)
+            self._wake.clear()
+            stopping = stop.is_set()
+            if stopping and not self._final_round:
+                return
+            try:
+                self._work()
+            except Exception:
+                logger.exception("ratelimit_app: %s failed; it runs again at its next round",
+                                 self.name)
+            finally:
+                connections.close_all()  # this thread's connections only
+            if stopping:
+                return
+
+
+def _lower_priority():
+    """Give the calling thread the lowest CPU priority (nice 19), so that the cores go to
+    requests (this worker's, other workers', Redis) whenever they want them. Linux schedules
+    each thread on its own; elsewhere setpriority would lower the whole process, so this
+    does nothing there."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError as exc:  # not expected on Linux; the work runs at the normal priority then
+        logger.warning("ratelimit_app: could not lower the priority of a background thread "
+                       "(%s)", exc)

@@ -1,0 +1,218 @@
+"""The one entry point both adapters use: decide a request once, and never fail it.
+
+A request seen by the middleware and by the DRF throttle is charged once: the decision is kept on
+the Django ``HttpRequest`` as ``request.ratelimit`` and reused.
+
+Failed authentication (D3) is charged here too, once the response shows it: a wrong password
+(Django's ``user_login_failed`` signal), a 401 answer to a request that carried credentials, or
+an API key header naming no active key. Each costs the client IP one token of its failed-auth
+rules; a client IP with none left is refused (429) whatever it sends, so guessing is limited and
+a right guess looks like a wrong one.
+
+The ``a``-prefixed functions are the same for an event loop (QuotaMiddleware under ASGI): they
+await the Limiter's async methods and differ in nothing else.
+"""
+
+import logging
+
+from ..conf import get_config, meta_key
+from ..decision.engine import Decision
+from ..decision.headers import problem_response
+from .limiter import default_limiter
+
+__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot",
+           "release_slot", "endpoint_name", "mark_authentication_failed",
+           "authentication_failed", "charge_failed_authentication",
+           "acharge_failed_authentication",
+           "check_failed_authentication", "acheck_failed_authentication"]
+
+logger = logging.getLogger("ratelimit_app")
+
+DECISION_ATTR = "ratelimit"
+AUTH_FAILED_ATTR = "_ratelimit_authentication_failed"
+# set by QuotaMiddleware on a request it leaves to QuotaThrottle: the middleware puts the
+# headers on the response (directly, see headers.apply_headers), so the throttle need not hand
+# them to DRF (which would set each through Django's checks)
+HEADERS_ON_THE_WAY_OUT_ATTR = "_ratelimit_headers_on_the_way_out"
+
+
+def endpoint_name(request):
+    """Return the URL name of the view serving ``request`` (namespaced), or "" if unresolved."""
+    match = getattr(request, "resolver_match", None)
+    return match.view_name if match is not None else ""
+
+
+def decide(request, user):
+    """Return the Decision for ``request`` (a Django HttpRequest), computing it at most once."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None:
+        return decision
+    try:
+        decision = default_limiter().decide(request, user, endpoint_name(request))
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "deciding a request; request allowed")
+        decision = Decision(allowed=True, degraded="error")
+    return _keep(request, decision)
+
+
+async def adecide(request, user):
+    """``decide`` for an event loop."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None:
+        return decision
+    try:
+        decision = await default_limiter().adecide(request, user, endpoint_name(request))
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "deciding a request; request allowed")
+        decision = Decision(allowed=True, degraded="error")
+    return _keep(request, decision)
+
+
+def hold_slot(request, response):
+    """Return ``response``, set to release the concurrency slot the request's decision holds
+    (if any) when the response is finished: Django (and the WSGI/ASGI server) call its
+    ``close()`` once the content is sent, a streaming response's content exhausted or closed,
+    or the client gone. The release runs once, however often close() is called."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is None or decision.slot is None:
+        return response
+    response._resource_closers.append(_Release(decision))
+    return response
+
+
+def release_slot(request):
+    """Release the slot of ``request``'s decision now (the view raised: no response)."""
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None and decision.slot is not None:
+        _Release(decision)()
+
+
+class _Release:
+    """Release a decision's slot, once."""
+
+    def __init__(self, decision):
+        self.decision = decision
+
+    def __call__(self):
+        decision, self.decision = self.decision, None
+        if decision is not None:
+            try:
+                default_limiter().release_slot(decision)
+            except Exception as error:  # the limiter must never fail a response
+                _unexpected(error, "releasing a concurrency slot; it frees at its deadline")
+
+
+def _unexpected(error, action):
+    """Count and log ``error``, an exception that escaped the Limiter while ``action``."""
+    try:
+        limiter = default_limiter()
+    except Exception as build_error:  # no Limiter to count it in (every request logs this,
+        # unthrottled, until the settings are fixed)
+        logger.error("ratelimit_app: unexpected %s while %s: %s; and no Limiter to count it "
+                     "(building one raised %s: %s)", type(error).__name__, action, error,
+                     type(build_error).__name__, build_error, exc_info=error)
+        return
+    limiter.unexpected_error(error, action)
+
+
+def _keep(request, decision):
+    setattr(request, DECISION_ATTR, decision)
+    default_limiter().record(decision)
+    return decision
+
+
+def mark_authentication_failed(request):
+    """Note that credentials sent with ``request`` (a Django HttpRequest or a DRF Request) were
+    wrong; ``charge_failed_authentication`` charges it once the response is ready."""
+    request = getattr(request, "_request", request)  # DRF's Request wraps Django's
+    if request is not None:
+        setattr(request, AUTH_FAILED_ATTR, True)
+
+
+def charge_failed_authentication(request, response):
+    """Return the response to send: ``response``, or a 429 if ``request`` failed to
+    authenticate and its client IP has no failed authentications left."""
+    if not authentication_failed(request, response):
+        return response
+    try:
+        decision = default_limiter().failed_authentication(request, endpoint_name(request))
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "charging a failed authentication; not charged")
+        return response
+    return _refusal(request, decision) or response
+
+
+async def acharge_failed_authentication(request, response):
+    """``charge_failed_authentication`` for an event loop."""
+    if not authentication_failed(request, response):
+        return response
+    try:
+        decision = await default_limiter().afailed_authentication(request,
+                                                                  endpoint_name(request))
+    except Exception as error:  # the limiter must never be the reason for a 500
+        _unexpected(error, "charging a failed authentication; not charged")
+        return response
+    return _refusal(request, decision) or response
+
+
+def check_failed_authentication(request):
+    """Return a 429 if ``request``'s client IP has no failed authentications left, else None.
+
+    For requests no ordinary decision covers (exempt paths such as the admin's login form):
+    without it, a blocked client could still learn that a guess was right.
+    """
+    try:
+        decision = default_limiter().failed_authentication(request, endpoint_name(request),
+                                                           charge=False)
+    except Exception as error:
+        _unexpected(error, "checking failed authentications; request allowed")
+        return None
+    return _refusal(request, decision)
+
+
+async def acheck_failed_authentication(request):
+    """``check_failed_authentication`` for an event loop."""
+    try:
+        decision = await default_limiter().afailed_authentication(
+            request, endpoint_name(request), charge=False)
+    except Exception as error:
+        _unexpected(error, "checking failed authentications; request allowed")
+        return None
+    return _refusal(request, decision)
+
+
+def _refusal(request, decision):
+    if decision is None or decision.allowed:
+        return None
+    if getattr(request, DECISION_ATTR, None) is None:
+        default_limiter().record(decision)  # otherwise counted already, as its request
+    setattr(request, DECISION_ATTR, decision)  # the middleware's headers describe the refusal
+    return problem_response(decision)
+
+
+def authentication_failed(request, response):
+    """True if ``request``'s credentials were wrong, as far as ``request`` and ``response``
+    show (what the charge functions check first)."""
+    if getattr(request, AUTH_FAILED_ATTR, False):
+        return True
+    meta = request.META
+    api_key_header = get_config()["API_KEY_HEADER"]
+    sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
+    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")):
+        return True
+    # DRF's AuthenticationFailed: 403 when the first authenticator sends no WWW-Authenticate
+    # (SessionAuthentication listed before a token scheme), and with no authenticate() call
+    if response.status_code in (401, 403) and _drf_error_code(response) == "authentication_failed":
+        return True
+    # an API key that names no active key: the caller was limited as anonymous
+    decision = getattr(request, DECISION_ATTR, None)
+    identity = decision.identity if decision is not None else None
+    return sent_key and identity is not None and identity.kind != "key"
+
+
+def _drf_error_code(response):
+    """Return the code of a DRF error response's ``detail`` (e.g. "authentication_failed"), or
+    None. Read without importing DRF: ErrorDetail is a str with a ``code``."""
+    data = getattr(response, "data", None)
+    detail = data.get("detail") if isinstance(data, dict) else None
+    return getattr(detail, "code", None)

@@ -1,0 +1,105 @@
+"""Bump the config version in Redis after every committed change of quota rows.
+
+Workers compare the version with their snapshot's and reload, so an admin edit is enforced
+everywhere within about a second without a restart. One transaction is one bump at its commit,
+however many rows it changed (``commit_hooks.on_commit_once``): an admin save with its inlines,
+an import, or ``loaddata`` of a whole fixture (its saves send ``post_save`` with ``raw=True``,
+all in one transaction) makes every worker reload once, not once per row. After ``migrate``
+has applied migrations (a data migration edits rows without signals) the version is bumped
+once. What sends no signal at all (a queryset's ``update()``, ``bulk_create``, raw SQL) is
+found by the workers' comparison of the rows (``policy.PolicyCache``, every
+``CONFIG_RELOAD_INTERVAL_S``).
+"""
+
+import logging
+
+from django.contrib.auth.signals import user_login_failed
+from django.db.models.signals import post_delete, post_migrate, post_save
+
+from ..config import audit
+from ..config.commit_hooks import on_commit_once, waiting_for_commit
+from ..config.policy import config_models
+from ..stores import StoreUnavailable
+from . import guard
+from .limiter import default_limiter
+
+logger = logging.getLogger("ratelimit_app")
+
+# the tables the snapshot is compiled from (and the fingerprint covers)
+WATCHED_MODELS = config_models()
+
+
+def bump_config_version(parts=None):
+    """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again).
+    ``parts``: the model names of the tables changed (None: unknown).
+
+    This process reloads at once; the others within CONFIG_WATCH_INTERVAL_S, and no debit is
+    made on the old rules meanwhile (the fence, see config/policy.py).
+    """
+    limiter = default_limiter()
+    try:
+        limiter.bump_config_version(parts)
+    except StoreUnavailable as exc:
+        logger.error("ratelimit_app: config change not announced, Redis unavailable: %s", exc)
+
+
+class _Announcement:
+    """The commit callback of one transaction: a new version naming the tables it changed (the
+    model names; each worker then reads those tables alone). Dropped with its transaction when
+    that rolls back, like any commit callback."""
+
+    def __init__(self, part):
+        self.parts = {part}
+
+    def __call__(self):
+        bump_config_version(self.parts)
+
+
+def _on_change(sender, using=None, **kwargs):
+    # once per transaction, however many rows it changed (an admin save with its inlines, an
+    # import, loaddata of a whole fixture): one audit entry and one new version at the commit
+    audit.note_change(using)
+    part = sender._meta.model_name
+    waiting = waiting_for_commit("config-version", using)
+    if waiting is not None:
+        waiting.parts.add(part)
+    else:
+        on_commit_once("config-version", _Announcement(part), using=using)
+
+
+for model in WATCHED_MODELS:
+    post_save.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.save.{model.__name__}")
+    post_delete.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.delete.{model.__name__}")
+
+
+def _on_migrate(sender, app_config=None, plan=None, **kwargs):
+    # sent once per installed app after every migrate: answer for this app only, and only when
+    # migrations ran (a data migration of any app may have changed quota rows without a signal;
+    # ``flush`` sends it with no plan)
+    if app_config is not None and app_config.name == "ratelimit_app" and plan:
+        bump_config_version()
+        _record_baseline(kwargs.get("using"))
+
+
+def _record_baseline(using):
+    """Give an empty audit trail its first entry: the configuration as the migrations left it,
+    so the first real change shows only itself."""
+    from ..config.models import AuditEntry, AuditSource
+
+    try:
+        if not AuditEntry.objects.using(using).exists():
+            audit.record(audit.Actor("migrate", AuditSource.MIGRATE), baseline=True)
+    except Exception:  # e.g. migrated backwards past the table: nothing to record into
+        logger.exception("ratelimit_app: could not record the audit trail's first entry")
+
+
+post_migrate.connect(_on_migrate, dispatch_uid="ratelimit_app.migrated")
+
+
+def _on_login_failed(sender, credentials=None, request=None, **kwargs):
+    # Django's authenticate() (login forms, DRF's BasicAuthentication) reports wrong passwords
+    # here; the failure is charged to the client IP once the response is ready (guard.py)
+    guard.mark_authentication_failed(request)
+
+
+user_login_failed.connect(_on_login_failed, dispatch_uid="ratelimit_app.login_failed")

@@ -1,0 +1,169 @@
+"""The dashboard in headless Debian Chromium (Playwright) against pytest-django's live server.
+
+Traffic comes from the ``ratelimit_traffic`` command sent to the live server over HTTP, so it
+crosses the real middleware and throttle; the test flushes the metrics itself (no sleeps).
+Screenshots go to the git-ignored ``screenshots/`` folder.
+"""
+
+import io
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from playwright.sync_api import expect
+
+import ratelimit_app.admin.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
+from ratelimit_app.decision.keys import scope_token
+
+from ..helpers import breadcrumbs_of, limiter
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "screenshots"
+DASHBOARD = "/admin/ratelimit_app/dashboard/"
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="session")
+def base_url():
+    """Replaces pytest-playwright's fallback ``base_url`` (a plugin method pytest 9 warns about,
+    and warnings are errors here). Pages are opened by full URL."""
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright(django_db_setup):
+    """Playwright's sync API runs an event loop in this thread, which Django takes for an async
+    context; the ORM calls of these tests are plain sync code. (Depending on django_db_setup
+    creates the test database before Playwright starts.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
+
+
+def send_traffic(live_server, requests):
+    call_command("ratelimit_traffic", url=live_server.url, requests=requests, rps=0,
+                 duration=60, stdout=io.StringIO())
+    limiter().flusher.flush_now()
+
+
+@pytest.fixture
+def dashboard(live_server, page, settings):
+    """A signed-in admin on the dashboard after demo traffic; returns (page, console errors)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "DASHBOARD_REFRESH_S": 1}
+    call_command("load_demo", stdout=io.StringIO())
+    send_traffic(live_server, 120)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{live_server.url}/admin/login/?next={DASHBOARD}")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "admin")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{DASHBOARD}")
+    # Collected from here on (the login page has its own test in test_admin_browser.py).
+    errors = []
+    page.on("console", lambda message: errors.append(message.text)
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("response", lambda response: errors.append(f"{response.status} {response.url}")
+            if response.status >= 400 else None)
+    page.reload()
+    SCREENSHOTS.mkdir(exist_ok=True)
+    # (the page's live refresh stops with its browser context, and conftest's
+    # _live_server_idle_before_flush waits for a refresh being served before the flush)
+    return page, errors
+
+
+def test_dashboard_shows_real_data_without_console_errors(dashboard):
+    page, errors = dashboard
+    bars = page.locator(".rl-chart .rl-bar")
+    expect(bars).to_have_count(60)
+    allowed = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.allowed)"))
+    denied = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.denied)"))
+    assert allowed + denied == 120 and denied > 0
+    expect(page.locator('[data-stat="requests"]')).to_have_text("120")
+    top = page.locator('[data-table="hot-denials"] tbody tr').first
+    expect(top.locator(".rl-identity")).to_have_text("127.0.0.1")  # the anonymous scraper
+    expect(page.get_by_text("Requests per minute", exact=True)).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-light.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-dark.png"), full_page=True)
+    assert errors == []
+
+
+def test_live_refresh_updates_numbers_without_reloading(dashboard, live_server):
+    page, errors = dashboard
+    counter = page.locator('[data-stat="requests"]')
+    expect(counter).to_have_text("120")
+    page.evaluate("window.rlNotReloaded = true")
+    send_traffic(live_server, 30)
+    expect(counter).to_have_text("150", timeout=TIMEOUT_MS)  # polls until the refresh lands
+    assert page.evaluate("window.rlNotReloaded") is True
+    expect(page.locator("[data-status]")).to_contain_text("updated")
+    assert errors == []
+
+
+def test_reset_from_the_inspector_empties_the_clients_buckets(dashboard, redis_server):
+    page, errors = dashboard
+    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    free_ip = page.locator('[data-table="buckets"] tr[data-rule="free-ip"]')
+    expect(free_ip).to_have_attribute("data-capacity", "40")
+    assert int(free_ip.get_attribute("data-tokens")) < 5  # drained (refills 1 per 3 s)
+    page.click("text=Reset this client's buckets…")
+    expect(page.get_by_text("Reset the buckets of")).to_be_visible()
+    page.click("input[value='Yes, reset']")
+    expect(page.locator(".messagelist")).to_contain_text("Reset the buckets of IP 127.0.0.1")
+    expect(free_ip).to_have_attribute("data-tokens", "40")
+    page.screenshot(path=str(SCREENSHOTS / "inspector-after-reset.png"), full_page=True)
+    token = scope_token("ip", "127.0.0.1")
+    assert redis_server.client().keys(f"rl:{{{token}}}*") == []
+    assert errors == []
+
+
+# Cards whose content does not fit them: a card wider inside than out (it scrolls: a column
+# hidden behind a scrollbar), or any element sticking out of its card.
+OVERFLOWING_IN_CARDS = """() => {
+  const cards = [...document.querySelectorAll('#rl-dashboard .rl-card')];
+  return cards.flatMap(card => {
+    const box = card.getBoundingClientRect();
+    const late = [...card.querySelectorAll('*')].filter(el => {
+        const r = el.getBoundingClientRect();
+        return r.width > 0 && (r.right > box.right + 0.5 || r.left < box.left - 0.5);
+    }).map(el => el.tagName + (el.textContent || '').trim().slice(0, 30));
+    const scrolls = card.scrollWidth > card.clientWidth;
+    return scrolls || late.length ? [{card: card.querySelector('caption, h2, dt')?.textContent,
+                                     scroll: card.scrollWidth, client: card.clientWidth,
+                                     late: late.slice(0, 5)}] : [];
+  });
+}"""
+
+
+def test_no_card_clips_its_content_at_1300_px(dashboard):
+    page, errors = dashboard
+    page.set_viewport_size({"width": 1300, "height": 900})
+    endpoint_rows = page.locator('[data-table="endpoint"] tbody tr')
+    expect(endpoint_rows.first).to_be_visible()
+    assert endpoint_rows.count() >= 2  # the demo traffic's endpoints are listed
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-1300.png"), full_page=True)
+    assert page.evaluate(OVERFLOWING_IN_CARDS) == []
+    assert errors == []
+
+
+def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live_server):
+    """Django 6.1 styles only <ol class="breadcrumbs"> (up to 6.0 only <div class="breadcrumbs">):
+    the dashboard and the inspector must look like a stock admin page of the running version."""
+    page, errors = dashboard
+    on_dashboard = breadcrumbs_of(page)
+    assert on_dashboard["links"] == ["Home", "Rate limits"]
+    assert on_dashboard["text"].endswith("Dashboard")
+    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    expect(page.locator('[data-table="buckets"]')).to_be_visible()
+    in_inspector = breadcrumbs_of(page)
+    assert in_inspector["links"] == ["Home", "Rate limits", "Dashboard"]
+    assert in_inspector["text"].endswith("Bucket inspector")
+    page.goto(f"{live_server.url}/admin/ratelimit_app/rule/")  # Django's own changelist
+    stock = breadcrumbs_of(page)["look"]
+    assert stock["background"] != "rgba(0, 0, 0, 0)" and stock["rows"] == 1
+    assert on_dashboard["look"] == stock
+    assert in_inspector["look"] == stock
+    assert errors == []
