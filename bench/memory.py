@@ -72,9 +72,9 @@ def run(env, quick):
     keys = client.dbsize()
     used = client.info("memory")["used_memory"] - base_memory
     rule_id = next(r.id for r in default_limiter().snapshot().rules if r.name == "anon-memory-ip")
-    # every identity's key, each holding that identity's buckets (see decision/keys.py); the rule keeps
-    # them an hour (bench/fixtures.py), so how many there are does not depend on how fast this
-    # host filled them, and read_keys skips any that vanish anyway
+    # every identity's key, each holding that identity's buckets (see decision/keys.py); the rule
+    # keeps them an hour (bench/fixtures.py), so how many there are does not depend on how fast
+    # this host filled them, and read_keys skips any that vanish anyway
     states, vanished = read_keys(client, "rl:{ip.*")
     rule_keys = sum(1 for state in states.values() if rule_id in state.buckets)
     usages = [state.memory_usage for state in states.values()]

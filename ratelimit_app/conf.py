@@ -75,10 +75,11 @@ DEFAULTS = {
     "CONFIG_RELOAD_INTERVAL_S": 30,
     # IANA time zone whose midnights start the days and months of calendar quotas.
     "CALENDAR_TIME_ZONE": "UTC",
-    # Seconds a worker keeps tokens leased from a rule with a lease size (see decision/leases.py): what it
-    # has not spent by then is dropped, so a lease never holds tokens back for long.
+    # Seconds a worker keeps tokens leased from a rule with a lease size (see decision/leases.py):
+    # what it has not spent by then is dropped, so a lease never holds tokens back for long.
     "LEASE_TTL_S": 1.0,
-    # Remember denials in-process until Redis would certainly deny again (see decision/deny_cache.py).
+    # Remember denials in-process until Redis would certainly deny again (see
+    # decision/deny_cache.py).
     "LOCAL_DENY_CACHE": True,
     # Metrics: flush interval, per-minute series retention, hot-key tracker capacity.
     "METRICS_ENABLED": True,
@@ -95,12 +96,13 @@ DEFAULTS = {
     # always read it.
     "PROMETHEUS_ENABLED": False,
     "PROMETHEUS_TOKEN": None,
-    # Quota alerts (business/alerts/crossings.py): crossings waiting in a worker for its background thread to store
-    # them (beyond this many, new ones are dropped and counted), and how often it stores them.
+    # Quota alerts (business/alerts/crossings.py): crossings waiting in a worker for its background
+    # thread to store them (beyond this many, new ones are dropped and counted), and how often it
+    # stores them.
     "ALERTS_QUEUE_SIZE": 10_000,
     "ALERTS_DRAIN_INTERVAL_S": 1.0,
-    # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a receiver has to answer,
-    # how long a delivery is retried before it is marked failed, the first retry's delay
+    # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a receiver has
+    # to answer, how long a delivery is retried before it is marked failed, the first retry's delay
     # (doubled each attempt, with jitter, up to the max), and how often the sender looks for work.
     "WEBHOOK_TIMEOUT_S": 5.0,
     "WEBHOOK_RETRY_FOR_S": 24 * 3600,

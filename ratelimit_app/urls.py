@@ -1,8 +1,8 @@
 """Optional URLs of the app: ``path("ratelimit/", include("ratelimit_app.urls"))``.
 
-``usage/`` is the caller's own quota usage (see views/usage.py), ``metrics/`` the Prometheus endpoint
-(off unless enabled), ``usage-records/`` the staff JSON API of the usage records for billing
-(views/usage_records.py). The dashboard itself lives in the admin and needs no URL here.
+``usage/`` is the caller's own quota usage (see views/usage.py), ``metrics/`` the Prometheus
+endpoint (off unless enabled), ``usage-records/`` the staff JSON API of the usage records for
+billing (views/usage_records.py). The dashboard itself lives in the admin and needs no URL here.
 """
 
 from django.urls import path

@@ -1,6 +1,8 @@
-"""A real uvicorn for the tests (tests/adapters/test_asgi.py, tests/runtime/test_concurrency_limits.py), and a real
-gunicorn with sync workers beside it (tests/config/test_reload_live.py, tests/business/test_alerts_processes.py): started on a free 127.0.0.1
-port with the environment given (settings module, SQLite file, Redis URL), stopped by PID; and
+"""A real uvicorn for the tests (tests/adapters/test_asgi.py,
+tests/runtime/test_concurrency_limits.py), and a real
+gunicorn with sync workers beside it (tests/config/test_reload_live.py,
+tests/business/test_alerts_processes.py): started on a free 127.0.0.1 port with the environment
+given (settings module, SQLite file, Redis URL), stopped by PID; and
 ``get``, one real HTTP request to either."""
 
 import json

@@ -3,12 +3,16 @@
 import contextlib
 import threading
 import time
+from pathlib import Path
 
-from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.config.snapshot import CompiledRule
 from ratelimit_app.decision.buckets import Bucket, CalendarQuota
 from ratelimit_app.decision.engine import statuses_from
 from ratelimit_app.decision.keys import bucket_key
 from ratelimit_app.runtime.limiter import default_limiter, install_limiter
+
+# where the browser tests save screenshots for a person to look at (git-ignored)
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"
 
 _next_id = iter(range(1, 10**9))
 

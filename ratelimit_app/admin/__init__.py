@@ -6,8 +6,8 @@ below it; never the views or the operations tools, and nothing on the request pa
 
 - ``config.py``: plans, rules, endpoint costs, API keys, overrides, and the simulator's page
   (``simulator.py``), with the operator-worded forms of ``forms.py``.
-- ``config/audit.py``: the audit trail and its restore; ``business/alerts/crossings.py``: alerts, webhooks, deliveries;
-  ``views/usage.py``: the usage records page; ``readonly.py``: the view-only admin they share.
+- ``audit.py``: the audit trail and its restore; ``alerts.py``: alerts, webhooks, deliveries;
+  ``usage.py``: the usage records page; ``readonly.py``: the view-only admin they share.
 - ``dashboard/``: hot keys, 429 rates, the bucket inspector.
 """
 

@@ -1,6 +1,7 @@
-"""The quota configuration's rows, edited in the Django admin, and the audit trail of their changes.
+"""The quota configuration's rows, edited in the Django admin, and the audit trail of their
+changes.
 
-Rows here are never read on the request path: ``config/policy.py`` compiles them into an
+Rows here are never read on the request path: ``config/compiler.py`` compiles them into an
 in-process snapshot, and ``runtime/signals.py`` publishes a new config version in Redis on every
 committed change so each worker applies it within about a second. ``ratelimit_app.models`` (the
 module Django and users import) re-exports every model of the app.

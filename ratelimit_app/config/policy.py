@@ -1,7 +1,8 @@
-"""DB rows → an immutable in-process snapshot, kept fresh as the configuration changes.
+"""``PolicyCache``: the snapshot in force in this process, kept fresh as the configuration changes.
 
-The request path reads only the snapshot: no database query per request once it is warm. Every
-committed admin change publishes a new config version in Redis (``runtime/signals.py``). From then on:
+The request path reads only the snapshot (``snapshot.py``, compiled from the rows by
+``compiler.py``): no database query per request once it is warm. Every committed admin change
+publishes a new config version in Redis (``runtime/signals.py``). From then on:
 
 - no debit is made on older rules: each take.lua call is fenced on the version its rules were
   compiled from, debits nothing when the store holds another, and the decision is made again
@@ -11,7 +12,7 @@ committed admin change publishes a new config version in Redis (``runtime/signal
 
 Rows changed without a signal (a queryset's ``update()``, ``bulk_create``, raw SQL, a data
 migration) announce nothing: for them the watcher compares a digest of the rows with its
-snapshot's once every ``CONFIG_RELOAD_INTERVAL_S`` (one query, ``config_fingerprint``), and the
+snapshot's once every ``CONFIG_RELOAD_INTERVAL_S`` (one query, ``fingerprint.py``), and the
 first worker to see a difference announces a new version (recorded once in the audit trail).
 
 Plan assignments, identity overrides and the plan of an API key may have a start and an end
@@ -19,501 +20,33 @@ Plan assignments, identity overrides and the plan of an API key may have a start
 next moment one starts or ends (``Snapshot.next_change_at``); the snapshot of that moment is
 compiled ahead and swapped in at the moment (``PolicyCache``).
 """
-import functools
-import hashlib
-import itertools
 import logging
-import marshal
 import math
-import operator
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
-from ..conf import get_config
 from ..process.background import WorkerThread
 from ..stores.base import StoreUnavailable
+from .compiler import RELOAD_PAUSE_S, compile_snapshot
+from .fingerprint import COMPARISON_PAUSE_S, config_fingerprint
+from .snapshot import Snapshot
 from .versions import PUBLICATION_WAIT_S, published_ms
 
-__all__ = ["CompiledRule", "Snapshot", "PolicyCache", "compile_snapshot", "config_fingerprint"]
+__all__ = ["PolicyCache", "ANNOUNCE_GRACE_S", "SCHEDULE_RECHECK_S", "UPCOMING_LEAD_S"]
 
 logger = logging.getLogger("ratelimit_app")
+
+# How long the watcher waits, once its comparison found the rows changed, for the version an
+# edit made through save() publishes after its commit, before it takes the change for one
+# made outside the app (announced, and recorded in the audit trail): longer than a
+# publication takes (a node: a millisecond; a Cluster's copies: about 0.1 s), short beside
+# CONFIG_RELOAD_INTERVAL_S.
+ANNOUNCE_GRACE_S = 0.25
+ANNOUNCE_GRACE_POLL_S = 0.01
 
 # The longest a worker trusts its monotonic clock to say when a dated row starts or ends: the
 # wall clock is read again after this long (it may have been stepped meanwhile).
 SCHEDULE_RECHECK_S = 60.0
-
-# The hierarchy, from the widest scope to the narrowest: the order buckets are reported in.
-SCOPE_ORDER = {"global": 0, "plan": 1, "tenant": 2, "user": 3, "ip": 3}
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledRule:
-    """A rule as the engine needs it. ``fail_open`` is None when the project default applies."""
-
-    id: int
-    name: str
-    scope: str
-    plan: str | None
-    endpoint: str
-    rate: int
-    period_s: int
-    burst: int
-    shadow: bool
-    fail_open: bool | None
-    # counts failed authentications of a client IP instead of requests (see decision/engine.py)
-    failed_auth: bool = False
-    # tokens a worker leases at a time from this (shared) bucket; 0: no lease (see decision/leases.py)
-    lease: int = 0
-    # a calendar quota's period ("day" or "month", see decision/periods.py): ``rate`` units per period;
-    # "": a token bucket
-    calendar: str = ""
-    # a concurrency limit: at most ``rate`` requests in flight, each slot freed after
-    # ``period_s`` at the latest (see buckets.ConcurrencySlot)
-    concurrency: bool = False
-    # alert thresholds, percent of the quota used, ascending (see business/alerts/crossings.py); (): no alerts
-    alerts: tuple = ()
-
-    def lets_through_without_redis(self):
-        """Return True if this rule allows requests while Redis cannot answer."""
-        return get_config()["FAIL_OPEN"] if self.fail_open is None else self.fail_open
-
-    def with_numbers(self, rate, period_s, burst):
-        """Return a copy with an identity override's own numbers."""
-        return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
-                            rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar, self.concurrency, self.alerts)
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKeyEntry:
-    id: int
-    prefix: str
-    user_id: str
-    plan: str | None
-    tenant: str
-
-
-@dataclass(frozen=True, slots=True)
-class OverrideEntry:
-    exempt: bool
-    rule_id: int | None
-    rate: int | None
-    period_s: int | None
-    burst: int | None
-
-
-@dataclass
-class Snapshot:
-    """Everything the request path needs, compiled from the database at one config version."""
-
-    version: str
-    rules: tuple = ()
-    failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
-    has_alerts: bool = False       # a rule has alert thresholds (see business/alerts/crossings.py)
-    plans: frozenset = frozenset()
-    default_authenticated_plan: str | None = None
-    default_anonymous_plan: str | None = None
-    api_keys: dict = field(default_factory=dict)      # digest -> ApiKeyEntry
-    assignments: dict = field(default_factory=dict)   # str(user pk) -> (plan slug, tenant)
-    overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
-    costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
-    # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
-    # snapshot is out of date from then on
-    next_change_at: float = math.inf
-    # the wall-clock time (epoch s) the dated rows were evaluated at
-    compiled_at: float = 0.0
-    # the next start or end among each dated part's rows (see PARTS): kept for a later compile
-    # that reads only other parts
-    part_moments: dict = field(default_factory=dict, repr=False)
-    _rules_for: dict = field(default_factory=dict, repr=False)
-    # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
-    buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
-
-    def rules_for(self, plan, endpoint):
-        """Return the enabled rules that apply to a plan and endpoint, widest scope first and
-        endpoint rules last within a scope (memoised per pair, so the cost does not grow with
-        rules that do not apply)."""
-        cache_key = (plan, endpoint)
-        found = self._rules_for.get(cache_key)
-        if found is None:
-            found = tuple(sorted(
-                (r for r in self.rules
-                 if (r.plan is None or r.plan == plan) and (not r.endpoint or r.endpoint == endpoint)),
-                key=lambda r: (SCOPE_ORDER[r.scope], bool(r.endpoint)),
-            ))
-            if len(self._rules_for) < 10_000:  # endpoints are finite; bound it anyway
-                self._rules_for[cache_key] = found
-        return found
-
-    def cost_for(self, endpoint, method, plan):
-        """Return the tokens a request costs: the most specific EndpointCost row, else 1.
-
-        A plan's own rows come before rows for every plan; within each, the method's row before
-        "any method". HEAD is served by the GET view, so it costs what GET costs unless a row
-        names HEAD itself.
-        """
-        costs = self.costs
-        if not costs:
-            return 1
-        methods = _COST_METHODS.get(method, (method, "*"))
-        for row_plan in (plan, None):
-            for row_method in methods:
-                cost = costs.get((endpoint, row_method, row_plan))
-                if cost is not None:
-                    return cost
-        return 1
-
-
-# Which EndpointCost methods price a request, most specific first.
-_COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
-
-
-def _alert_thresholds(rule, parse):
-    """Return a rule row's alert thresholds, or () (logged) for a value clean() would refuse,
-    written without it (a queryset's update(), raw SQL): alerts are not worth a failed reload."""
-    if not rule.alert_thresholds:
-        return ()
-    try:
-        return parse(rule.alert_thresholds)
-    except ValueError as exc:
-        logger.warning("ratelimit_app: rule %s: alert thresholds %r ignored: %s", rule.name,
-                       rule.alert_thresholds, exc)
-        return ()
-
-
-def _next_change(rows, now):
-    """Return the earliest start or end after the datetime ``now`` among ``rows`` (epoch s),
-    or ``math.inf`` when none lies ahead."""
-    moments = [moment for row in rows for moment in (row.starts_at, row.ends_at)
-               if moment is not None and moment > now]
-    return min(moments).timestamp() if moments else math.inf
-
-
-def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None):
-    """Read the configuration rows and return a Snapshot (the only DB access of the app).
-
-    ``now`` (epoch s; default: the wall clock) picks the dated assignments and overrides
-    that are active; the snapshot records when the next one starts or ends. With ``pause_s``
-    (a thread's), it sleeps that long after every ``FINGERPRINT_CHUNK_ROWS`` rows it builds,
-    for the reason ``config_fingerprint`` does (the GIL; see ``_paced``).
-
-    With ``base`` (a snapshot compiled earlier) and ``changed`` (the model names of the tables
-    changed since, ``parts_to_read``), only the parts those tables feed are read again, the
-    others are taken from ``base``: an edit of one rule reads the rules, not every API key.
-
-    The reads run in an atomic block of their own: inside a caller's transaction (a view under
-    ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
-    migrated) is rolled back alone instead of aborting the caller's transaction on PostgreSQL.
-    """
-    from django.db import router, transaction
-
-    from .models import Rule
-
-    at = time.time() if now is None else now
-    parts = parts_to_read(base, changed, at)
-    with transaction.atomic(using=router.db_for_read(Rule)):
-        return _read_snapshot(version, at, parts, base, pause_s)
-
-
-# A snapshot's parts, named after the model whose rows each is compiled from, with the Snapshot
-# fields each fills. Every part reads plan slugs (``plan__slug``), so a change of plans reads
-# them all; the dated parts are read again too once one of their moments has passed.
-PARTS = {
-    "plan": ("plans", "default_authenticated_plan", "default_anonymous_plan"),
-    "rule": ("rules", "failed_auth_rules", "has_alerts", "_rules_for"),
-    "planassignment": ("assignments",),
-    "apikey": ("api_keys",),
-    "identityoverride": ("overrides",),
-    "endpointcost": ("costs",),
-}
-DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
-
-
-def parts_to_read(base, changed, at):
-    """Return the parts (PARTS' names) a compile at ``at`` (epoch s) must read: every one
-    without a ``base`` or a known ``changed`` set of model names, else those ``changed`` feeds,
-    with the dated parts when one of ``base``'s moments passed before ``at``."""
-    if base is None or changed is None or "plan" in changed:
-        return frozenset(PARTS)
-    parts = frozenset(changed) & frozenset(PARTS)
-    if base.next_change_at <= at:
-        parts |= DATED_PARTS
-    return parts
-
-
-def _paced(queryset, pause_s):
-    """Return ``queryset``'s rows as an iterable; with ``pause_s``, one that sleeps that long
-    after every FINGERPRINT_CHUNK_ROWS rows. Building the rows holds the GIL (about 10 ms for
-    the bench's 1,954 rows): in a thread that never pauses, a request thread returning from a
-    system call (Redis, its client) waits up to the interpreter's 5 ms switch interval for it,
-    several times per request."""
-    if not pause_s:
-        return queryset
-    return _paced_rows(queryset, pause_s)
-
-
-def _paced_rows(queryset, pause_s):
-    for count, row in enumerate(queryset.iterator(chunk_size=2000), 1):
-        yield row
-        if count % FINGERPRINT_CHUNK_ROWS == 0:
-            _pause(pause_s)
-
-
-def _pause(pause_s):
-    """Sleep ``pause_s`` seconds; a callable gives the pause at each call (PolicyCache's: none
-    while a request waits for the compile, see PolicyCache.fresh)."""
-    seconds = pause_s() if callable(pause_s) else pause_s
-    if seconds:
-        time.sleep(seconds)
-
-
-def _rows(queryset, *fields, pause_s=0.0):
-    """Return ``queryset``'s rows as named tuples of ``fields`` (paced, see _paced). Tuples,
-    not model instances: a compile of the bench's rows then takes 11 ms instead of 33 ms, and
-    every worker compiles at every edit."""
-    return list(_paced(queryset.values_list(*fields, named=True), pause_s))
-
-
-def _read_snapshot(version, at, parts, base, pause_s):
-    moment = datetime.fromtimestamp(at, tz=timezone.utc)
-    fields, part_moments = {}, {}
-    for part, names in PARTS.items():
-        if part in parts:
-            read, next_moment = _PART_READERS[part](moment, pause_s)
-            fields.update(read)
-            if next_moment != math.inf:
-                part_moments[part] = next_moment
-        else:
-            fields.update((name, getattr(base, name)) for name in names)
-            if part in base.part_moments:
-                part_moments[part] = base.part_moments[part]
-    return Snapshot(version=version, compiled_at=at, part_moments=part_moments,
-                    next_change_at=min(part_moments.values(), default=math.inf), **fields)
-
-
-def _read_plans(moment, pause_s):
-    from .models import Plan
-
-    plans = _rows(Plan.objects.all(), "slug", "default_for_authenticated",
-                  "default_for_anonymous", pause_s=pause_s)
-    return {
-        "plans": frozenset(p.slug for p in plans),
-        "default_authenticated_plan": next((p.slug for p in plans
-                                            if p.default_for_authenticated), None),
-        "default_anonymous_plan": next((p.slug for p in plans if p.default_for_anonymous), None),
-    }, math.inf
-
-
-def _read_rules(moment, pause_s):
-    from .models import Counts, FailureMode, Kind, Mode, Rule, parse_alert_thresholds
-
-    fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
-    rules = tuple(
-        CompiledRule(
-            id=r.id, name=r.name, scope=r.scope, plan=r.plan__slug,
-            endpoint=r.endpoint, rate=r.rate, period_s=r.period_s, burst=r.burst,
-            shadow=r.mode == Mode.SHADOW,
-            fail_open=fail_open.get(r.on_redis_failure),
-            failed_auth=r.counts == Counts.FAILED_AUTH,
-            lease=r.lease,
-            calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
-            concurrency=r.kind == Kind.CONCURRENCY,
-            alerts=_alert_thresholds(r, parse_alert_thresholds),
-        )
-        for r in _rows(Rule.objects.filter(enabled=True).order_by("id"),
-                       "id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s",
-                       "burst", "mode", "on_redis_failure", "counts", "lease", "calendar_period",
-                       "kind", "alert_thresholds", pause_s=pause_s)
-    )
-    return {
-        "rules": rules,
-        "failed_auth_rules": tuple(r for r in rules if r.failed_auth),
-        "has_alerts": any(r.alerts for r in rules),
-        "_rules_for": {},  # the memo of rules_for starts afresh with new rules
-    }, math.inf
-
-
-def _read_assignments(moment, pause_s):
-    from .models import PlanAssignment, active_at
-
-    rows = _rows(PlanAssignment.objects.all(), "user_id", "plan__slug", "tenant", "starts_at",
-                 "ends_at", pause_s=pause_s)
-    assignments = {str(a.user_id): (a.plan__slug, a.tenant)
-                   for a in rows if active_at(a.starts_at, a.ends_at, moment)}
-    return {"assignments": assignments}, _next_change(rows, moment)
-
-
-def _read_api_keys(moment, pause_s):
-    from .models import ApiKey, active_at
-
-    rows = _rows(ApiKey.objects.filter(active=True), "id", "digest", "prefix", "user_id",
-                 "plan_id", "plan__slug", "tenant", "starts_at", "ends_at", pause_s=pause_s)
-    # a key's plan outside its dates is None: the key is on its user's plan meanwhile
-    api_keys = {
-        k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
-                              k.plan__slug if k.plan_id and active_at(k.starts_at, k.ends_at,
-                                                                      moment) else None,
-                              k.tenant)
-        for k in rows
-    }
-    return {"api_keys": api_keys}, _next_change([k for k in rows if k.plan_id], moment)
-
-
-def _read_overrides(moment, pause_s):
-    from ..decision.identity import limited_ip
-    from .models import IdentityOverride, active_at
-
-    rows = _rows(IdentityOverride.objects.order_by("id"), "user_id", "api_key_id", "ip",
-                 "exempt", "rule_id", "rate", "period_s", "burst", "starts_at", "ends_at",
-                 pause_s=pause_s)
-    overrides = {}
-    # the dated ones after the permanent ones: the engine applies them in order, the last wins
-    active = sorted((o for o in rows if active_at(o.starts_at, o.ends_at, moment)),
-                    key=lambda o: o.starts_at is not None or o.ends_at is not None)
-    for o in active:
-        if o.user_id:
-            who = ("user", str(o.user_id))
-        elif o.api_key_id:
-            who = ("key", o.api_key_id)
-        else:
-            who = ("ip", limited_ip(o.ip))  # as identify() sees it: an IPv6 client is its /64
-        overrides.setdefault(who, []).append(
-            OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
-    return {"overrides": {k: tuple(v) for k, v in overrides.items()}}, \
-        _next_change(rows, moment)
-
-
-def _read_costs(moment, pause_s):
-    from .models import EndpointCost
-
-    costs = {(c.endpoint, c.method, c.plan__slug): c.cost
-             for c in _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug",
-                            "cost", pause_s=pause_s)}
-    return {"costs": costs}, math.inf
-
-
-_PART_READERS = {
-    "plan": _read_plans,
-    "rule": _read_rules,
-    "planassignment": _read_assignments,
-    "apikey": _read_api_keys,
-    "identityoverride": _read_overrides,
-    "endpointcost": _read_costs,
-}
-
-
-# config_fingerprint reads and hashes this many rows at a time (see its pause_s), and a paced
-# compile_snapshot builds this many between pauses: a few tenths of a millisecond of CPU. Then
-# the comparison pauses COMPARISON_PAUSE_S, in which a request thread can take the GIL: with
-# the bench's 1,954 rows a comparison lasts about 100 ms, for 12.6 ms of CPU against 7.3 ms in
-# one go, and a request that gives the GIL up for a moment (each call to Redis) seldom finds it
-# taken on return (docs/howto/apply-edits.md).
-FINGERPRINT_CHUNK_ROWS = 50
-COMPARISON_PAUSE_S = 0.001
-# The pause of the watcher's compile of a dated row's snapshot ahead of its moment: nobody
-# waits for it, so it keeps its share of its worker's GIL to about 10 %. (The compiles of the
-# rules in force are not paced: requests are fenced until they are done.)
-RELOAD_PAUSE_S = 0.003
-
-
-def config_models():
-    """Return the models whose rows ``compile_snapshot`` reads (the tables a fingerprint covers
-    and whose saves and deletes announce a new config version)."""
-    from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
-
-    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride)
-
-
-@functools.cache
-def _fingerprint_query(using, vendor, parts):
-    """Return the ``(sql, params)`` of ``config_fingerprint``'s query on database ``using``
-    for the tables of ``parts`` (a tuple of model names).
-
-    Built once per process: the ORM takes about 4 ms to build and compile it, ten times what
-    SQLite then takes to run it on the demo's rows.
-    """
-    from django.db.models import TextField, Value
-    from django.db.models.functions import Cast
-
-    tables = [(model, model._meta.concrete_fields) for model in config_models()
-              if model._meta.model_name in parts]
-    width = 1 + max(len(columns) for _, columns in tables)
-    names = [f"fingerprint_{i}" for i in range(width)]
-    queries = []
-    for model, columns in tables:
-        values = [Value(model._meta.db_table, output_field=TextField())]
-        values += [Cast(column.attname, TextField()) for column in columns]
-        values += [Value(None, output_field=TextField())] * (width - len(values))
-        queries.append(model._default_manager.db_manager(using).order_by()
-                       .annotate(**dict(zip(names, values))).values_list(*names))
-    union = (queries[0].union(*queries[1:], all=True) if len(queries) > 1 else queries[0]).query
-    # no ORDER BY at all: the first model's Meta.ordering would otherwise order the union by a
-    # column it does not select, which Django 6.1 refuses ("ORDER BY term does not match any
-    # column"); ``order_by()`` clears only explicit orderings, not the model's default one
-    union.clear_ordering(force=True, clear_default=True)
-    return union.sql_with_params()
-
-
-def config_fingerprint(pause_s=0.0, parts=None):
-    """Return a digest of the rows of each config table, ``{model name: hex str}``, in one
-    database query (``parts``: the model names of the tables to read; default: all).
-
-    Any change to those rows changes it: a ``save()``, but also what sends no signal (a
-    queryset's ``update()``, ``bulk_create``, a data migration, raw SQL) and a ``delete()`` of a
-    queryset. Workers compare it with the one their snapshot was compiled at, once every
-    ``CONFIG_RELOAD_INTERVAL_S`` (``PolicyCache``).
-
-    Why a content digest: ``update()`` and raw SQL leave ``auto_now`` columns alone, and an edit
-    that deletes one row and adds another keeps the row count, so neither a count nor a latest
-    timestamp would notice them. Every column of each table is read, not only those the
-    snapshot uses today: a column compile_snapshot starts reading is then covered without
-    anyone having to remember this function (an edit of a column it does not read costs one
-    needless reload). The tables are read in one ``UNION ALL`` of text columns (each value
-    cast to text by the database, so a digest is comparable only with digests from the same
-    database, which is all it is used for; narrower tables padded to the widest) and the rows
-    sorted here, the order of a union being undefined.
-
-    With ``pause_s`` (the comparison thread's), the rows are read and hashed
-    ``FINGERPRINT_CHUNK_ROWS`` at a time, sleeping ``pause_s`` between chunks: the reading and
-    hashing hold the GIL (about 7 ms with the bench's 1,954 rows), and a request waiting for it
-    would otherwise wait up to the interpreter's switch interval (5 ms) at a time. With pauses,
-    it waits for one chunk at most.
-    """
-    from django.db import connections, router, transaction
-
-    models = {model._meta.db_table: model._meta.model_name for model in config_models()}
-    parts = tuple(sorted(models.values() if parts is None else parts))
-    if not parts:
-        return {}
-    using = router.db_for_read(config_models()[0])
-    sql, params = _fingerprint_query(using, connections[using].vendor, parts)
-    # in a savepoint: should the query fail inside a request's transaction (ATOMIC_REQUESTS), the
-    # database (PostgreSQL) would otherwise refuse every later query of that request
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = []
-        while chunk := cursor.fetchmany(FINGERPRINT_CHUNK_ROWS):
-            rows += chunk
-            if pause_s:
-                _pause(pause_s)
-    # (table, primary key) is unique, so the sort never compares further columns (nor None
-    # with text)
-    rows.sort()
-    # marshal's format 2 is exact (typed and length-prefixed: None apart from "") and has no
-    # back-references, so equal rows give equal bytes; it is about 4x quicker than repr (0.7
-    # vs 3.0 ms for the bench's 1,954 rows). Each chunk's bytes say where they end, so the
-    # chunks' concatenation is as exact as the whole list's. Sorted, a table's rows are
-    # contiguous: one digest per table, so a comparison says which tables changed.
-    digests = {part: hashlib.blake2b(digest_size=16) for part in parts}
-    for table, table_rows in itertools.groupby(rows, key=operator.itemgetter(0)):
-        digest, table_rows = digests[models[table]], list(table_rows)
-        for start in range(0, len(table_rows), FINGERPRINT_CHUNK_ROWS):
-            digest.update(marshal.dumps(table_rows[start:start + FINGERPRINT_CHUNK_ROWS], 2))
-            if pause_s:
-                _pause(pause_s)
-    return {part: digest.hexdigest() for part, digest in digests.items()}
 
 
 # How long before a dated row's moment its snapshot is compiled (see PolicyCache.upcoming): far
@@ -927,6 +460,13 @@ class PolicyCache:
         if fingerprint == expected or snapshot is not self.snapshot:
             return  # unchanged, or reloaded meanwhile (from rows at least as new)
         parts = _changed_parts(expected, fingerprint)
+        if self._watcher is not None and self._published_meanwhile(snapshot):
+            # the rows of an edit made through save(), whose own announcement follows its
+            # commit: not an outside change (the watcher's next round compiles what the
+            # publication recorded; an outside change among them is found at the next
+            # comparison, against the new rows)
+            self._mark_superseded()
+            return
         self._note_changed(parts)
         if self._watcher is None:
             self._announce_change(snapshot, parts)
@@ -938,6 +478,20 @@ class PolicyCache:
             self._announce_change(snapshot, parts)
             self.stale = True
             self._reload_locked()
+
+    def _published_meanwhile(self, snapshot):
+        """Wait up to ANNOUNCE_GRACE_S for a version other than ``snapshot``'s (the watcher's
+        reads, straight to the store): True as soon as one is seen."""
+        deadline, pause = time.monotonic() + ANNOUNCE_GRACE_S, threading.Event()
+        while True:
+            try:
+                if self._poll_store() != snapshot.version:
+                    return True
+            except StoreUnavailable:
+                return False  # the announcement cannot be made either
+            if time.monotonic() >= deadline:
+                return False
+            pause.wait(ANNOUNCE_GRACE_POLL_S)
 
     def _announce_change(self, snapshot, parts):
         """Announce that the rows of ``snapshot`` changed (in the tables of ``parts``; None:

@@ -1,7 +1,8 @@
 """A bucket a request is charged against, and the status it reports after a decision.
 
-Units (shared with ``stores/lua/take.lua``): one token is ``period_ms`` units, so a rule of ``rate``
-tokens per period refills exactly ``rate`` units per millisecond and all math stays in integers.
+Units (shared with ``stores/lua/take.lua``): one token is ``period_ms`` units, so a rule of
+``rate`` tokens per period refills exactly ``rate`` units per millisecond and all math stays in
+integers.
 """
 
 import functools
@@ -100,7 +101,7 @@ class Bucket:
                  "spec", "shown", "short_below")
 
     def __init__(self, rule, key, cost, gate=False):
-        self.rule = rule        # policy.CompiledRule
+        self.rule = rule        # config.snapshot.CompiledRule
         self.key = key          # the identity's key: its other buckets are records in it too
         self.id = f"{key}:{rule.id}"  # this bucket alone (local caches key on it)
         self.cost = cost        # tokens

@@ -4,8 +4,8 @@ Values that come from a request (IPs, API keys, user names, tenant names) never 
 they are hashed to a fixed-length token, so a client cannot inject ``{``, ``}`` or ``:`` (which
 would move its buckets to another Cluster slot or collide with other keys) or grow keys without
 bound. The key is the ``{tag}`` hash tag of the scope value itself and holds every bucket of that
-identity (one record per rule, see ``stores/lua/take.lua``), so one identity is one key in one Cluster
-slot, and a short key: Redis spends per key about as much as on the buckets in it.
+identity (one record per rule, see ``stores/lua/take.lua``), so one identity is one key in one
+Cluster slot, and a short key: Redis spends per key about as much as on the buckets in it.
 """
 
 import base64

@@ -19,7 +19,8 @@ layout works unchanged on Redis Cluster where the buckets live::
     <p>:m:{usage}:added:<flusher>   STRING the last usage batch a flusher added       TTL 1 day
 
 The usage keys share one hash tag (one Cluster slot) so that RENAME and the claim's SADD run in
-one script (business/usage/rollup.py), and a flush's batch and its marker in another (usage_batches.py).
+one script (business/usage/rollup.py), and a flush's batch and its marker in another
+(usage_batches.py).
 
 A count is keyed in process by ``(dimension, name, outcome)``: ``dimension`` and ``outcome`` are
 the app's own words (never contain ``|``); ``name`` is a rule, plan or endpoint name and may.

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..config.policy import CompiledRule
+from ..config.snapshot import CompiledRule
 from ..decision.buckets import Bucket
 from ..decision.keys import bucket_key
 from ..stores import StoreMisconfigured, StoreUnavailable

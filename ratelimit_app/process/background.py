@@ -1,11 +1,11 @@
 """A daemon thread of this process that does one piece of work when woken or at an interval, off
 the request path.
 
-The metrics' flush (metrics/flush.py), the alerts' drain (business/alerts/crossings.py) and the comparison of the
-quota rows with the rules in memory (config/policy.py) each own one. The thread starts at the first ``wake()``, and again in a child
-process forked after it started (a fork copies no thread: ``is_alive()`` is then False). It
-uses database connections of its own (Django's are per thread), closed after each round, so
-it holds none while it waits.
+The metrics' flush (metrics/flush.py), the alerts' drain (business/alerts/crossings.py) and the
+comparison of the quota rows with the rules in memory (config/policy.py) each own one. The thread
+starts at the first ``wake()``, and again in a child process forked after it started (a fork copies
+no thread: ``is_alive()`` is then False). It uses database connections of its own (Django's are per
+thread), closed after each round, so it holds none while it waits.
 """
 
 import logging

@@ -4,8 +4,8 @@ but at a bounded rate.
 Redis being unreachable is an expected failure: the store raises StoreUnavailable, the circuit
 breaker and the rules' fail modes handle it, and ``LimiterStats.redis_errors`` counts it.
 Anything else that escapes a decision (a bug, or a library incompatibility such as redis-py
-5.0's ``get_connection()`` signature) is caught by ``runtime/guard.py`` so that the request still gets
-its response, let through unlimited. That is exactly the failure that must not pass unnoticed:
+5.0's ``get_connection()`` signature) is caught by ``runtime/guard.py`` so that the request
+still gets its response, let through unlimited. That is exactly the failure that must not pass unnoticed:
 it usually hits *every* request. So each one is counted (``LimiterStats.unexpected_errors``, and
 per exception type for Prometheus) and logged at ERROR with its type and traceback.
 

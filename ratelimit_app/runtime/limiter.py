@@ -166,7 +166,8 @@ class Limiter:
         # decisions are counted in batches while a later decision waits for Redis (recorder.py)
         store.run_while_waiting(self._count_metrics_while_waiting)
         self.reader = metrics.Reader(store.metrics_client, config=lambda: self.config)
-        # threshold crossings seen in decisions, stored by a background thread (business/alerts/crossings.py)
+        # threshold crossings seen in decisions, stored by a background thread
+        # (business/alerts/crossings.py)
         self.alerts = AlertQueue(lambda: int(wall_time() * 1000),
                                  config=lambda: self.config, autostart=metrics_autostart)
 
@@ -363,8 +364,8 @@ class Limiter:
         return True
 
     def _take_with_leases(self, buckets, version, now_ms, fence=None):
-        """``take`` for a decision some of whose buckets lease tokens (see decision/leases.py). Returns
-        ``(allowed, statuses)``, statuses in the buckets' order."""
+        """``take`` for a decision some of whose buckets lease tokens (see decision/leases.py).
+        Returns ``(allowed, statuses)``, statuses in the buckets' order."""
         leases = self.leases
         plan = leases.plan(buckets, version)
         fence = version if fence is None else fence

@@ -18,7 +18,7 @@ from django.db.models.signals import post_delete, post_migrate, post_save
 
 from ..config import audit
 from ..config.commit_hooks import on_commit_once, waiting_for_commit
-from ..config.policy import config_models
+from ..config.compiler import config_models
 from ..stores import StoreUnavailable
 from . import guard
 from .limiter import default_limiter

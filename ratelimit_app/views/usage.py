@@ -11,8 +11,8 @@ exempt from the limits: a plain Django view, so neither the middleware nor DRF's
 charge it. Shared buckets (scopes global, plan, tenant) give their remaining tokens only with
 ``DISCLOSE_SHARED_REMAINING``, as in the headers. A caller with an API key or a user account also
 gets its usage records of the month so far (``month_to_date``: per rule, units, allowed and
-refused, as rolled up into the database; see business/usage/records.py), read with its buckets; anonymous
-callers, counted together, get null.
+refused, as rolled up into the database; see business/usage/records.py), read with its buckets;
+anonymous callers, counted together, get null.
 
 Why it is not a free way to hammer Redis:
 
@@ -61,7 +61,8 @@ MAX_ANSWERS = 4096
 
 
 class Reading(NamedTuple):
-    """The statuses of a caller's buckets (in ``engine.client_buckets`` order) at ``read_at_ms``."""
+    """The statuses of a caller's buckets (in ``engine.client_buckets`` order) at
+    ``read_at_ms``."""
 
     statuses: tuple
     read_at_ms: int
@@ -200,7 +201,8 @@ def _policies(buckets, reading):
         if disclose_shared or not shared:
             reset_at_s = (reading.read_at_ms + status.reset_s * 1000) / 1000
             policy.update(remaining=status.remaining, reset=status.reset_s,
-                          reset_at=datetime.datetime.fromtimestamp(reset_at_s, datetime.timezone.utc)
+                          reset_at=datetime.datetime.fromtimestamp(reset_at_s,
+                                                                   datetime.timezone.utc)
                           .isoformat(timespec="seconds"))
         policies.append(policy)
     return policies

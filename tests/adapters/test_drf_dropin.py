@@ -51,7 +51,8 @@ def adapters(request, settings):
 @pytest.fixture
 def project_handler(settings):
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "EXCEPTION_HANDLER": "tests.adapters.test_drf_dropin.recording_handler"}
+                               "EXCEPTION_HANDLER":
+                               "tests.adapters.test_drf_dropin.recording_handler"}
 
 
 def refused(accept="application/json"):

@@ -9,17 +9,13 @@ import pytest
 from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
 from ratelimit_app.business.alerts.models import WebhookDelivery, WebhookEndpoint
 from ratelimit_app.models import Rule
-from tests.admin.test_admin_browser import (
-    SCREENSHOTS,
-    _orm_beside_playwright,  # noqa: F401  (fixture)
-    base_url,  # noqa: F401  (fixture)
-    signed_in_page,  # noqa: F401  (fixture)
-)
+from tests.helpers import SCREENSHOTS
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("orm_beside_playwright")]
 
 
-def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):  # noqa: F811
+def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):
     page = signed_in_page
     page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/add/")
     # every event is ticked for a new endpoint
@@ -58,7 +54,7 @@ def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):  # noq
     assert page.problems == []
 
 
-def test_the_deliveries_list_shows_failures_and_resends_them(signed_in_page):  # noqa: F811
+def test_the_deliveries_list_shows_failures_and_resends_them(signed_in_page):
     page = signed_in_page
     rule = Rule.objects.create(name="monthly", scope="user", kind="calendar",
                                calendar_period="month", rate=1000, period_s=31 * 86400,

@@ -6,7 +6,6 @@ Screenshots go to the git-ignored ``screenshots/`` folder.
 """
 
 import io
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -15,30 +14,13 @@ from playwright.sync_api import expect
 import ratelimit_app.admin.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.decision.keys import scope_token
 
-from ..helpers import breadcrumbs_of, limiter
+from ..helpers import SCREENSHOTS, breadcrumbs_of, limiter
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("orm_beside_playwright")]
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "screenshots"
 DASHBOARD = "/admin/ratelimit_app/dashboard/"
 TIMEOUT_MS = 15_000
-
-
-@pytest.fixture(scope="session")
-def base_url():
-    """Replaces pytest-playwright's fallback ``base_url`` (a plugin method pytest 9 warns about,
-    and warnings are errors here). Pages are opened by full URL."""
-    return None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _orm_beside_playwright(django_db_setup):
-    """Playwright's sync API runs an event loop in this thread, which Django takes for an async
-    context; the ORM calls of these tests are plain sync code. (Depending on django_db_setup
-    creates the test database before Playwright starts.)"""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        yield
 
 
 def send_traffic(live_server, requests):

@@ -8,15 +8,11 @@ import pytest
 from django.utils import timezone
 
 from ratelimit_app.models import ApiKey, AuditEntry, IdentityOverride, Rule
-from tests.admin.test_admin_browser import (  # noqa: F401  (fixtures)
-    SCREENSHOTS,
-    _orm_beside_playwright,
-    base_url,
-    signed_in_page,
-)
+from tests.helpers import SCREENSHOTS
 from tests.config.test_overrides import keys_with_dated_plans
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("orm_beside_playwright")]
 
 
 def dated_overrides():

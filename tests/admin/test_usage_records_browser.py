@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from ..helpers import create_usage_records
-from .test_admin_browser import SCREENSHOTS, _orm_beside_playwright, base_url, signed_in_page  # noqa: F401
+from ..helpers import SCREENSHOTS, create_usage_records
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("orm_beside_playwright")]
 
 
 def table_rows(page):

@@ -23,7 +23,8 @@ def received():
 
 @pytest.fixture
 def receiver():
-    """A real webhook receiver (tests/business/webhook_receiver.py) on a free port, stopped after."""
+    """A real webhook receiver (tests/business/webhook_receiver.py) on a free port, stopped
+    after."""
     receiver = Receiver().start()
     yield receiver
     receiver.stop()

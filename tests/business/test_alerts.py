@@ -1,4 +1,5 @@
-"""Quota alerts (business/alerts/crossings.py): a rule's thresholds, crossings learnt from the decision's levels on
+"""Quota alerts (business/alerts/crossings.py): a rule's thresholds, crossings learnt from the
+decision's levels on
 the request path (no query, no extra Redis call), stored once per identity, rule, threshold and
 period, the signal quota_threshold_crossed once per stored row, and the outbox rows written with
 them."""

@@ -161,7 +161,8 @@ RACE = """
 import django
 django.setup()
 from ratelimit_app.business.alerts.models import QuotaAlert
-from ratelimit_app.business.alerts.crossings import Crossing, quota_threshold_crossed, store_crossings
+from ratelimit_app.business.alerts.crossings import (Crossing, quota_threshold_crossed,
+                                                     store_crossings)
 from ratelimit_app.models import Rule
 signals = []
 quota_threshold_crossed.connect(lambda sender, alert, **kw: signals.append(alert.pk), weak=False)

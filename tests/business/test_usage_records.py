@@ -1,6 +1,6 @@
 """Usage records for billing: counted by the metrics recorder, flushed to Redis with the
-metrics, rolled up into UsageRecord rows exactly once (metrics/usage.py, business/usage/rollup.py), read back
-per day and per month (business/usage/records.py)."""
+metrics, rolled up into UsageRecord rows exactly once (metrics/usage.py,
+business/usage/rollup.py), read back per day and per month (business/usage/records.py)."""
 
 import datetime
 import json

@@ -1,4 +1,5 @@
-"""Webhook deliveries (business/alerts/webhooks.py, ``manage.py ratelimit deliver``) against a real HTTP receiver
+"""Webhook deliveries (business/alerts/webhooks.py, ``manage.py ratelimit deliver``) against a real
+HTTP receiver
 started by the test: signed bodies, retries with backoff while the receiver is down, failure
 after the retry window, claims that keep two senders apart, a timeout for a receiver that does
 not answer, and the admin's re-send."""

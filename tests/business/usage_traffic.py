@@ -1,4 +1,5 @@
-"""A worker process of tests/business/test_usage_records.py: sends the requests it is given through the
+"""A worker process of tests/business/test_usage_records.py: sends the requests it is given through
+the
 whole Django stack (middleware, limiter, recorder) at the given test times, flushes its metrics
 to Redis, and prints what it got as JSON: per request its status code, or 0 for an answer made
 without Redis (fail-open or fail-closed: no RateLimit header; such an answer charged nothing).

@@ -14,16 +14,12 @@ from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
-from ratelimit_app.config.policy import (
-    DATED_PARTS,
-    PARTS,
-    compile_snapshot,
-    config_fingerprint,
-    config_models,
-    parts_to_read,
-)
+from ratelimit_app.config.compiler import (DATED_PARTS, PARTS, compile_snapshot, config_models,
+                                           parts_to_read)
+from ratelimit_app.config.fingerprint import config_fingerprint
 from ratelimit_app.decision import keys
-from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule, Scope
+from ratelimit_app.models import (ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment,
+                                  Rule, Scope)
 from ratelimit_app.runtime.limiter import Limiter
 
 from ..helpers import FakeClock, limiter
@@ -109,6 +105,37 @@ def test_each_table_has_a_digest_and_one_table_can_be_digested_alone(rows):
     Rule.objects.filter(name="free-ip").update(burst=30)
     after = config_fingerprint()
     assert {part for part in after if after[part] != whole[part]} == {"rule"}
+
+
+def test_a_tables_digest_is_the_same_whichever_tables_are_read_with_it(rows):
+    """The query pads narrower tables to the widest it reads: the padding must not enter a
+    table's digest, or a worker that compiled some tables again would find the others changed
+    at its next comparison of the rows, and announce a change nobody made."""
+    user = User.objects.create(username="ann")
+    PlanAssignment.objects.create(user=user, plan=rows)
+    ApiKey.create_key(user, "ci", raw_key="rk_digest_test", plan=rows)
+    whole = config_fingerprint()
+    for part in PARTS:
+        assert config_fingerprint(parts={part}) == {part: whole[part]}, part
+        for other in PARTS:
+            assert config_fingerprint(parts={part, other})[part] == whole[part], (part, other)
+
+
+def test_after_compiling_one_narrow_table_again_the_rows_compare_unchanged(rows, redis_client):
+    limiter().bump_config_version()
+    other = worker()
+    try:
+        other.snapshot()
+        IdentityOverride.objects.filter(ip="192.0.2.1").update(exempt=False, burst=5)
+        published = limiter().bump_config_version({"identityoverride"})
+        other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)  # fenced: compiles
+        assert other.snapshot().version == published
+        assert other.policies.last_compile == ["identityoverride"]
+        other.policies._compare_with(other.policies.snapshot)
+        # nothing changed since: no announcement, no reload
+        assert limiter().read_version() == published and not other.policies.stale
+    finally:
+        other.close()
 
 
 # --- the record of changes and the workers ------------------------------------------------------

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ratelimit_app.admin.dashboard.data import temporary_rows
 from ratelimit_app.config import audit, quotas_as_code
-from ratelimit_app.config.policy import compile_snapshot
+from ratelimit_app.config.compiler import compile_snapshot
 from ratelimit_app.decision.identity import identify
 from ratelimit_app.models import (
     ApiKey,
@@ -148,7 +148,8 @@ def test_a_permanent_and_a_dated_override_of_one_caller_export_and_import_unchan
 def test_a_wall_clock_stepped_forward_is_caught_within_a_minute():
     """The switch moment is kept on the monotonic clock, but the wall clock is read again at
     least every SCHEDULE_RECHECK_S: a clock stepped past the moment switches by then."""
-    from ratelimit_app.config.policy import SCHEDULE_RECHECK_S, PolicyCache, Snapshot
+    from ratelimit_app.config.policy import SCHEDULE_RECHECK_S, PolicyCache
+    from ratelimit_app.config.snapshot import Snapshot
 
     monotonic, wall, loads = [0.0], [1_000.0], []
 
@@ -172,7 +173,9 @@ def test_the_watcher_compiles_a_moments_rules_ahead_and_the_first_request_after_
     moment (or by the watcher), with no compile on the request's thread."""
     import threading
 
-    from ratelimit_app.config.policy import UPCOMING_LEAD_S, PolicyCache, Snapshot
+    from ratelimit_app.config.policy import UPCOMING_LEAD_S, PolicyCache
+
+    from ratelimit_app.config.snapshot import Snapshot
 
     monotonic, wall, compiled_in = [0.0], [1_000.0], []
     moment = 1_010.0  # a row starts 10 s after the first compile
@@ -203,7 +206,8 @@ def test_the_watcher_compiles_a_moments_rules_ahead_and_the_first_request_after_
 
 
 def test_a_moment_whose_rules_are_not_ready_is_compiled_by_the_request():
-    from ratelimit_app.config.policy import PolicyCache, Snapshot
+    from ratelimit_app.config.policy import PolicyCache
+    from ratelimit_app.config.snapshot import Snapshot
 
     monotonic, wall, loads = [0.0], [1_000.0], []
 

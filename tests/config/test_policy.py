@@ -7,7 +7,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.test import RequestFactory
 
-from ratelimit_app.config.policy import Snapshot
+from ratelimit_app.config.snapshot import Snapshot
 from ratelimit_app.models import (
     EndpointCost,
     FailureMode,
@@ -109,7 +109,7 @@ def test_the_compile_reads_tuples_and_builds_no_model_instance():
 
     from django.db.models.signals import post_init
 
-    from ratelimit_app.config import policy
+    from ratelimit_app.config import compiler
     from ratelimit_app.models import ApiKey, hash_api_key
 
     pro = add_plan("pro", default_for_authenticated=True)
@@ -127,7 +127,7 @@ def test_the_compile_reads_tuples_and_builds_no_model_instance():
         built.append(sender.__name__)
     post_init.connect(count)
     try:
-        snapshot = policy.compile_snapshot("v", now.timestamp())
+        snapshot = compiler.compile_snapshot("v", now.timestamp())
     finally:
         post_init.disconnect(count)
 

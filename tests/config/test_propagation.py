@@ -389,6 +389,9 @@ def test_a_dated_override_switches_at_its_moments(deployment, busy):
 # --- a change without a signal -----------------------------------------------------------------
 
 def test_an_outside_change_is_found_without_traffic_and_recorded_once(deployment):
+    # every worker has served (a worker's watcher starts with its first decision), whichever
+    # test of the module ran before this one
+    converge(deployment, [], version=deployment.stored_version() or "0")
     # a dated override ahead: the rules have a moment to switch at
     python(["-c", OVERRIDE, "3600", "60"], deployment.env)
     changed = json.loads(python(["-c", OUTSIDE_UPDATE], deployment.env))

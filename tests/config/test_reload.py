@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -24,8 +25,10 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 import ratelimit_app
-from ratelimit_app.config import policy
-from ratelimit_app.config.policy import PolicyCache, Snapshot, config_fingerprint
+from ratelimit_app.config import compiler
+from ratelimit_app.config.fingerprint import config_fingerprint
+from ratelimit_app.config.policy import ANNOUNCE_GRACE_S, PolicyCache
+from ratelimit_app.config.snapshot import Snapshot
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, Rule, Scope
 from ratelimit_app.runtime.limiter import Limiter
 
@@ -613,9 +616,9 @@ def test_the_comparison_threads_digest_in_chunks_is_the_same_digest(plan, monkey
     request path's, over rows spanning several chunks, and changes with a row of a later one."""
     Rule.objects.bulk_create(
         Rule(name=f"many-{i}", plan=plan, scope=Scope.IP, endpoint="hello", rate=1,
-             period_s=60, burst=HUGE) for i in range(2 * policy.FINGERPRINT_CHUNK_ROWS + 50))
+             period_s=60, burst=HUGE) for i in range(2 * compiler.FINGERPRINT_CHUNK_ROWS + 50))
     pauses = []
-    monkeypatch.setattr(policy.time, "sleep", pauses.append)
+    monkeypatch.setattr(compiler.time, "sleep", pauses.append)
     whole = config_fingerprint()
     assert pauses == []  # the request path's digest never sleeps
     assert config_fingerprint(pause_s=0.001) == whole
@@ -628,7 +631,7 @@ def test_the_comparison_threads_digest_in_chunks_is_the_same_digest(plan, monkey
 def test_the_reload_threads_compile_in_chunks_is_the_same_snapshot(plan, monkeypatch):
     """The reload thread's compile (pausing after every chunk of rows it builds) gives the
     snapshot the request path's gives, over rows spanning several chunks of several tables."""
-    chunk = policy.FINGERPRINT_CHUNK_ROWS
+    chunk = compiler.FINGERPRINT_CHUNK_ROWS
     Rule.objects.bulk_create(
         Rule(name=f"many-{i}", plan=plan, scope=Scope.IP, endpoint=f"e{i}", rate=1 + i,
              period_s=60, burst=HUGE) for i in range(2 * chunk + 10))
@@ -638,11 +641,11 @@ def test_the_reload_threads_compile_in_chunks_is_the_same_snapshot(plan, monkeyp
         IdentityOverride(ip=f"192.0.2.{i}", exempt=i % 2 == 0, burst=None if i % 2 == 0 else 5)
         for i in range(1, chunk + 5))
     pauses = []
-    monkeypatch.setattr(policy.time, "sleep", pauses.append)
+    monkeypatch.setattr(compiler.time, "sleep", pauses.append)
     now = 1_800_000_000.0
-    whole = policy.compile_snapshot("v1", now)
+    whole = compiler.compile_snapshot("v1", now)
     assert pauses == []  # the request path's compile never sleeps
-    paced = policy.compile_snapshot("v1", now, pause_s=0.001)
+    paced = compiler.compile_snapshot("v1", now, pause_s=0.001)
     assert paced == whole and len(paced.rules) == 2 * chunk + 11 and len(paced.costs) == chunk + 5
     # rules: 2 chunks, costs and overrides: 1 each (the plan's one row and the rest: none)
     assert len(pauses) == 4 and set(pauses) == {0.001}
@@ -678,3 +681,59 @@ def test_a_valid_watch_interval_passes_the_check(settings, value):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_WATCH_INTERVAL_S": value}
     assert not [e for e in run_checks() if e.id == "ratelimit_app.E011"]
     assert limiter().policies.watch_interval_s == value
+
+
+# --- an edit's own publication, on its way when a comparison sees its rows ----------------------
+
+def comparing_watcher(versions, digests, announced):
+    """A PolicyCache with its watcher (not started: the test runs its comparison) whose rows'
+    digest is ``digests[0]`` and whose store's version ``versions[0]``; its announcements are
+    appended to ``announced``."""
+    def announce(superseded, parts):
+        announced.append(parts)
+        versions[0] = f"announced-{len(announced)}"
+        return True
+
+    return PolicyCache(lambda: versions[0], check_interval_s=3600, clock=lambda: 0.0,
+                       load=lambda version, at=None: Snapshot(version=version),
+                       reload_interval_s=INTERVAL_S, fingerprint=lambda: dict(digests[0]),
+                       announce=announce, in_threads=True)
+
+
+def test_rows_whose_publication_comes_during_the_grace_are_not_an_outside_change():
+    """A save() commits, then publishes: a comparison in that moment sees the new rows with
+    the old version. It waits for the publication and announces nothing (no second version,
+    no "outside" entry in the audit trail)."""
+    versions, digests, announced = ["v1"], [{"rule": "a"}], []
+    cache = comparing_watcher(versions, digests, announced)
+    try:
+        snapshot = cache.get()
+        digests[0] = {"rule": "b"}  # the edit committed...
+        polled = []
+
+        def publication_on_its_way():
+            if len(polled) == 2:
+                versions[0] = "v2"  # ...and its publication lands a moment later
+            polled.append(versions[0])
+            return versions[0]
+
+        cache._poll_store = publication_on_its_way
+        cache._compare_with(snapshot)
+        assert announced == [] and cache.stale  # the new version's rules are compiled next
+        assert polled == ["v1", "v1", "v2"]  # it waited for it, and no longer
+    finally:
+        cache.close()
+
+
+def test_rows_changed_with_no_publication_are_announced_after_the_grace():
+    versions, digests, announced = ["v1"], [{"rule": "a", "plan": "p"}], []
+    cache = comparing_watcher(versions, digests, announced)
+    try:
+        snapshot = cache.get()
+        digests[0] = {"rule": "b", "plan": "p"}  # a queryset update(): nothing published
+        started = time.monotonic()
+        cache._compare_with(snapshot)
+        assert announced == [{"rule"}] and versions[0] == "announced-1"
+        assert time.monotonic() - started >= ANNOUNCE_GRACE_S
+    finally:
+        cache.close()

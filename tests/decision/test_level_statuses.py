@@ -12,7 +12,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.config.snapshot import CompiledRule
 from ratelimit_app.decision import engine
 from ratelimit_app.decision.buckets import Bucket, LevelStatuses
 from ratelimit_app.decision.deny_cache import DenyCache

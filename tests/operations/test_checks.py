@@ -88,7 +88,8 @@ def test_e004_not_raised_for_addresses_and_networks():
 
 @pytest.mark.parametrize("name", ["TENANT_RESOLVER", "PLAN_RESOLVER"])
 def test_e005_unimportable_resolver(name):
-    for path in ("no.such.module.resolver", "tests.operations.test_checks.no_such_function", "nodots"):
+    for path in ("no.such.module.resolver", "tests.operations.test_checks.no_such_function",
+                 "nodots"):
         with ratelimit(**{name: path}):
             found = messages()
         assert "ratelimit_app.E005" in found and name in found["ratelimit_app.E005"].msg
@@ -147,7 +148,7 @@ def test_adapters_refuse_to_load_without_the_app_installed():
         importlib.reload(module)  # and they load again once it is back
 
 
-# --- supported versions (operations/support.py): the range logic on given version maps --------------------
+# --- supported versions (operations/support.py): the range logic on given version maps ---------
 
 CURRENT = {"Django": "5.2.19", "djangorestframework": "3.18.3", "django-redis": "7.0.0",
            "redis": "8.1.0", "hiredis": "3.5.0"}

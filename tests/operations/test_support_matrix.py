@@ -71,8 +71,8 @@ def cell_pins(cell):
 
 
 def test_the_version_check_knows_the_tested_range():
-    # ratelimit_app.operations.support feeds the E009/W005 checks: its floors are pyproject's, and its
-    # newest tested major.minor is what the current cell installs
+    # ratelimit_app.operations.support feeds the E009/W005 checks: its floors are pyproject's, and
+    # its newest tested major.minor is what the current cell installs
     from ratelimit_app.operations.support import SUPPORTED
 
     floors, current = declared_floors(), cell_pins("current")

@@ -1,4 +1,5 @@
-"""Settings and views for tests/runtime/test_concurrency_limits.py's gunicorn and uvicorn: the demo project plus slow
+"""Settings and views for tests/runtime/test_concurrency_limits.py's gunicorn and uvicorn: the demo
+project plus slow
 views that count, in Redis, how many of their requests are in flight at once."""
 
 import asyncio

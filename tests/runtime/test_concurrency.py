@@ -60,7 +60,7 @@ settings.CACHES["default"]["OPTIONS"].update(SOCKET_TIMEOUT=10, SOCKET_CONNECT_T
 from ratelimit_app.decision.buckets import Bucket
 from ratelimit_app.decision.engine import statuses_from
 from ratelimit_app.runtime.limiter import default_limiter
-from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.config.snapshot import CompiledRule
 
 config = json.loads(sys.argv[1])
 buckets = [Bucket(CompiledRule(**b["rule"]), b["key"], b["cost"]) for b in config["buckets"]]

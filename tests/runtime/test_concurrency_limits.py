@@ -3,7 +3,8 @@ the slot taken in take.lua's one atomic call beside the token buckets and releas
 response is finished (buckets.ConcurrencySlot, lua/release.lua).
 
 The server tests run a real gunicorn (6 sync worker processes: each serves one request at a time) on the suite's Redis,
-with slow views (tests/runtime/concurrency_site.py) that count their own requests in flight in Redis.
+with slow views (tests/runtime/concurrency_site.py) that count their own requests in flight in
+Redis.
 """
 
 import concurrent.futures
@@ -74,7 +75,8 @@ def get(port, path, client_ip):
 
 
 def site_env(workdir, redis_server, database_env):
-    """The environment of a server of tests/runtime/concurrency_site.py with RULES in its own database."""
+    """The environment of a server of tests/runtime/concurrency_site.py with RULES in its own
+    database."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.runtime.concurrency_site",
            **database_env(workdir), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}

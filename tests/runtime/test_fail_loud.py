@@ -79,7 +79,8 @@ def decisions_as_on_redis_5_0(settings, redis_server, clock):
 def pool_class_for_redis_5_0(settings, redis_server, clock):
     """Point the cache at a Redis50Pool through django-redis's CONNECTION_POOL_CLASS."""
     caches = caches_for(redis_server.url + "?client_name=redis50pool")  # its own pool
-    caches["default"]["OPTIONS"]["CONNECTION_POOL_CLASS"] = "tests.runtime.test_fail_loud.Redis50Pool"
+    caches["default"]["OPTIONS"]["CONNECTION_POOL_CLASS"] = \
+        "tests.runtime.test_fail_loud.Redis50Pool"
     settings.CACHES = caches
     install_limiter(clock=clock, metrics_autostart=False)
 

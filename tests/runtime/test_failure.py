@@ -25,8 +25,9 @@ pytestmark = pytest.mark.django_db
 COOLDOWN_S = 0.2
 RECOVERY_DEADLINE_S = 5.0
 T0 = 1_700_000_000_000
-TAKE_SHA = hashlib.sha1(resources.files("ratelimit_app.stores").joinpath("lua/take.lua").read_bytes(),
-                        usedforsecurity=False).hexdigest()
+TAKE_SHA = hashlib.sha1(
+    resources.files("ratelimit_app.stores").joinpath("lua/take.lua").read_bytes(),
+    usedforsecurity=False).hexdigest()
 
 
 @pytest.fixture

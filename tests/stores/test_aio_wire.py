@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis
 
-from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.config.snapshot import CompiledRule
 from ratelimit_app.decision.buckets import Bucket
 from ratelimit_app.decision.engine import take_args
 from ratelimit_app.decision.keys import bucket_key

@@ -248,7 +248,7 @@ settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CLUSTER_NODES": config["nod
 from ratelimit_app.decision.buckets import Bucket
 from ratelimit_app.decision.engine import statuses_from
 from ratelimit_app.runtime.limiter import default_limiter
-from ratelimit_app.config.policy import CompiledRule
+from ratelimit_app.config.snapshot import CompiledRule
 
 def bucket(b):
     return Bucket(CompiledRule(**b["rule"]), b["key"], b["cost"])

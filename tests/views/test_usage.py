@@ -1,4 +1,5 @@
-"""The usage endpoint (views/usage.py): a client's own quotas as JSON, read without spending them."""
+"""The usage endpoint (views/usage.py): a client's own quotas as JSON, read without spending
+them."""
 
 import datetime
 import json

@@ -113,7 +113,8 @@ def _read_failed(health, exc):
 
 def _unexpected_errors(stats):
     """Return what the health panel shows of this process's unexpected errors on the decision
-    path (a bug or a library incompatibility; see process/unexpected.py): how many, and the last."""
+    path (a bug or a library incompatibility; see process/unexpected.py): how many, and the
+    last."""
     at = stats.last_unexpected_at
     return {"count": stats.unexpected_errors, "by_type": dict(stats.unexpected_by_type),
             "last_type": stats.last_unexpected_type,

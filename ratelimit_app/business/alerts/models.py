@@ -67,8 +67,8 @@ class QuotaAlert(models.Model):
 
     rule = models.ForeignKey("ratelimit_app.Rule", on_delete=models.CASCADE,
                              related_name="alerts")
-    # the bucket's Redis key without values from the request in clear (decision/keys.py): one per scope
-    # value (a user, a key, a tenant, an IP, the plan or everyone)
+    # the bucket's Redis key without values from the request in clear (decision/keys.py): one per
+    # scope value (a user, a key, a tenant, an IP, the plan or everyone)
     identity_key = models.CharField(max_length=200)
     identity = models.CharField(max_length=300, blank=True,
                                 help_text="The caller whose request crossed the threshold.")

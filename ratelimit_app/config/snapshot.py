@@ -1,0 +1,140 @@
+"""The snapshot: the quota configuration as the request path reads it, immutable, in memory.
+
+``Snapshot`` holds the rules in force (``CompiledRule``, numbers pre-encoded for take.lua), the
+plans, the API keys and the identity overrides of one config version, as ``compiler.py``
+compiled them from the rows; ``policy.PolicyCache`` keeps the one in force.
+"""
+import math
+from dataclasses import dataclass, field
+
+from ..conf import get_config
+
+__all__ = ["CompiledRule", "ApiKeyEntry", "OverrideEntry", "Snapshot", "SCOPE_ORDER"]
+
+# The hierarchy, from the widest scope to the narrowest: the order buckets are reported in.
+SCOPE_ORDER = {"global": 0, "plan": 1, "tenant": 2, "user": 3, "ip": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    """A rule as the engine needs it. ``fail_open`` is None when the project default applies."""
+
+    id: int
+    name: str
+    scope: str
+    plan: str | None
+    endpoint: str
+    rate: int
+    period_s: int
+    burst: int
+    shadow: bool
+    fail_open: bool | None
+    # counts failed authentications of a client IP instead of requests (see decision/engine.py)
+    failed_auth: bool = False
+    # tokens a worker leases at a time from this (shared) bucket; 0: no lease (see
+    # decision/leases.py)
+    lease: int = 0
+    # a calendar quota's period ("day" or "month", see decision/periods.py): ``rate`` units per
+    # period; "": a token bucket
+    calendar: str = ""
+    # a concurrency limit: at most ``rate`` requests in flight, each slot freed after
+    # ``period_s`` at the latest (see buckets.ConcurrencySlot)
+    concurrency: bool = False
+    # alert thresholds, percent of the quota used, ascending (see business/alerts/crossings.py);
+    # (): no alerts
+    alerts: tuple = ()
+
+    def lets_through_without_redis(self):
+        """Return True if this rule allows requests while Redis cannot answer."""
+        return get_config()["FAIL_OPEN"] if self.fail_open is None else self.fail_open
+
+    def with_numbers(self, rate, period_s, burst):
+        """Return a copy with an identity override's own numbers."""
+        return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
+                            rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
+                            self.lease, self.calendar, self.concurrency, self.alerts)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyEntry:
+    id: int
+    prefix: str
+    user_id: str
+    plan: str | None
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideEntry:
+    exempt: bool
+    rule_id: int | None
+    rate: int | None
+    period_s: int | None
+    burst: int | None
+
+
+@dataclass
+class Snapshot:
+    """Everything the request path needs, compiled from the database at one config version."""
+
+    version: str
+    rules: tuple = ()
+    failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
+    has_alerts: bool = False       # a rule has alert thresholds (see business/alerts/crossings.py)
+    plans: frozenset = frozenset()
+    default_authenticated_plan: str | None = None
+    default_anonymous_plan: str | None = None
+    api_keys: dict = field(default_factory=dict)      # digest -> ApiKeyEntry
+    assignments: dict = field(default_factory=dict)   # str(user pk) -> (plan slug, tenant)
+    overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
+    costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
+    # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
+    # snapshot is out of date from then on
+    next_change_at: float = math.inf
+    # the wall-clock time (epoch s) the dated rows were evaluated at
+    compiled_at: float = 0.0
+    # the next start or end among each dated part's rows (see PARTS): kept for a later compile
+    # that reads only other parts
+    part_moments: dict = field(default_factory=dict, repr=False)
+    _rules_for: dict = field(default_factory=dict, repr=False)
+    # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
+    buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
+
+    def rules_for(self, plan, endpoint):
+        """Return the enabled rules that apply to a plan and endpoint, widest scope first and
+        endpoint rules last within a scope (memoised per pair, so the cost does not grow with
+        rules that do not apply)."""
+        cache_key = (plan, endpoint)
+        found = self._rules_for.get(cache_key)
+        if found is None:
+            found = tuple(sorted(
+                (r for r in self.rules
+                 if (r.plan is None or r.plan == plan) and (not r.endpoint or r.endpoint == endpoint)),
+                key=lambda r: (SCOPE_ORDER[r.scope], bool(r.endpoint)),
+            ))
+            if len(self._rules_for) < 10_000:  # endpoints are finite; bound it anyway
+                self._rules_for[cache_key] = found
+        return found
+
+    def cost_for(self, endpoint, method, plan):
+        """Return the tokens a request costs: the most specific EndpointCost row, else 1.
+
+        A plan's own rows come before rows for every plan; within each, the method's row before
+        "any method". HEAD is served by the GET view, so it costs what GET costs unless a row
+        names HEAD itself.
+        """
+        costs = self.costs
+        if not costs:
+            return 1
+        methods = _COST_METHODS.get(method, (method, "*"))
+        for row_plan in (plan, None):
+            for row_method in methods:
+                cost = costs.get((endpoint, row_method, row_plan))
+                if cost is not None:
+                    return cost
+        return 1
+
+
+# Which EndpointCost methods price a request, most specific first.
+_COST_METHODS = {"HEAD": ("HEAD", "GET", "*")}
+
