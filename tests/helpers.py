@@ -18,13 +18,13 @@ _next_id = iter(range(1, 10**9))
 
 
 def make_rule(rate=10, period_s=1, burst=10, *, name=None, scope="user", shadow=False,
-              endpoint="", plan=None, fail_open=None, calendar=""):
+              endpoint="", plan=None, fail_open=None, calendar="", debt=0):
     """Return a CompiledRule with a fresh id (``calendar="day"``/``"month"``: a calendar quota
-    of ``rate`` units)."""
+    of ``rate`` units; ``debt``: the tokens a settle may take it below empty)."""
     rule_id = next(_next_id)
     return CompiledRule(id=rule_id, name=name or f"rule-{rule_id}", scope=scope, plan=plan,
                         endpoint=endpoint, rate=rate, period_s=period_s, burst=burst,
-                        shadow=shadow, fail_open=fail_open, calendar=calendar)
+                        shadow=shadow, fail_open=fail_open, calendar=calendar, debt=debt)
 
 
 def make_bucket(rule, cost=1, token="user.test"):

@@ -43,6 +43,9 @@ class CompiledRule:
     # alert thresholds, percent of the quota used, ascending (see business/alerts/crossings.py);
     # (): no alerts
     alerts: tuple = ()
+    # tokens a settle may take the bucket below empty when a request cost more than it was
+    # admitted for (see stores/lua/settle.lua); what would go further is not charged
+    debt: int = 0
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -52,7 +55,7 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar, self.concurrency, self.alerts)
+                            self.lease, self.calendar, self.concurrency, self.alerts, self.debt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,8 @@ class Bucket:
             waited = period_ms - level_units % period_ms
         # ceil(a / b) as -(-a // b): exact in integers, and cheaper than math.ceil of a division
         remaining, reset_s = level_units // period_ms, -(-waited // per_s)
+        if remaining < 0:  # in debt (a settle charged more than it held): nothing left
+            remaining = 0
         full_s = -((level_units - capacity) // per_s) if level_units < capacity else 0
         if type(level_units) is not int:
             # a projected level (the deny cache's, a lease's) is a float; Redis's are whole units

@@ -6,6 +6,7 @@ and talks to the store.
 import logging
 import math
 import operator
+import struct
 from typing import NamedTuple
 
 from ..conf import get_config, meta_key
@@ -16,7 +17,7 @@ from .keys import bucket_key
 from .scopes import Scope
 
 __all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
-           "request_cost", "take_args", "statuses_from", "reply_statuses", "decision_from",
+           "request_cost", "take_args", "settle_args", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",
            "refusing_gate_statuses"]
 
@@ -226,6 +227,26 @@ def take_args(buckets, now_ms=None, debit=True, slot_id=0, fence=None):
         specs = [bucket.spec or bucket.spec_at(at_ms, slot_id) for bucket in buckets]
     return [b"" if now_ms is None else int(now_ms), fence_flag(fence) if debit else b"0",
             *specs]
+
+
+_SETTLE = struct.Struct("<qq")
+
+
+def settle_args(buckets, extra, now_ms=None):
+    """Return ``(keys, args)`` of settle.lua for a request that cost ``extra`` tokens more than
+    it was debited at admission (negative: fewer), on those of ``buckets`` a cost is settled on
+    (not a gate, not a concurrency limit's slot). Each bucket's debt bound is its rule's
+    ``debt`` tokens. ``now_ms`` is for tests only (None: the Redis clock)."""
+    settled = [bucket for bucket in buckets
+               if not bucket.gate and type(bucket) is not ConcurrencySlot]
+    specs = [bucket.spec for bucket in settled]
+    if None in specs:  # calendar quotas: the boundaries of the period the settle falls in
+        at_ms = periods.now_ms() if now_ms is None else now_ms
+        specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in settled]
+    args = [b"" if now_ms is None else int(now_ms)]
+    args += [spec + _SETTLE.pack(extra * bucket.period_ms, bucket.rule.debt * bucket.period_ms)
+             for bucket, spec in zip(settled, specs)]
+    return [bucket.key for bucket in settled], args
 
 
 def fence_flag(version):

@@ -128,6 +128,14 @@ class Store:
         """Run ``work`` (a callable that must not raise) in each decision's wait for its reply,
         where the store can tell that gap apart (the default cannot: ``work`` never runs)."""
 
+    def settle(self, bucket_keys, args):
+        """Run settle.lua once (one call per slot group on a Cluster; never retried: a call
+        whose reply was lost may have been applied): add what a request really cost beyond
+        (or short of) its debit to ``bucket_keys``. ``args`` are as settle.lua documents them
+        (now, then one spec and difference per bucket). Returns the levels after the call, in
+        the keys' order. Raises StoreUnavailable."""
+        raise NotImplementedError
+
     def release(self, slot_keys, member):
         """Release a request's concurrency slot ``member`` (bytes) in ``slot_keys``, idempotently.
         Raises StoreUnavailable."""

@@ -147,6 +147,7 @@ class ClusterStore(Store):
         self._connect_lock = threading.Lock()
         self._take = _Script("take")
         self._refund = _Script("refund")
+        self._settle = _Script("settle")
         self._copy_version = _Script("copy_version")
         self._while_waiting = None  # see run_while_waiting
 
@@ -263,6 +264,24 @@ class ClusterStore(Store):
                                [REFUND_MARKER_TTL_MS, *_bucket_args(args, indices)]))
             positions.append(indices)
         self._run(client, self._refund, calls)
+        levels = [0] * len(bucket_keys)
+        for call, indices in zip(calls, positions):
+            if call.reply is None:
+                raise store_error(call.error) from call.error
+            for i, level in zip(indices, call.reply):
+                levels[i] = level
+        return levels
+
+    def settle(self, bucket_keys, args):
+        """settle.lua once per slot group, on the groups' masters at once. A group whose call
+        failed is not settled (the others are): raises StoreUnavailable then."""
+        now, per_bucket = args[0], args[1:]
+        calls, positions = [], []
+        for slot, indices in _group_by_slot(bucket_keys).items():
+            calls.append(_Call(slot, [bucket_keys[i] for i in indices],
+                               [now, *[per_bucket[i] for i in indices]]))
+            positions.append(indices)
+        self._run(self.client, self._settle, calls)
         levels = [0] * len(bucket_keys)
         for call, indices in zip(calls, positions):
             if call.reply is None:

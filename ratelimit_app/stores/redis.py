@@ -162,6 +162,13 @@ class RedisStore(Store):
 
     _release = None
 
+    def settle(self, bucket_keys, args):
+        if self._settle is None:
+            self._settle = self.client.register_script(script_source("settle"))
+        return self._call(self._settle, list(bucket_keys), list(args))
+
+    _settle = None
+
     def read_version(self, version_key):
         value = self._call(self.client.get, version_key)
         return value.decode() if value else "0"
