@@ -56,6 +56,13 @@ class DenyCache:
         with self._lock:
             self._entries.clear()
 
+    def forget(self, buckets):
+        """Drop what is known of ``buckets``: their levels rose by more than the refill (a
+        cost given back after the response), so a remembered level no longer bounds them."""
+        with self._lock:
+            for bucket in buckets:
+                self._entries.pop(bucket.id, None)
+
     def __len__(self):
         return len(self._entries)
 

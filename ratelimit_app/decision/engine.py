@@ -17,7 +17,7 @@ from .keys import bucket_key
 from .scopes import Scope
 
 __all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
-           "request_cost", "take_args", "settle_args", "statuses_from", "reply_statuses", "decision_from",
+           "request_cost", "take_args", "settle_args", "settled_buckets", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",
            "refusing_gate_statuses"]
 
@@ -232,13 +232,19 @@ def take_args(buckets, now_ms=None, debit=True, slot_id=0, fence=None):
 _SETTLE = struct.Struct("<qq")
 
 
+def settled_buckets(buckets):
+    """Return those of ``buckets`` a cost known after the response is settled on: not a
+    failed-authentication gate, not a concurrency limit's slot (their units are not costs)."""
+    return [bucket for bucket in buckets
+            if not bucket.gate and type(bucket) is not ConcurrencySlot]
+
+
 def settle_args(buckets, extra, now_ms=None):
     """Return ``(keys, args)`` of settle.lua for a request that cost ``extra`` tokens more than
     it was debited at admission (negative: fewer), on those of ``buckets`` a cost is settled on
     (not a gate, not a concurrency limit's slot). Each bucket's debt bound is its rule's
     ``debt`` tokens. ``now_ms`` is for tests only (None: the Redis clock)."""
-    settled = [bucket for bucket in buckets
-               if not bucket.gate and type(bucket) is not ConcurrencySlot]
+    settled = settled_buckets(buckets)
     specs = [bucket.spec for bucket in settled]
     if None in specs:  # calendar quotas: the boundaries of the period the settle falls in
         at_ms = periods.now_ms() if now_ms is None else now_ms

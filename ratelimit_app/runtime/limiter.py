@@ -348,6 +348,49 @@ class Limiter:
                 decision = decision._replace(slot=(held, slot_member(slot_id)))
         return decision
 
+    def settle(self, buckets, extra, *, now_ms=None):
+        """Charge ``buckets``, those a request was debited on, ``extra`` tokens more than its
+        admission debit (negative: give them back), once its real cost is known: one settle.lua
+        call (one per slot group on a Cluster), down to each rule's debt bound. Returns the
+        settled buckets' statuses after it, or None when there was nothing to settle or the
+        store could not be told (logged; the request then stays charged its admission debit).
+        ``now_ms`` is for tests only."""
+        settled = engine.settled_buckets(buckets) if extra else ()
+        if not settled:
+            return None
+        keys, args = engine.settle_args(settled, extra, now_ms)
+        try:
+            levels = self._guarded(self.store.settle, keys, args)
+        except StoreUnavailable as exc:
+            return self._not_settled(exc)
+        return self._settled(settled, levels, extra)
+
+    async def asettle(self, buckets, extra, *, now_ms=None):
+        """``settle`` for an event loop: the store's call runs in a worker thread."""
+        settled = engine.settled_buckets(buckets) if extra else ()
+        if not settled:
+            return None
+        keys, args = engine.settle_args(settled, extra, now_ms)
+        try:
+            levels = await sync_to_async(self._guarded, thread_sensitive=False)(
+                self.store.settle, keys, args)
+        except StoreUnavailable as exc:
+            return self._not_settled(exc)
+        return self._settled(settled, levels, extra)
+
+    def _settled(self, settled, levels, extra):
+        if extra < 0 and self.deny_cache is not None:
+            # levels rose by more than the refill: what the cache remembers no longer bounds them
+            self.deny_cache.forget(settled)
+        return tuple([bucket.status(level, level < bucket.cost_units)
+                      for bucket, level in zip(settled, levels)])
+
+    @staticmethod
+    def _not_settled(exc):
+        logger.warning("ratelimit_app: a request's cost was not settled (%s); it stays charged "
+                       "its admission debit", exc)
+        return None
+
     def release_slot(self, decision):
         """Release the concurrency slot ``decision`` holds (one release.lua call; idempotent:
         a second release, or one after the slot's deadline, removes nothing). Returns True if
