@@ -2,5 +2,5 @@
 (``background``), the bounded log of unexpected errors (``unexpected``), and the stop request of a
 long-running command (``stop_signal``).
 
-Layer: the bottom, beside ``stores`` and ``conf``; imports nothing of the app.
+Layer: beside ``stores``, at the bottom with ``conf``; imports nothing of the app.
 """
