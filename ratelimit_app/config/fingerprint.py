@@ -79,12 +79,12 @@ def config_fingerprint(pause_s=0.0, parts=None):
     """
     from django.db import connections, router, transaction
 
-    models = {model._meta.db_table: model._meta.model_name for model in config_models()}
-    # a table's own width (its name, then its columns): the query pads narrower tables to the
-    # widest it reads, which depends on the tables asked for, and a table's digest must not
-    widths = {model._meta.db_table: 1 + len(model._meta.concrete_fields)
+    # each table's model name and own width (its name, then its columns): the query pads
+    # narrower tables to the widest it reads, which depends on the tables asked for, and a
+    # table's digest must not
+    tables = {model._meta.db_table: (model._meta.model_name, 1 + len(model._meta.concrete_fields))
               for model in config_models()}
-    parts = tuple(sorted(models.values() if parts is None else parts))
+    parts = tuple(sorted(name for name, _ in tables.values()) if parts is None else sorted(parts))
     if not parts:
         return {}
     using = router.db_for_read(config_models()[0])
@@ -108,8 +108,8 @@ def config_fingerprint(pause_s=0.0, parts=None):
     # contiguous: one digest per table, so a comparison says which tables changed.
     digests = {part: hashlib.blake2b(digest_size=16) for part in parts}
     for table, table_rows in itertools.groupby(rows, key=operator.itemgetter(0)):
-        width = widths[table]
-        digest, table_rows = digests[models[table]], [row[:width] for row in table_rows]
+        part, width = tables[table]
+        digest, table_rows = digests[part], [row[:width] for row in table_rows]
         for start in range(0, len(table_rows), FINGERPRINT_CHUNK_ROWS):
             digest.update(marshal.dumps(table_rows[start:start + FINGERPRINT_CHUNK_ROWS], 2))
             if pause_s:

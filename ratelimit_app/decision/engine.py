@@ -241,18 +241,17 @@ def settled_buckets(buckets):
 
 def settle_args(buckets, extra, now_ms=None):
     """Return ``(keys, args)`` of settle.lua for a request that cost ``extra`` tokens more than
-    it was debited at admission (negative: fewer), on those of ``buckets`` a cost is settled on
-    (not a gate, not a concurrency limit's slot). Each bucket's debt bound is its rule's
-    ``debt`` tokens. ``now_ms`` is for tests only (None: the Redis clock)."""
-    settled = settled_buckets(buckets)
-    specs = [bucket.spec for bucket in settled]
+    it was debited at admission (negative: fewer), on ``buckets`` (those ``settled_buckets``
+    keeps). Each bucket's debt bound is its rule's ``debt`` tokens. ``now_ms`` is for tests
+    only (None: the Redis clock)."""
+    specs = [bucket.spec for bucket in buckets]
     if None in specs:  # calendar quotas: the boundaries of the period the settle falls in
         at_ms = periods.now_ms() if now_ms is None else now_ms
-        specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in settled]
+        specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in buckets]
     args = [b"" if now_ms is None else int(now_ms)]
     args += [spec + _SETTLE.pack(extra * bucket.period_ms, bucket.rule.debt * bucket.period_ms)
-             for bucket, spec in zip(settled, specs)]
-    return [bucket.key for bucket in settled], args
+             for bucket, spec in zip(buckets, specs)]
+    return [bucket.key for bucket in buckets], args
 
 
 def fence_flag(version):

@@ -358,25 +358,17 @@ class Limiter:
         settled = engine.settled_buckets(buckets) if extra else ()
         if not settled:
             return None
-        keys, args = engine.settle_args(settled, extra, now_ms)
         try:
-            levels = self._guarded(self.store.settle, keys, args)
+            levels = self._guarded(self.store.settle,
+                                   *engine.settle_args(settled, extra, now_ms))
         except StoreUnavailable as exc:
             return self._not_settled(exc)
         return self._settled(settled, levels, extra)
 
     async def asettle(self, buckets, extra, *, now_ms=None):
         """``settle`` for an event loop: the store's call runs in a worker thread."""
-        settled = engine.settled_buckets(buckets) if extra else ()
-        if not settled:
-            return None
-        keys, args = engine.settle_args(settled, extra, now_ms)
-        try:
-            levels = await sync_to_async(self._guarded, thread_sensitive=False)(
-                self.store.settle, keys, args)
-        except StoreUnavailable as exc:
-            return self._not_settled(exc)
-        return self._settled(settled, levels, extra)
+        return await sync_to_async(self.settle, thread_sensitive=False)(
+            buckets, extra, now_ms=now_ms)
 
     def _settled(self, settled, levels, extra):
         if extra < 0 and self.deny_cache is not None:

@@ -59,6 +59,7 @@ from .redis import parse_take_reply
 __all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]
 
 # take.lua's and refund.lua's arguments: a head (take: now, debit flag), then 1 per bucket
+# (settle.lua's head is now alone)
 HEAD, PER_BUCKET = 2, 1
 # A refund marker outlives any retry of that refund by far, and then vanishes.
 REFUND_MARKER_TTL_MS = 10_000
@@ -264,31 +265,18 @@ class ClusterStore(Store):
                                [REFUND_MARKER_TTL_MS, *_bucket_args(args, indices)]))
             positions.append(indices)
         self._run(client, self._refund, calls)
-        levels = [0] * len(bucket_keys)
-        for call, indices in zip(calls, positions):
-            if call.reply is None:
-                raise store_error(call.error) from call.error
-            for i, level in zip(indices, call.reply):
-                levels[i] = level
-        return levels
+        return _levels_in_order(calls, positions, len(bucket_keys))
 
     def settle(self, bucket_keys, args):
         """settle.lua once per slot group, on the groups' masters at once. A group whose call
         failed is not settled (the others are): raises StoreUnavailable then."""
-        now, per_bucket = args[0], args[1:]
         calls, positions = [], []
         for slot, indices in _group_by_slot(bucket_keys).items():
             calls.append(_Call(slot, [bucket_keys[i] for i in indices],
-                               [now, *[per_bucket[i] for i in indices]]))
+                               [args[0], *_bucket_args(args, indices, head=1)]))
             positions.append(indices)
         self._run(self.client, self._settle, calls)
-        levels = [0] * len(bucket_keys)
-        for call, indices in zip(calls, positions):
-            if call.reply is None:
-                raise store_error(call.error) from call.error
-            for i, level in zip(indices, call.reply):
-                levels[i] = level
-        return levels
+        return _levels_in_order(calls, positions, len(bucket_keys))
 
     # --- running script calls on their slots' masters ----------------------------------------
 
@@ -515,11 +503,25 @@ def _group_by_slot(keys):
     return groups
 
 
-def _bucket_args(args, indices):
-    """Return the script arguments of each bucket in ``indices`` (``args`` as for take)."""
+def _levels_in_order(calls, positions, count):
+    """Return the levels ``calls`` (one per slot group, each of the bucket indices in
+    ``positions``) replied, in the buckets' order; raise StoreUnavailable for a call that got
+    no reply."""
+    levels = [0] * count
+    for call, indices in zip(calls, positions):
+        if call.reply is None:
+            raise store_error(call.error) from call.error
+        for i, level in zip(indices, call.reply):
+            levels[i] = level
+    return levels
+
+
+def _bucket_args(args, indices, head=HEAD):
+    """Return the script arguments of each bucket in ``indices`` (``args`` as for take: a head
+    of ``head`` arguments, then ``PER_BUCKET`` per bucket)."""
     picked = []
     for i in indices:
-        start = HEAD + i * PER_BUCKET
+        start = head + i * PER_BUCKET
         picked.extend(args[start:start + PER_BUCKET])
     return picked
 
