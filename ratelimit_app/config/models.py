@@ -344,6 +344,15 @@ class Rule(models.Model):
         help_text="Percent of the quota used at which to alert, e.g. “80,100”: the signal "
                   "quota_threshold_crossed and the webhooks, once per identity, threshold and "
                   "period. Calendar quotas, and token buckets of a period of at least an hour.")
+    debt = models.PositiveIntegerField(
+        "debt allowed", default=0,
+        validators=[MaxValueValidator(MAX_BUCKET_UNITS // 1000)],
+        help_text="For metered endpoints (their cost known after the response): how many tokens "
+                  "below empty a request that consumed more than the bucket held may take it. "
+                  "The caller is then refused until the refill has repaid the debt. What would "
+                  "go further is not charged. 0: never below empty. Token buckets and calendar "
+                  "quotas counting requests.",
+    )
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -389,6 +398,7 @@ class Rule(models.Model):
                                    f"of the burst ({self.burst}) in one worker; use at most "
                                    f"{max(1, self.burst // 2)}.")
         self._clean_alert_thresholds(errors)
+        self._clean_debt(errors)
         if self.counts == Counts.FAILED_AUTH:
             if self.scope != Scope.IP:
                 errors["scope"] = ("Failed authentications are counted per client IP (the "
@@ -453,6 +463,16 @@ class Rule(models.Model):
                 f"calendar quota). Clear this field.")
         else:
             self.alert_thresholds = ",".join(map(str, thresholds))
+
+    def _clean_debt(self, errors):
+        if not self.debt:
+            return
+        if self.kind == Kind.CONCURRENCY or self.counts == Counts.FAILED_AUTH:
+            errors["debt"] = ("Only token buckets and calendar quotas counting requests are "
+                              "charged what a request consumed; set it to 0.")
+        elif self.kind == Kind.TOKEN_BUCKET and self.period_s and \
+                self.debt * self.period_s * 1000 > MAX_BUCKET_UNITS:
+            errors["debt"] = "Debt × period is too large; lower the debt or the period."
 
     def _clean_calendar(self, errors):
         """Check a calendar quota and give it the burst (N: all of it usable at once) and the
@@ -530,7 +550,20 @@ class EndpointCost(models.Model):
         Plan, null=True, blank=True, on_delete=models.CASCADE, related_name="costs",
         help_text="Empty: the cost for every plan without its own row.",
     )
-    cost = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10**6)])
+    cost = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(10**6)],
+        help_text="Tokens charged when the request is admitted. For a metered endpoint, the "
+                  "estimate every bucket must hold before the view runs.")
+    metered = models.BooleanField(
+        default=False,
+        help_text="The view reports what the request consumed (request.ratelimit.charge(), or "
+                  "the REPORTED_COST_HEADER response header); after the response the buckets "
+                  "are charged that instead of the estimate, in one more Redis call when the "
+                  "two differ.")
+    minimum = models.PositiveIntegerField(
+        "minimum charge", default=0, validators=[MaxValueValidator(10**6)],
+        help_text="Metered endpoints: the least a request is charged, whatever it reports "
+                  "(e.g. 1: a call that consumed nothing still costs a token).")
 
     class Meta:
         ordering = ["endpoint", "method"]
@@ -559,6 +592,13 @@ class EndpointCost(models.Model):
             smallest = rules.order_by("burst").first()
             if smallest:
                 errors["cost"] = cost_above_burst_message(smallest.name, smallest.burst)
+        if self.minimum and not self.metered:
+            errors["minimum"] = ("Only a metered endpoint has a minimum charge (others are "
+                                 "charged their cost); tick “metered” or set it to 0.")
+        elif self.metered and self.cost and self.minimum > self.cost:
+            errors["minimum"] = (f"A minimum of {self.minimum} is above the estimate "
+                                 f"({self.cost}): every request would cost more than it was "
+                                 f"admitted for. Raise the cost to at least {self.minimum}.")
         if errors:
             raise ValidationError(errors)
 
@@ -650,7 +690,7 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-id"]
         verbose_name = "audit entry"
-        verbose_name_plural = "audit trail"
+        verbose_name_plural = "audit entries"
         default_permissions = ("view",)
         constraints = [models.UniqueConstraint(fields=["opens_trail"],
                                                condition=Q(opens_trail=True),
