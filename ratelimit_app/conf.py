@@ -39,6 +39,10 @@ DEFAULTS = {
     "COST_HEADER": None,
     # Upper bound for a cost taken from COST_HEADER.
     "MAX_COST": 100,
+    # The response header in which a metered endpoint's view may report what the request
+    # consumed (instead of request.ratelimit.charge()); read and removed before the response
+    # leaves. None: only charge().
+    "REPORTED_COST_HEADER": "X-Quota-Consumed",
     # Path prefixes the middleware never limits.
     "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
     # Whether the middleware also limits DRF views (the throttle then reuses its decision).
@@ -145,6 +149,15 @@ def ensure_installed(adapter):
     if not apps.is_installed("ratelimit_app"):
         raise ImproperlyConfigured(
             f"{adapter} needs 'ratelimit_app' in INSTALLED_APPS (its models hold the quotas).")
+
+
+QUOTA_MIDDLEWARE = "ratelimit_app.middleware.QuotaMiddleware"
+
+
+def quota_middleware_installed():
+    """True if QuotaMiddleware is in MIDDLEWARE: only it sees every response, and so only
+    with it can a metered request be settled after its response."""
+    return QUOTA_MIDDLEWARE in settings.MIDDLEWARE
 
 
 def reload_interval_s(config):

@@ -40,8 +40,8 @@ from .runtime.guard import (  # noqa: E402
     charge_failed_authentication,
     check_failed_authentication,
     decide,
-    hold_slot,
-    release_slot,
+    finish_after_response,
+    finish_now,
 )
 from .runtime.limiter import default_limiter  # noqa: E402
 
@@ -144,9 +144,9 @@ class QuotaMiddleware:
         try:
             response = self._respond(request)
         except BaseException:
-            release_slot(request)  # a concurrency slot is released on exceptions too
+            finish_now(request)  # a slot is released, a cost settled, on exceptions too
             raise
-        return hold_slot(request, response)  # ... and when the response is finished
+        return finish_after_response(request, response)  # ... and when the response is finished
 
     def _respond(self, request):
         # a failed authentication is known only now; over the client IP's allowance it turns
@@ -177,9 +177,9 @@ class QuotaMiddleware:
                 response = apply_headers_unless_set(response, decision) if decision.allowed \
                     else problem_response(decision)
         except BaseException:
-            await sync_to_async(release_slot, thread_sensitive=False)(request)
+            await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
-        return hold_slot(request, response)
+        return finish_after_response(request, response)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)

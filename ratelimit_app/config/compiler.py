@@ -168,11 +168,12 @@ def _read_rules(moment, pause_s):
             calendar=r.calendar_period if r.kind == Kind.CALENDAR else "",
             concurrency=r.kind == Kind.CONCURRENCY,
             alerts=_alert_thresholds(r, parse_alert_thresholds),
+            debt=r.debt,
         )
         for r in _rows(Rule.objects.filter(enabled=True).order_by("id"),
                        "id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s",
                        "burst", "mode", "on_redis_failure", "counts", "lease", "calendar_period",
-                       "kind", "alert_thresholds", pause_s=pause_s)
+                       "kind", "alert_thresholds", "debt", pause_s=pause_s)
     )
     return {
         "rules": rules,
@@ -235,10 +236,14 @@ def _read_overrides(moment, pause_s):
 def _read_costs(moment, pause_s):
     from .models import EndpointCost
 
-    costs = {(c.endpoint, c.method, c.plan__slug): c.cost
-             for c in _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug",
-                            "cost", pause_s=pause_s)}
-    return {"costs": costs}, math.inf
+    rows = _rows(EndpointCost.objects.all(), "endpoint", "method", "plan__slug", "cost",
+                 "metered", "minimum", pause_s=pause_s)
+    costs = {(c.endpoint, c.method, c.plan__slug): c.cost for c in rows}
+    # a metered row's minimum charge; the rows that are not metered are there too (as None),
+    # so a plan's own unmetered row hides a metered row for every plan, as it does its cost
+    metering = {(c.endpoint, c.method, c.plan__slug): c.minimum if c.metered else None
+                for c in rows} if any(c.metered for c in rows) else {}
+    return {"costs": costs, "metering": metering}, math.inf
 
 
 _PART_READERS = {

@@ -91,6 +91,9 @@ class Snapshot:
     assignments: dict = field(default_factory=dict)   # str(user pk) -> (plan slug, tenant)
     overrides: dict = field(default_factory=dict)     # ("user"|"key"|"ip", value) -> entries
     costs: dict = field(default_factory=dict)         # (endpoint, method, plan) -> tokens
+    # (endpoint, method, plan) -> a metered row's minimum charge, or None for a row that is not
+    # metered; empty when no row is metered (the request path then looks no further)
+    metering: dict = field(default_factory=dict)
     # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
     # snapshot is out of date from then on
     next_change_at: float = math.inf
@@ -129,13 +132,28 @@ class Snapshot:
         costs = self.costs
         if not costs:
             return 1
-        methods = _COST_METHODS.get(method, (method, "*"))
-        for row_plan in (plan, None):
-            for row_method in methods:
-                cost = costs.get((endpoint, row_method, row_plan))
-                if cost is not None:
-                    return cost
-        return 1
+        cost = _most_specific(costs, endpoint, method, plan)
+        return 1 if cost is None else cost
+
+    def minimum_if_metered(self, endpoint, method, plan):
+        """Return the minimum charge of a request whose cost is metered (known after the
+        response), or None when its cost is known before: the row ``cost_for`` reads says."""
+        return _most_specific(self.metering, endpoint, method, plan) if self.metering else None
+
+
+def _most_specific(table, endpoint, method, plan):
+    """Return the value of the most specific row of ``table`` (keyed by (endpoint, method,
+    plan)) for a request, as ``Snapshot.cost_for`` orders them, or None when none matches."""
+    methods = _COST_METHODS.get(method, (method, "*"))
+    for row_plan in (plan, None):
+        for row_method in methods:
+            value = table.get((endpoint, row_method, row_plan), _NO_ROW)
+            if value is not _NO_ROW:
+                return value
+    return None
+
+
+_NO_ROW = object()
 
 
 # Which EndpointCost methods price a request, most specific first.

@@ -14,6 +14,7 @@ from . import periods
 from .buckets import Bucket, CalendarQuota, ConcurrencySlot, LevelStatuses
 from .headers import retry_after_with_jitter
 from .keys import bucket_key
+from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
 __all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
@@ -49,11 +50,25 @@ class Decision(NamedTuple):
     slot: tuple | None = None
     # the config version of the rules that decided (set only with EXPOSE_CONFIG_VERSION)
     config_version: str = ""
+    # an allowed request to a metered endpoint: its account, settled after the response (see
+    # meter.py); None for every other request
+    meter: Meter | None = None
 
     @property
     def limited(self):
         """True if any bucket applied (and so rate-limit headers are due)."""
         return bool(self.policies)
+
+    def charge(self, units):
+        """Report that this request consumed ``units`` (a whole number ≥ 0) more: calls add up,
+        and the total, at least the endpoint's minimum, is what its buckets are charged once
+        the response is finished. Only for an endpoint whose cost row is metered (elsewhere a
+        warning is logged and nothing changes); a bad value raises TypeError or ValueError."""
+        meter = self.meter
+        if meter is None:
+            charge_without_meter(self, units)
+        else:
+            meter.add(units)
 
 
 def request_cost(snapshot, request, endpoint, plan):
@@ -233,10 +248,11 @@ _SETTLE = struct.Struct("<qq")
 
 
 def settled_buckets(buckets):
-    """Return those of ``buckets`` a cost known after the response is settled on: not a
-    failed-authentication gate, not a concurrency limit's slot (their units are not costs)."""
+    """Return those of ``buckets`` a cost known after the response is settled on: those
+    charged the request's cost. Not an endpoint rule's (it counts calls), a failed-authentication
+    gate, nor a concurrency limit's slot (their units are not costs)."""
     return [bucket for bucket in buckets
-            if not bucket.gate and type(bucket) is not ConcurrencySlot]
+            if not (bucket.gate or bucket.rule.endpoint or type(bucket) is ConcurrencySlot)]
 
 
 def settle_args(buckets, extra, now_ms=None):
@@ -249,8 +265,13 @@ def settle_args(buckets, extra, now_ms=None):
         at_ms = periods.now_ms() if now_ms is None else now_ms
         specs = [bucket.spec or bucket.spec_at(at_ms) for bucket in buckets]
     args = [b"" if now_ms is None else int(now_ms)]
-    args += [spec + _SETTLE.pack(extra * bucket.period_ms, bucket.rule.debt * bucket.period_ms)
-             for bucket, spec in zip(buckets, specs)]
+    for bucket, spec in zip(buckets, specs):
+        debt_units = bucket.rule.debt * bucket.period_ms
+        # a difference beyond capacity + debt lands on a bound in settle.lua all the same:
+        # clamped, it always fits the script's int64 arithmetic
+        reach = bucket.capacity_units + debt_units
+        delta_units = max(-reach, min(reach, extra * bucket.period_ms))
+        args.append(spec + _SETTLE.pack(delta_units, debt_units))
     return [bucket.key for bucket in buckets], args
 
 

@@ -18,10 +18,11 @@ import logging
 from ..conf import get_config, meta_key
 from ..decision.engine import Decision
 from ..decision.headers import problem_response
+from ..decision.meter import reported_header_units
 from .limiter import default_limiter
 
-__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide", "hold_slot",
-           "release_slot", "endpoint_name", "mark_authentication_failed",
+__all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide",
+           "finish_after_response", "finish_now", "endpoint_name", "mark_authentication_failed",
            "authentication_failed", "charge_failed_authentication",
            "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication"]
@@ -68,38 +69,58 @@ async def adecide(request, user):
     return _keep(request, decision)
 
 
-def hold_slot(request, response):
-    """Return ``response``, set to release the concurrency slot the request's decision holds
-    (if any) when the response is finished: Django (and the WSGI/ASGI server) call its
-    ``close()`` once the content is sent, a streaming response's content exhausted or closed,
-    or the client gone. The release runs once, however often close() is called."""
+def finish_after_response(request, response):
+    """Return ``response``, set to finish the request's decision when the response is
+    finished: Django (and the WSGI/ASGI server) call its ``close()`` once the content is sent,
+    a streaming response's content exhausted or closed, or the client gone. Finishing releases
+    the concurrency slot the decision holds and settles a metered request's cost (first taking
+    what its response header reported); it runs once, however often close() is called."""
     decision = getattr(request, DECISION_ATTR, None)
-    if decision is None or decision.slot is None:
+    if decision is None or (decision.slot is None and decision.meter is None):
         return response
-    response._resource_closers.append(_Release(decision))
+    if decision.meter is not None:
+        _take_reported_header(decision, response)
+    response._resource_closers.append(_Finish(decision))
     return response
 
 
-def release_slot(request):
-    """Release the slot of ``request``'s decision now (the view raised: no response)."""
+def finish_now(request):
+    """Finish ``request``'s decision now (the view raised: no response): release its slot,
+    settle its cost on what it reported so far."""
     decision = getattr(request, DECISION_ATTR, None)
-    if decision is not None and decision.slot is not None:
-        _Release(decision)()
+    if decision is not None and (decision.slot is not None or decision.meter is not None):
+        _Finish(decision)()
 
 
-class _Release:
-    """Release a decision's slot, once."""
+def _take_reported_header(decision, response):
+    try:
+        units = reported_header_units(response)
+        if units is not None:
+            decision.meter.add(units)
+    except Exception as error:  # the limiter must never fail a response
+        _unexpected(error, "reading a metered request's reported cost; charged its estimate")
+
+
+class _Finish:
+    """Finish a decision after its response: release its slot, settle its meter; once."""
 
     def __init__(self, decision):
         self.decision = decision
 
     def __call__(self):
         decision, self.decision = self.decision, None
-        if decision is not None:
+        if decision is None:
+            return
+        if decision.slot is not None:
             try:
                 default_limiter().release_slot(decision)
             except Exception as error:  # the limiter must never fail a response
                 _unexpected(error, "releasing a concurrency slot; it frees at its deadline")
+        if decision.meter is not None:
+            try:
+                default_limiter().settle_metered(decision)
+            except Exception as error:
+                _unexpected(error, "settling a metered request; it stays charged its estimate")
 
 
 def _unexpected(error, action):
@@ -117,7 +138,8 @@ def _unexpected(error, action):
 
 def _keep(request, decision):
     setattr(request, DECISION_ATTR, decision)
-    default_limiter().record(decision)
+    if decision.meter is None:  # a metered request is counted at its cost, once settled
+        default_limiter().record(decision)
     return decision
 
 

@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 
 from .. import metrics
 from ..business.alerts.crossings import AlertQueue
-from ..conf import get_config, reload_interval_s, watch_interval_s
+from ..conf import get_config, quota_middleware_installed, reload_interval_s, watch_interval_s
 from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
@@ -32,6 +32,7 @@ from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
 from ..decision.identity import identify
 from ..decision.leases import Leases
+from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import is_misconfiguration
@@ -108,6 +109,18 @@ class _Pending(NamedTuple):
     buckets: tuple       # engine.PlannedBuckets
     deny_cache: object   # the DenyCache to learn from the answer, or None
     sent_at: float | None
+    minimum: int | None  # a metered endpoint's minimum charge; None: not metered
+
+    def metered(self, decision):
+        """Return ``decision``, with the Meter its request reports to if it is an allowed
+        request of a metered endpoint."""
+        if self.minimum is None or not decision.allowed:
+            return decision
+        settled = engine.settled_buckets(self.buckets)
+        if not settled:
+            return decision  # only endpoint rules (they count calls): nothing to settle
+        return decision._replace(meter=Meter(tuple(settled), self.cost, self.minimum,
+                                             self.snapshot.has_alerts))
 
     def degraded(self):
         """The Decision while the store cannot answer (the rules' fail modes)."""
@@ -154,6 +167,9 @@ class Limiter:
                                     superseded=self._forget_local_decisions)
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
+        # metered costs are settled after the response, which only QuotaMiddleware sees:
+        # without it a metered endpoint is charged its estimate
+        self.meters = quota_middleware_installed()
         self.deny_cache = DenyCache(clock=monotonic) if config["LOCAL_DENY_CACHE"] else None
         self.leases = Leases(config["LEASE_TTL_S"], clock=monotonic)
         self.recorder = metrics.Recorder(clock=wall_time, config=lambda: self.config)
@@ -314,8 +330,10 @@ class Limiter:
                                             cost)._replace(from_deny_cache=True)
             sent_at = deny_cache.now()
         # positionally, without the NamedTuple's Python-level __new__ (one per decision)
+        minimum = snapshot.minimum_if_metered(endpoint, request.method, identity.plan) \
+            if snapshot.metering and self.meters else None
         return _new_pending(_Pending, (snapshot, identity, endpoint, cost, buckets, deny_cache,
-                                       sent_at))
+                                       sent_at, minimum))
 
     def _conclude(self, pending, allowed, statuses):
         """The steps of a decision after the store answered: learn, and build the Decision."""
@@ -326,8 +344,9 @@ class Limiter:
                                      pending.snapshot.version, pending.sent_at)
         if allowed and pending.snapshot.has_alerts:
             self.alerts.note(pending.buckets, statuses, pending.identity)
-        return engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
-                                    pending.endpoint, pending.cost)
+        decision = engine.decision_from(pending.buckets, statuses, allowed, pending.identity,
+                                        pending.endpoint, pending.cost)
+        return decision if pending.minimum is None else pending.metered(decision)
 
     def _decide_with_slot(self, pending, now_ms, fence=None):
         """``decide`` for a request one of whose buckets is a concurrency limit: the same one
@@ -351,7 +370,7 @@ class Limiter:
                          if result == 1 and _takes_slot(b))
             if held:
                 decision = decision._replace(slot=(held, slot_member(slot_id)))
-        return decision
+        return pending.metered(decision)
 
     def settle(self, buckets, extra, *, now_ms=None):
         """Charge ``buckets``, those a request was debited on, ``extra`` tokens more than its
@@ -363,12 +382,28 @@ class Limiter:
         settled = engine.settled_buckets(buckets) if extra else ()
         if not settled:
             return None
+        if now_ms is None:
+            now_ms = self.clock.redis_now_ms()  # a test clock's time, as take's; else None
         try:
             levels = self._guarded(self.store.settle,
                                    *engine.settle_args(settled, extra, now_ms))
         except StoreUnavailable as exc:
             return self._not_settled(exc)
         return self._settled(settled, levels, extra)
+
+    def settle_metered(self, decision):
+        """Settle the request of ``decision``, a metered one (``decision.meter``), once its
+        response is finished: charge its buckets what it reported instead of its estimate,
+        count it in the metrics and usage at that cost, and note the alert thresholds its
+        settle reached. Runs once per request (later calls do nothing)."""
+        meter = decision.meter
+        extra = meter.close()
+        if extra is None:
+            return
+        statuses = self.settle(meter.buckets, extra) if extra else None
+        self.record(settled_decision(decision, meter, extra))
+        if statuses and meter.alerts:
+            self.alerts.note(meter.buckets, statuses, decision.identity)
 
     async def asettle(self, buckets, extra, *, now_ms=None):
         """``settle`` for an event loop: the store's call runs in a worker thread."""
@@ -701,6 +736,17 @@ class Limiter:
                            breaker.state)
 
 
+def settled_decision(decision, meter, extra):
+    """Return ``decision`` as the metrics and usage count it once settled: its cost the
+    meter's, and each bucket the settle charged ``extra`` more."""
+    if not extra:
+        return decision
+    settled = {bucket.rule.name for bucket in meter.buckets}
+    policies = tuple([status._replace(cost=status.cost + extra) if status.name in settled
+                      else status for status in decision.policies])
+    return decision._replace(cost=decision.cost + extra, policies=policies)
+
+
 def _takes_slot(bucket):
     return isinstance(bucket, ConcurrencySlot)
 
@@ -777,5 +823,5 @@ def install_limiter(limiter=None, *, clock=None, metrics_autostart=True):
 def forget_default_limiter(**kwargs):
     """``setting_changed`` receiver: rebuild the Limiter from the new settings on next use
     (keeping a test's clock and metrics choice)."""
-    if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES"):
+    if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES", "MIDDLEWARE"):
         _default.replace(None)
