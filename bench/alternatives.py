@@ -14,8 +14,10 @@ from django_ratelimit.core import is_ratelimited
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
 
+from ratelimit_app.decision import engine
 from ratelimit_app.decision.headers import apply_headers
 from ratelimit_app.runtime import guard
+from ratelimit_app.runtime.limiter import default_limiter
 
 from . import naive
 
@@ -38,6 +40,19 @@ def ours(user, path="/item/", ip="10.1.2.3"):
         request.__dict__.pop(attr, None)  # a new request each time, as far as the guard knows
         apply_headers(response, guard.decide(request, user))
     return decide
+
+
+def ours_settle(user, extra, path="/item/", ip="10.1.2.3"):
+    """A metered request's settle on the buckets ``ours`` charges (4 levels): ``extra`` more
+    tokens, then as many back, alternately (the levels stay where they are); ``extra`` 0: the
+    estimate was right, and no call is made."""
+    request = django_request(path, ip, user)
+    decision = guard.decide(request, user)
+    limiter = default_limiter()
+    buckets = engine.settled_buckets(engine.plan_buckets(
+        limiter.snapshot(), decision.identity, decision.endpoint, decision.cost))
+    differences = itertools.cycle((extra, -extra))
+    return lambda: limiter.settle(buckets, next(differences))
 
 
 def floor(client_id="floor-client", levels=naive.LEVELS):

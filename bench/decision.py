@@ -25,6 +25,13 @@ TARGETS = {"vs_raw_floor": (RAW_FLOOR, 1.3),
            "vs_django_ratelimit": ("django-ratelimit is_ratelimited", 0.7)}
 
 
+# issue 34: a metered request's settle ÷ a decision, same run, paired per round
+SETTLE = "ours: settle of a metered request (4 levels)"
+SETTLE_NONE = "ours: settle, the estimate right (no call)"
+SETTLE_TARGETS = {"settle_vs_decision": (SETTLE, 0.5),
+                  "settle_right_vs_decision": (SETTLE_NONE, 0.05)}
+
+
 def run(env, quick):
     user = env.users[4]
     ours = alternatives.ours(user)
@@ -38,6 +45,8 @@ def run(env, quick):
         "DRF UserRateThrottle, history 1,000": alternatives.drf_user_throttle(user, 1000),
         "DRF UserRateThrottle, history 10,000": alternatives.drf_user_throttle(user, 10_000),
         "django-ratelimit is_ratelimited": alternatives.django_ratelimit(user),
+        SETTLE: alternatives.ours_settle(user, 3),
+        SETTLE_NONE: alternatives.ours_settle(user, 0),
     }
     rounds, batch = (5, 200) if quick else (15, 500)
     try:
@@ -67,6 +76,10 @@ def run(env, quick):
         targets.append((f"1. decision (4 levels): ours ≤ {limit}× {name}",
                         f"{ratio:.2f}×{interval_text(interval) if interval else ''}",
                         verdict(ratio <= limit)))
+    for key, (name, limit) in SETTLE_TARGETS.items():
+        ratio = ratios[f"decision.{key}"] = paired_ratio(samples, name, ours_name)
+        targets.append((f"1. metered costs: {name} ≤ {limit}× ours (a decision)",
+                        f"{ratio:.2f}×", verdict(ratio <= limit)))
     return {"title": "1. Decision cost in-process", "markdown": markdown, "results": results,
             "rounds": rounds, "batch": batch, "ratios": ratios, "intervals_90": intervals,
             "targets": targets}

@@ -203,7 +203,7 @@ class EndpointCostInline(admin.TabularInline):
     form = EndpointCostForm
     formset = EndpointCostInlineFormSet
     extra = 0
-    fields = ["endpoint", "method", "cost"]
+    fields = ["endpoint", "method", "cost", "metered", "minimum"]
     verbose_name = "endpoint cost for this plan"
     verbose_name_plural = "endpoint costs for this plan (override the costs of every plan)"
 
@@ -280,6 +280,15 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
                            "every rule that applies holds its cost.",
         }),
         ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
+        ("Metered costs", {
+            "fields": ["debt"],
+            "description": "A request to a metered endpoint is admitted on its estimate and "
+                           "charged what it consumed once its response is finished: a request "
+                           "that consumed more than the bucket held takes it below empty, down "
+                           "to this many tokens, and its caller waits until the refill has "
+                           "repaid the debt.",
+            "classes": ["collapse"],
+        }),
         ("Alerts", {"fields": ["alert_thresholds"],
                     "description": "Webhook endpoints and the deliveries sent are under "
                                    "“Webhook endpoints” and “Webhook deliveries”."}),
@@ -330,8 +339,8 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
 @admin.register(EndpointCost)
 class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
-    list_display = ["endpoint_cell", "method", "plan", "cost"]
-    list_filter = ["plan", "method", EndpointFilter]
+    list_display = ["endpoint_cell", "method", "plan", "cost", "metered", "minimum"]
+    list_filter = ["plan", "method", "metered", EndpointFilter]
     list_select_related = ["plan"]
     search_fields = ["endpoint", "plan__name", "plan__slug"]
 

@@ -15,6 +15,8 @@ await the Limiter's async methods and differ in nothing else.
 
 import logging
 
+from asgiref.sync import sync_to_async
+
 from ..conf import get_config, meta_key
 from ..decision.engine import Decision
 from ..decision.headers import problem_response
@@ -80,8 +82,38 @@ def finish_after_response(request, response):
         return response
     if decision.meter is not None:
         _take_reported_header(decision, response)
-    response._resource_closers.append(_Finish(decision))
+    finish = _Finish(decision)
+    if response.streaming and getattr(response, "file_to_stream", None) is None:
+        # Under ASGI, Django cancels a stream whose client left without calling close(): the
+        # stream itself finishes then, as it is closed (a file keeps its sendfile path: its
+        # size is known, and WSGI servers close it)
+        response.streaming_content = _finishing(response, finish)
+    response._resource_closers.append(finish)
     return response
+
+
+def _finishing(response, finish):
+    """Return ``response``'s content as an iterator of the same kind (async or not) that
+    runs ``finish`` once it is exhausted or closed."""
+    if response.is_async:
+        return _afinishing(response.streaming_content, finish)
+    return _sync_finishing(response.streaming_content, finish)
+
+
+def _sync_finishing(content, finish):
+    try:
+        yield from content
+    finally:
+        finish()
+
+
+async def _afinishing(content, finish):
+    try:
+        async for part in content:
+            yield part
+    finally:
+        # a Redis call: in a worker thread, not on the event loop
+        await sync_to_async(finish, thread_sensitive=False)()
 
 
 def finish_now(request):
