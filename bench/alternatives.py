@@ -43,9 +43,10 @@ def ours(user, path="/item/", ip="10.1.2.3"):
 
 
 def ours_settle(user, extra, path="/item/", ip="10.1.2.3"):
-    """A metered request's settle on the buckets ``ours`` charges (4 levels): ``extra`` more
-    tokens, then as many back, alternately (the levels stay where they are); ``extra`` 0: the
-    estimate was right, and no call is made."""
+    """``Limiter.settle`` of a metered request on the buckets ``ours`` charges (4 levels):
+    ``extra`` tokens more than its estimate, then as many fewer, alternately (the levels stay
+    where they are); ``extra`` 0: the estimate was right, and no call is made. (Its count in the
+    metrics is not added: its decision then made none.)"""
     request = django_request(path, ip, user)
     decision = guard.decide(request, user)
     limiter = default_limiter()

@@ -2,6 +2,8 @@
 call on a held socket, hiredis only), the bare EVALSHA floor through redis-py, DRF
 UserRateThrottle (history 10 / 1,000 / 10,000) and django-ratelimit, all on the same Redis."""
 
+import time
+
 from ratelimit_app.testing import HOST
 
 from . import alternatives, raw_floor
@@ -25,14 +27,18 @@ TARGETS = {"vs_raw_floor": (RAW_FLOOR, 1.3),
            "vs_django_ratelimit": ("django-ratelimit is_ratelimited", 0.7)}
 
 
-# issue 34: a metered request's settle ÷ a decision, same run, paired per round
+# issue 34: a metered request's settle ÷ a decision, same run, paired per round. A settle is a
+# Redis round trip like a decision's, made after the response has left: what it costs the server
+# is its CPU (the worker's Python, measured with the process clock; the wait for Redis is not
+# the worker's), so the targets are on CPU; the wall-clock figures are in the table.
 SETTLE = "ours: settle of a metered request (4 levels)"
 SETTLE_NONE = "ours: settle, the estimate right (no call)"
-SETTLE_TARGETS = {"settle_vs_decision": (SETTLE, 0.5),
-                  "settle_right_vs_decision": (SETTLE_NONE, 0.05)}
+SETTLE_TARGETS = {"settle_cpu_vs_decision": (SETTLE, 0.5),
+                  "settle_right_cpu_vs_decision": (SETTLE_NONE, 0.05)}
 
 
 def run(env, quick):
+    floor_name, ours_name = "floor: bare 4-key EVALSHA", "ours: 4 levels, whole path"
     user = env.users[4]
     ours = alternatives.ours(user)
     raw = raw_floor.raw_take_like(ours, HOST, env.redis.port)
@@ -48,12 +54,13 @@ def run(env, quick):
         SETTLE: alternatives.ours_settle(user, 3),
         SETTLE_NONE: alternatives.ours_settle(user, 0),
     }
+    cpu_variants = {name: variants[name] for name in (ours_name, SETTLE, SETTLE_NONE)}
     rounds, batch = (5, 200) if quick else (15, 500)
     try:
         samples = interleave(variants, rounds, batch)
+        cpu = interleave(cpu_variants, rounds, batch, clock=time.process_time_ns)
     finally:
         raw.close()
-    floor_name, ours_name = "floor: bare 4-key EVALSHA", "ours: 4 levels, whole path"
     rows, results = [], {}
     for name, values in samples.items():
         vs_floor = paired_ratio(samples, name, floor_name)
@@ -66,6 +73,10 @@ def run(env, quick):
                          "ratio_to_ours": vs_ours}
     markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ raw floor",
                       "÷ floor (redis-py)", "÷ ours"], rows)
+    cpu_rows = [[name, median(values), f"{paired_ratio(cpu, name, ours_name):.2f}×"]
+                for name, values in cpu.items()]
+    markdown += "\n\n" + table(["this process's CPU per call", "median µs", "÷ ours"],
+                                 cpu_rows)
     ratios, targets = {}, []
     # how far the tightest target's median could move with other rounds (not in the verdict)
     intervals = {"decision.vs_raw_floor": median_interval(round_ratios(samples, ours_name,
@@ -77,9 +88,12 @@ def run(env, quick):
                         f"{ratio:.2f}×{interval_text(interval) if interval else ''}",
                         verdict(ratio <= limit)))
     for key, (name, limit) in SETTLE_TARGETS.items():
-        ratio = ratios[f"decision.{key}"] = paired_ratio(samples, name, ours_name)
-        targets.append((f"1. metered costs: {name} ≤ {limit}× ours (a decision)",
+        ratio = ratios[f"decision.{key}"] = paired_ratio(cpu, name, ours_name)
+        targets.append((f"1. metered costs, CPU: {name} ≤ {limit}× ours (a decision)",
                         f"{ratio:.2f}×", verdict(ratio <= limit)))
+    results["cpu_us"] = {name: {"median_us": median(values), "samples_us": values}
+                         for name, values in cpu.items()}
+    ratios["decision.settle_vs_decision_wall"] = paired_ratio(samples, SETTLE, ours_name)
     return {"title": "1. Decision cost in-process", "markdown": markdown, "results": results,
             "rounds": rounds, "batch": batch, "ratios": ratios, "intervals_90": intervals,
             "targets": targets}

@@ -380,16 +380,8 @@ class Limiter:
         store could not be told (logged; the request then stays charged its admission debit).
         ``now_ms`` is for tests only."""
         settled = engine.settled_buckets(buckets) if extra else ()
-        if not settled:
-            return None
-        if now_ms is None:
-            now_ms = self.clock.redis_now_ms()  # a test clock's time, as take's; else None
-        try:
-            levels = self._guarded(self.store.settle,
-                                   *engine.settle_args(settled, extra, now_ms))
-        except StoreUnavailable as exc:
-            return self._not_settled(exc)
-        return self._settled(settled, levels, extra)
+        levels = self._settle_levels(settled, extra, now_ms) if settled else None
+        return None if levels is None else _statuses_at(settled, levels)
 
     def settle_metered(self, decision):
         """Settle the request of ``decision``, a metered one (``decision.meter``), once its
@@ -400,22 +392,31 @@ class Limiter:
         extra = meter.close()
         if extra is None:
             return
-        statuses = self.settle(meter.buckets, extra) if extra else None
+        levels = self._settle_levels(meter.buckets, extra) if extra else None
         self.record(settled_decision(decision, meter, extra))
-        if statuses and meter.alerts:
-            self.alerts.note(meter.buckets, statuses, decision.identity)
+        if levels is not None and meter.alerts:
+            self.alerts.note(meter.buckets, _statuses_at(meter.buckets, levels),
+                             decision.identity)
 
     async def asettle(self, buckets, extra, *, now_ms=None):
         """``settle`` for an event loop: the store's call runs in a worker thread."""
         return await sync_to_async(self.settle, thread_sensitive=False)(
             buckets, extra, now_ms=now_ms)
 
-    def _settled(self, settled, levels, extra):
+    def _settle_levels(self, settled, extra, now_ms=None):
+        """settle.lua on ``settled`` (buckets ``engine.settled_buckets`` kept); return their
+        levels after it, or None when the store could not be told (logged)."""
+        if now_ms is None:
+            now_ms = self.clock.redis_now_ms()  # a test clock's time, as take's; else None
+        try:
+            levels = self._guarded(self.store.settle,
+                                   *engine.settle_args(settled, extra, now_ms))
+        except StoreUnavailable as exc:
+            return self._not_settled(exc)
         if extra < 0 and self.deny_cache is not None:
             # levels rose by more than the refill: what the cache remembers no longer bounds them
             self.deny_cache.forget(settled)
-        return tuple([bucket.status(level, level < bucket.cost_units)
-                      for bucket, level in zip(settled, levels)])
+        return levels
 
     @staticmethod
     def _not_settled(exc):
@@ -734,6 +735,12 @@ class Limiter:
         else:
             logger.warning("ratelimit_app: Redis unavailable (%s); breaker %s", exc,
                            breaker.state)
+
+
+def _statuses_at(buckets, levels):
+    """Return the statuses of ``buckets`` holding ``levels`` (a settle's reply)."""
+    return tuple([bucket.status(level, level < bucket.cost_units)
+                  for bucket, level in zip(buckets, levels)])
 
 
 def settled_decision(decision, meter, extra):

@@ -165,7 +165,18 @@ class RedisStore(Store):
     def settle(self, bucket_keys, args):
         if self._settle is None:
             self._settle = self.client.register_script(script_source("settle"))
-        return self._call(self._settle, list(bucket_keys), list(args))
+        return self._call(self._evalsha_once, self._settle, tuple(bucket_keys), tuple(args))
+
+    def _evalsha_once(self, script, keys, args):
+        """Send ``script``'s EVALSHA on a held connection, as a take is sent: never retried
+        (redis-py's client may retry a command whose reply was lost, and a settle is not
+        idempotent); NOSCRIPT (the script did not run) loads it and sends it again."""
+        command = self._pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+        try:
+            return self._send(command)
+        except NoScriptError:
+            self.client.script_load(script.script)
+            return self._send(command)
 
     _settle = None
 
