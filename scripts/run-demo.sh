@@ -71,13 +71,17 @@ DEMO_ENV=${DEMO_ENV:-REDIS_URL=$REDIS_URL}
 if [ -n "${SQLITE_PATH:-}" ]; then DEMO_ENV="$DEMO_ENV SQLITE_PATH=$(printf %q "$SQLITE_PATH")"; fi
 
 $PY manage.py migrate --noinput -v0
-$PY manage.py load_demo | sed "s/PORT/$PORT/"
+$PY manage.py load_demo --server-url "http://127.0.0.1:$PORT"
 cat <<MSG
 
 Try it (about 40 quick anonymous requests reach 429):
   for i in \$(seq 50); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:$PORT/api/items/; done; echo
   curl -si http://127.0.0.1:$PORT/api/items/
   curl -si -H 'X-Api-Key: rk_bob_pro' http://127.0.0.1:$PORT/api/search/
+  curl -N -H 'X-Api-Key: rk_dana_studio' 'http://127.0.0.1:$PORT/api/generate/?words=40'
+
+Demo traffic (quota alerts, their webhooks, metered streams), then see the admin:
+  $PY manage.py ratelimit_traffic --url http://127.0.0.1:$PORT
 
 Operator commands in another terminal, in this checkout ($PWD), on this demo's Redis:
   export $DEMO_ENV

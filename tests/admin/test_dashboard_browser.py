@@ -1,4 +1,6 @@
-"""The dashboard in headless Debian Chromium (Playwright) against pytest-django's live server.
+"""The dashboard in headless Debian Chromium (Playwright) against pytest-django's live server,
+and the admin pages the demo traffic fills: quota alerts, webhook deliveries, what the demo's
+receiver got.
 
 Traffic comes from the ``ratelimit_traffic`` command sent to the live server over HTTP, so it
 crosses the real middleware and throttle; the test flushes the metrics itself (no sleeps).
@@ -13,8 +15,9 @@ from playwright.sync_api import expect
 
 import ratelimit_app.admin.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
 from ratelimit_app.decision.keys import scope_token
+from ratelimit_app.models import QuotaAlert
 
-from ..helpers import SCREENSHOTS, breadcrumbs_of, limiter
+from ..helpers import SCREENSHOTS, breadcrumbs_of, limiter, poll_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("orm_beside_playwright")]
@@ -34,7 +37,8 @@ def dashboard(live_server, page, settings):
     """A signed-in admin on the dashboard after demo traffic; returns (page, console errors)."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "DASHBOARD_REFRESH_S": 1}
-    call_command("load_demo", stdout=io.StringIO())
+    # the webhook endpoint at this server's receiver
+    call_command("load_demo", server_url=live_server.url, stdout=io.StringIO())
     send_traffic(live_server, 120)
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{live_server.url}/admin/login/?next={DASHBOARD}")
@@ -148,4 +152,44 @@ def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live
     assert stock["background"] != "rgba(0, 0, 0, 0)" and stock["rows"] == 1
     assert on_dashboard["look"] == stock
     assert in_inspector["look"] == stock
+    assert errors == []
+
+
+def listed(page, url):
+    """Open the admin changelist at ``url``; return its rows' texts."""
+    page.goto(url)
+    return page.locator("#result_list tbody tr").all_inner_texts()
+
+
+def stored_alerts():
+    """Store the crossings queued in this process (the live server's settles queue them; tests
+    run no alert thread); return how many alerts are stored."""
+    limiter().alerts.drain()
+    return QuotaAlert.objects.count()
+
+
+def test_the_demo_traffic_fills_the_alerts_the_deliveries_and_the_receivers_page(dashboard,
+                                                                                 live_server):
+    """dana's streams cross AI Studio's thresholds (needs metered costs), the app's sender
+    delivers the alerts to the demo's receiver, and the admin lists each step; the launch week
+    override is listed as active."""
+    page, errors = dashboard
+    admin = f"{live_server.url}/admin"
+    poll_until(lambda: stored_alerts() == 3, what="the alerts of dana's streams")
+    call_command("ratelimit", "deliver", "--once", stdout=io.StringIO())
+
+    alerts = listed(page, f"{admin}/ratelimit_app/quotaalert/")
+    assert len(alerts) == 3 and all("studio-daily" in row and "dana" in row for row in alerts)
+    deliveries = listed(page, f"{admin}/ratelimit_app/webhookdelivery/")
+    assert len(deliveries) == 3 and all("Sent" in row for row in deliveries)
+    assert sum("quota.exhausted" in row for row in deliveries) == 1
+    assert len(listed(page, f"{admin}/demo/receivedwebhook/")) == 3
+    valid = page.locator("#result_list td.field-valid img")
+    assert valid.evaluate_all("imgs => imgs.map(i => i.alt)") == ["True"] * 3
+    page.screenshot(path=str(SCREENSHOTS / "demo-received-webhooks.png"), full_page=True)
+    listed(page, f"{admin}/ratelimit_app/identityoverride/")
+    launch_week = page.locator("#result_list tbody tr", has_text="launch week")
+    expect(launch_week).to_have_count(1)
+    assert "dana" in launch_week.inner_text()
+    assert launch_week.locator(".ratelimit-schedule").get_attribute("data-schedule") == "active"
     assert errors == []

@@ -105,7 +105,7 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
     document = json.loads(first)
     assert list(document) == ["format", "plans", "rules", "endpoint_costs", "plan_assignments",
                               "identity_overrides"]
-    assert [p["slug"] for p in document["plans"]] == ["enterprise", "free", "pro"]
+    assert [p["slug"] for p in document["plans"]] == ["enterprise", "free", "pro", "studio"]
     assert [r["name"] for r in document["rules"]] == sorted(r.name for r in Rule.objects.all())
     assert list(item(document, "rules", name="free-user")) == [
         "name", "plan", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s",
@@ -116,7 +116,10 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
         "ends_at": None, "reason": ""}
     # the start is part of an override's key: a caller may have a permanent and a dated one
     undated = {"ends_at": None, "reason": ""}
-    assert document["identity_overrides"] == [
+    # (the demo's own dated override, dana's launch week, is exported with its dates)
+    launch_week, = [o for o in document["identity_overrides"] if o["reason"] == "launch week"]
+    assert launch_week["user"] == "dana" and launch_week["starts_at"] and launch_week["ends_at"]
+    assert [o for o in document["identity_overrides"] if o is not launch_week] == [
         {"user": None, "api_key": None, "ip": "203.0.113.9", "rule": None, "starts_at": None,
          "exempt": True, "rate": None, "period_s": None, "burst": None, "note": "monitoring",
          **undated},
@@ -209,7 +212,7 @@ def test_keep_missing_keeps_rows_absent_from_the_file(demo, tmp_path):
     document["rules"] = [item(document, "rules", name="global")]
     path = write(tmp_path, document)
     out, _ = run("import", path, "--keep-missing", "--dry-run")
-    assert out == "12 rows absent from the file kept (--keep-missing).\nNothing to change.\n"
+    assert out == "15 rows absent from the file kept (--keep-missing).\nNothing to change.\n"
     out, _ = run("import", path, "--dry-run")
     assert "- rule “free-user”" in out.splitlines() and "- identity override (user alice, " \
         "rule free-user)" in out.splitlines()
@@ -269,8 +272,8 @@ def test_duplicate_and_malformed_items_are_named(demo, tmp_path):
         call_command("ratelimit", "import", write(tmp_path, document), stdout=io.StringIO(),
                      stderr=err)
     assert err.getvalue().splitlines() == [
-        "rules[10] (rule “global”): the same item as rules[7]; keep one.",
-        "endpoint_costs[2]: an item must be a JSON object.",
+        "rules[12] (rule “global”): the same item as rules[7]; keep one.",
+        "endpoint_costs[3]: an item must be a JSON object.",
         "plan_assignments[0] (plan assignment “alice”): plan: a reference is written as text "
         "(a slug) or null.",
     ]

@@ -1,13 +1,16 @@
 """The ratelimit_traffic command: loopback only, bounded, and its traffic reaches the limiter."""
 
 import io
+import re
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from project.demo.management.commands.ratelimit_traffic import check_loopback
+from project.demo.models import ReceivedWebhook
+from ratelimit_app.models import QuotaAlert, WebhookDelivery
 
-from ..helpers import limiter
+from ..helpers import limiter, poll_until
 
 
 @pytest.mark.parametrize("url", ["http://example.com", "http://10.0.0.1:8000", "ftp://127.0.0.1",
@@ -42,3 +45,33 @@ def test_sends_bounded_traffic_with_an_abusive_client(live_server, settings):
     counts = limiter().recorder.counts()
     assert counts["all", "", "allowed"] + counts["all", "", "denied"] == 90
     assert counts["all", "", "denied"] > 0
+
+
+def stored_thresholds():
+    """Store the crossings queued in this process (the live server's settles queue them; tests
+    run no alert thread) and return the thresholds of the stored alerts."""
+    limiter().alerts.drain()
+    return sorted(QuotaAlert.objects.values_list("threshold", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_run_crosses_the_studio_quotas_thresholds_and_the_receiver_gets_them(live_server,
+                                                                                 settings):
+    """dana's three streams of 200 words spend AI Studio's 500 a day (needs metered costs:
+    admitted on their estimate, each would cost 20)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    call_command("load_demo", server_url=live_server.url, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("ratelimit_traffic", url=live_server.url, requests=90, rps=0, stdout=out)
+    # (her fourth stream finds the quota spent)
+    assert re.search(r"dana \(AI Studio key, streams\) +200: 3, 429: \d", out.getvalue())
+    poll_until(lambda: stored_thresholds() == [50, 80, 100], what="the alerts of 50, 80, 100 %")
+    assert set(QuotaAlert.objects.values_list("rule__name", flat=True)) == {"studio-daily"}
+
+    call_command("ratelimit", "deliver", "--once", stdout=io.StringIO())
+    assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"sent"}
+    received = ReceivedWebhook.objects.all()
+    assert sorted(row.alert()["threshold_percent"] for row in received) == [50, 80, 100]
+    assert all(row.signature_valid for row in received)
+    assert sorted(row.event for row in received) == [
+        "quota.exhausted", "quota.threshold_crossed", "quota.threshold_crossed"]

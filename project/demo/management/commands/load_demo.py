@@ -1,18 +1,29 @@
-"""Load the demo plans, rules, costs, users and API keys (idempotent)."""
+"""Load the demo plans, rules, costs, users and API keys, a dated override and the webhook
+endpoint of the demo's own receiver (idempotent)."""
+
+import datetime
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
 
 from ratelimit_app.models import (
+    NOMINAL_PERIOD_S,
     ApiKey,
+    CalendarPeriod,
     Counts,
     EndpointCost,
+    Event,
+    IdentityOverride,
+    Kind,
     Mode,
     Plan,
     PlanAssignment,
     Rule,
     Scope,
+    WebhookEndpoint,
     hash_api_key,
 )
 
@@ -21,6 +32,7 @@ PLANS = [
     ("free", "Free", True, True),
     ("pro", "Pro", False, False),
     ("enterprise", "Enterprise", False, False),
+    ("studio", "AI Studio", False, False),
 ]
 
 # name, plan, scope, endpoint, rate, period_s, burst, mode
@@ -34,6 +46,15 @@ RULES = [
     ("enterprise-user", "enterprise", Scope.USER, "", 6000, 60, 1000, Mode.ENFORCE),
     ("enterprise-tenant", "enterprise", Scope.TENANT, "", 20000, 60, 3000, Mode.ENFORCE),
     ("search-ip-trial", None, Scope.IP, "api:search", 10, 60, 10, Mode.SHADOW),
+    ("studio-minute", "studio", Scope.USER, "", 1200, 60, 600, Mode.ENFORCE),
+]
+
+# Daily calendar quotas: name, plan, scope, units per day, alert thresholds (percent used),
+# debt (units a metered request may take the quota below empty). AI Studio's 500 words a day
+# are spent by three streams of 200 (ratelimit_traffic): alerts at 50, 80 and 100 %, and the
+# third stream ends 100 below empty.
+DAILY_QUOTAS = [
+    ("studio-daily", "studio", Scope.USER, 500, "50,80,100", 200),
 ]
 
 # Failed authentications (wrong passwords, unknown tokens or API keys) per client IP:
@@ -42,10 +63,13 @@ FAILED_AUTH_RULES = [
     ("auth-failures", 1, 60, 10),
 ]
 
-# endpoint, method, cost
+# endpoint, method, cost, metered, minimum. A metered cost is the estimate a request must find
+# in its buckets to start; it is then charged what it reports (the words api:generate streams).
+# The estimate stays within free-user's burst (30), or free callers could never start a stream.
 COSTS = [
-    ("api:search", "GET", 5),
-    ("api:reports", "POST", 20),
+    ("api:search", "GET", 5, False, 0),
+    ("api:reports", "POST", 20, False, 0),
+    ("api:generate", "GET", 20, True, 1),
 ]
 
 # username, plan, tenant, API key. The keys' first ApiKey.PREFIX_LENGTH (8) characters differ,
@@ -54,24 +78,37 @@ USERS = [
     ("alice", "free", "", "rk_alice_free"),
     ("bob", "pro", "", "rk_bob_pro"),
     ("carol", "enterprise", "acme", "rk_carol_enterprise"),
+    ("dana", "studio", "", "rk_dana_studio"),
 ]
 DEMO_PASSWORD = "demo-pass"
 ADMIN = ("admin", "admin")
 
+# A dated override, renewed by every load: user, rule, reason, days, rate, period_s, burst.
+LAUNCH_WEEK = ("dana", "studio-minute", "launch week", 7, 2400, 60, 1200)
+WEBHOOK_ENDPOINT = "demo receiver"
+
 
 class Command(BaseCommand):
-    help = "Load the demo plans, rules, endpoint costs, users and API keys."
+    help = ("Load the demo plans, rules, endpoint costs, users and API keys, a dated override "
+            "and the webhook endpoint of the demo's receiver.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--server-url", default="http://127.0.0.1:8000",
+                            help="Where the demo server will listen: its webhook receiver is "
+                                 "there, and the URLs printed. Default: %(default)s")
 
     @transaction.atomic
-    def handle(self, *args, **options):
+    def handle(self, *args, server_url, **options):
+        server_url = server_url.rstrip("/")
         plans = {}
         for slug, name, default_auth, default_anon in PLANS:
             plans[slug], _ = Plan.objects.update_or_create(
                 slug=slug, defaults={"name": name, "default_for_authenticated": default_auth,
                                      "default_for_anonymous": default_anon})
-        for endpoint, method, cost in COSTS:
+        for endpoint, method, cost, metered, minimum in COSTS:
             EndpointCost.objects.update_or_create(
-                endpoint=endpoint, method=method, plan=None, defaults={"cost": cost})
+                endpoint=endpoint, method=method, plan=None,
+                defaults={"cost": cost, "metered": metered, "minimum": minimum})
         for name, plan, scope, endpoint, rate, period_s, burst, mode in RULES:
             Rule.objects.update_or_create(name=name, defaults={
                 "plan": plans[plan] if plan else None, "scope": scope, "endpoint": endpoint,
@@ -81,6 +118,13 @@ class Command(BaseCommand):
                 "plan": None, "scope": Scope.IP, "endpoint": "", "counts": Counts.FAILED_AUTH,
                 "rate": rate, "period_s": period_s, "burst": burst, "mode": Mode.ENFORCE,
                 "enabled": True})
+        for name, plan, scope, units, thresholds, debt in DAILY_QUOTAS:
+            # burst and period as Rule.clean() stores them for a calendar quota
+            Rule.objects.update_or_create(name=name, defaults={
+                "plan": plans[plan], "scope": scope, "endpoint": "", "kind": Kind.CALENDAR,
+                "calendar_period": CalendarPeriod.DAY, "rate": units, "burst": units,
+                "period_s": NOMINAL_PERIOD_S[CalendarPeriod.DAY], "alert_thresholds": thresholds,
+                "debt": debt, "mode": Mode.ENFORCE, "enabled": True})
         User = get_user_model()
         for username, plan, tenant, raw_key in USERS:
             user, _ = User.objects.get_or_create(username=username)
@@ -99,9 +143,28 @@ class Command(BaseCommand):
         admin.is_staff = admin.is_superuser = True
         admin.set_password(ADMIN[1])
         admin.save()
+        self._launch_week(User)
+        # the demo server's URLconf, whichever one this process runs with (a test's own)
+        receiver_url = server_url + reverse("demo:webhook-receiver", urlconf="project.urls")
+        WebhookEndpoint.objects.update_or_create(name=WEBHOOK_ENDPOINT, defaults={
+            "url": receiver_url, "events": ",".join(Event.values), "enabled": True})
 
         self.stdout.write(self.style.SUCCESS("Demo data loaded."))
-        self.stdout.write(f"  Admin:      http://127.0.0.1:PORT/admin/  user {ADMIN[0]} / {ADMIN[1]}")
+        self.stdout.write(f"  Admin:      {server_url}/admin/  user {ADMIN[0]} / {ADMIN[1]}")
         for username, plan, _tenant, raw_key in USERS:
             self.stdout.write(f"  {username:<6} ({plan:<10}) password {DEMO_PASSWORD}  "
                               f"X-Api-Key: {raw_key}")
+        self.stdout.write(f"  Webhooks:   quota alerts are POSTed to {receiver_url}; what it "
+                          f"received: {server_url}/admin/demo/receivedwebhook/")
+
+    @staticmethod
+    def _launch_week(User):
+        """(Re)start the launch week override: from now, for its days."""
+        username, rule, reason, days, rate, period_s, burst = LAUNCH_WEEK
+        now = timezone.now()
+        IdentityOverride.objects.update_or_create(
+            user=User.objects.get(username=username), rule=Rule.objects.get(name=rule),
+            reason=reason, defaults={
+                "starts_at": now, "ends_at": now + datetime.timedelta(days=days),
+                "rate": rate, "period_s": period_s, "burst": burst, "exempt": False,
+                "note": "twice the words per minute while AI Studio launches"})

@@ -1,13 +1,16 @@
 """Drive demo traffic at a running server so the dashboard has live data.
 
-The demo clients (``load_demo``) call the demo API with their API keys at polite rates, and one
-abusive anonymous scraper hammers it until it is refused. Bounded in requests and seconds, it
-stops by itself, and it only talks to loopback addresses.
+The demo clients (``load_demo``) call the demo API with their API keys at polite rates, dana
+streams generated words (a metered endpoint: charged the words she gets) until AI Studio's
+daily quota is spent, crossing its alert thresholds, and one abusive anonymous scraper hammers
+the API until it is refused. Bounded in requests and seconds, it stops by itself, and it only
+talks to loopback addresses.
 
     python manage.py ratelimit_traffic                    # 60 s or 3000 requests at :8000
     python manage.py ratelimit_traffic --duration 20 --url http://127.0.0.1:8001
 """
 
+import http.client
 import ipaddress
 import time
 import urllib.error
@@ -26,6 +29,9 @@ CLIENTS = [
     ("carol (enterprise key)", 2, "GET", "/api/items/", {"X-Api-Key": "rk_carol_enterprise"}),
     ("carol (enterprise key)", 1, "POST", "/api/reports/",
      {"X-Api-Key": "rk_carol_enterprise"}),
+    # three streams spend AI Studio's 500 words a day (load_demo's studio-daily)
+    ("dana (AI Studio key, streams)", 1, "GET", "/api/generate/?words=200",
+     {"X-Api-Key": "rk_dana_studio"}),
     ("scraper (anonymous, abusive)", 12, "GET", "/api/items/", {}),
     ("scraper (anonymous, abusive)", 2, "GET", "/hello/", {}),
 ]
@@ -120,5 +126,5 @@ class Command(BaseCommand):
             exc.read()
             exc.close()
             return exc.code
-        except (urllib.error.URLError, OSError):
-            return "error"
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            return "error"  # unreachable, or the connection broke mid-answer (a stream)
