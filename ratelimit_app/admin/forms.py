@@ -124,6 +124,21 @@ class _QuotaRowForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         _use_endpoint_picker(self, blank_label=self.endpoint_blank_label)
         _word_number_limits(self)
+        # a form (or script) written before metered costs means none: 0
+        for name in METERED_NUMBERS:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def clean_debt(self):
+        return self.cleaned_data.get("debt") or 0
+
+    def clean_minimum(self):
+        return self.cleaned_data.get("minimum") or 0
+
+
+# The numbers of metered costs (a rule's debt allowed, a cost row's minimum charge): 0 when left
+# out of a form's data.
+METERED_NUMBERS = ("debt", "minimum")
 
 
 # What rate and period mean for each kind of rule (shown under the fields).

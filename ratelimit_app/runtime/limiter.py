@@ -394,9 +394,12 @@ class Limiter:
             return
         levels = self._settle_levels(meter.buckets, extra) if extra else None
         self.record(settled_decision(decision, meter, extra))
-        if levels is not None and meter.alerts:
-            self.alerts.note(meter.buckets, _statuses_at(meter.buckets, levels),
-                             decision.identity)
+        if levels is not None and meter.alerts and extra > 0:
+            # every bucket took ``extra``: none is short of it (a bucket emptied, or in debt,
+            # has reached 100 %)
+            statuses = tuple([bucket.status(level, False)
+                              for bucket, level in zip(meter.buckets, levels)])
+            self.alerts.note(meter.buckets, statuses, decision.identity, tokens=extra)
 
     async def asettle(self, buckets, extra, *, now_ms=None):
         """``settle`` for an event loop: the store's call runs in a worker thread."""

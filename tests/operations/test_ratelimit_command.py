@@ -109,7 +109,8 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
     assert [r["name"] for r in document["rules"]] == sorted(r.name for r in Rule.objects.all())
     assert list(item(document, "rules", name="free-user")) == [
         "name", "plan", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s",
-        "burst", "counts", "lease", "mode", "on_redis_failure", "enabled", "alert_thresholds"]
+        "burst", "counts", "lease", "mode", "on_redis_failure", "enabled", "alert_thresholds",
+        "debt"]
     assert item(document, "rules", name="free-user")["plan"] == "free"
     assert item(document, "plan_assignments", user="carol") == {
         "user": "carol", "plan": "enterprise", "tenant": "acme", "starts_at": None,
@@ -169,7 +170,7 @@ default_for_anonymous=false
     burst: 30 → 40
     mode: "enforce" → "shadow"
 + rule “team-user”: plan="team", scope="user", endpoint="", kind="token_bucket", \
-calendar_period="", rate=100, period_s=60, burst=50, counts="requests", lease=0, mode="enforce", on_redis_failure="default", enabled=true, alert_thresholds=""
+calendar_period="", rate=100, period_s=60, burst=50, counts="requests", lease=0, mode="enforce", on_redis_failure="default", enabled=true, alert_thresholds="", debt=0
 - endpoint cost (endpoint api:search, method GET)
 ~ plan assignment “bob”
     plan: "pro" → "team"

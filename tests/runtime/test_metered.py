@@ -18,7 +18,7 @@ from ratelimit_app.decision import engine
 from ratelimit_app.decision.engine import Decision
 from ratelimit_app.decision.identity import identify
 from ratelimit_app.decision.meter import MAX_REPORTED_UNITS, Meter
-from ratelimit_app.models import EndpointCost, Plan, Rule, UsageRecord
+from ratelimit_app.models import EndpointCost, Plan, QuotaAlert, Rule, UsageRecord
 
 from ..helpers import commands_sent, limiter, use_fake_clock
 
@@ -246,7 +246,17 @@ def test_usage_records_count_the_settled_units(metered):
     assert (record.units, record.allowed) == (30 + 2 + 1 + ESTIMATE, 4)
 
 
-def test_a_settle_that_crosses_a_threshold_raises_its_alert(metered):
-    Rule.objects.filter(name="units").update(period_s=3600, alert_thresholds="50")
-    get(f"/consumed/?units={BURST // 2 + 5}")  # admitted at 10 % used, settled at 55 %
-    assert limiter().alerts.pending() == 1
+def test_a_settle_raises_the_alerts_of_the_thresholds_it_crosses(metered):
+    Rule.objects.filter(name="units").update(period_s=3600, alert_thresholds="50,100")
+    # admitted at 10 % used; settled 20 tokens into debt: past 50 % and 100 % at once
+    assert get(f"/consumed/?units={BURST + 20}").status_code == 200
+    limiter().alerts.drain()
+    assert sorted(QuotaAlert.objects.values_list("threshold", "used", "limit")) == \
+        [(50, BURST + 20, BURST), (100, BURST + 20, BURST)]
+
+
+def test_a_refund_raises_no_alert(metered):
+    Rule.objects.filter(name="units").update(period_s=3600, alert_thresholds="5")
+    assert get("/consumed/?units=2").status_code == 200  # admitted at 10 %: its alert
+    limiter().alerts.drain()
+    assert list(QuotaAlert.objects.values_list("threshold", "used")) == [(5, ESTIMATE)]

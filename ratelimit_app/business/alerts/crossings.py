@@ -61,16 +61,17 @@ class Crossing(NamedTuple):
     limit: int
 
 
-def crossings(buckets, statuses, identity, now_ms):
+def crossings(buckets, statuses, identity, now_ms, tokens=None):
     """Return the Crossings of the thresholds an allowed request's buckets have reached, at
-    ``statuses`` (in the buckets' order) at ``now_ms``; usually ()."""
+    ``statuses`` (in the buckets' order) at ``now_ms``; usually (). ``tokens``: what the call
+    took from each bucket (default: the request's cost; a settle passes what it added)."""
     found = ()
     for bucket, status in zip(buckets, statuses):
         thresholds = bucket.rule.alerts
         if not thresholds or status.short:  # short: this bucket was not debited
             continue
         capacity, level = bucket.capacity_units, status.level_units
-        before = level + bucket.cost_units
+        before = level + (bucket.cost_units if tokens is None else tokens * bucket.period_ms)
         for percent in thresholds:
             # the level at which ``percent`` of the capacity is used (rounded up)
             mark = capacity + (capacity * percent // -100)
@@ -154,10 +155,10 @@ class AlertQueue:
             # holds; a weak reference, so a replaced Limiter's queue can still be collected
             atexit.register(_drain_at_exit, weakref.ref(self))
 
-    def note(self, buckets, statuses, identity):
-        """Queue the thresholds an allowed decision reached that this process has not queued
-        in their period yet (see ``crossings``)."""
-        found = crossings(buckets, statuses, identity, self.now_ms())
+    def note(self, buckets, statuses, identity, tokens=None):
+        """Queue the thresholds an allowed decision (or a settle of ``tokens`` more) reached
+        that this process has not queued in their period yet (see ``crossings``)."""
+        found = crossings(buckets, statuses, identity, self.now_ms(), tokens)
         if found:
             found = self.reported.new(found)
             if found:
