@@ -73,7 +73,7 @@ PARTS = {
     "planassignment": ("assignments",),
     "apikey": ("api_keys",),
     "identityoverride": ("overrides",),
-    "endpointcost": ("costs",),
+    "endpointcost": ("costs", "metering"),
 }
 DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
 

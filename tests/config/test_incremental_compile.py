@@ -52,6 +52,7 @@ def rows():
     Rule.objects.create(name="free-ip", plan=free, scope=Scope.IP, rate=1, period_s=60,
                         burst=10)
     EndpointCost.objects.create(endpoint="hello", cost=2)
+    EndpointCost.objects.create(endpoint="chat", cost=5, metered=True, minimum=1)
     IdentityOverride.objects.create(ip="192.0.2.1", exempt=True)
     return free
 
