@@ -67,16 +67,18 @@ def percentile(values, share):
 
 
 @contextlib.contextmanager
-def config_edits(every_s):
-    """Write a new config version every ``every_s`` seconds while the block runs (the admin's
-    save does the same on commit); yield a list that ends up holding how many were written."""
+def config_edits(every_s, parts=("rule",)):
+    """Write a new config version every ``every_s`` seconds while the block runs, naming the
+    tables ``parts`` as changed (what the admin's save of a rule does on commit; None: unknown,
+    every table compiled again, as after ``ratelimit reload``); yield a list that ends up
+    holding how many were written."""
     from ratelimit_app.runtime.limiter import default_limiter
 
     limiter, stop, written = default_limiter(), threading.Event(), [0]
 
     def edit():
         while not stop.wait(every_s):
-            limiter.bump_config_version()
+            limiter.bump_config_version(parts)
             written[0] += 1
     thread = threading.Thread(target=edit, name="bench-config-edits", daemon=True)
     thread.start()
