@@ -18,8 +18,8 @@ not reopen the connections gunicorn's sync workers close.
 
 The figure that matters is the p99 a throttle adds over the no-throttle server of the same
 kind; ours is compared with the bare 4-key Lua throttle's. One more WSGI row (not a target):
-ours' server again while this process writes a new config version every second, as if an
-operator saved a quota each second; each worker then compiles the bench's 1,954 rows anew
+ours' server again while this process writes a new config version every second naming the rule
+table, as an operator's save of a rule does; each worker then compiles the bench's rules again
 each second (see docs/howto/apply-edits.md, "Where the reload runs").
 """
 
