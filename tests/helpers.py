@@ -100,6 +100,20 @@ def api_key(username, tenant="acme"):
     return ApiKey.create_key(user, f"{username}'s key", tenant=tenant)
 
 
+def server_store(request, store, env, redis_server):
+    """Point ``env``, a server's environment, at ``store``: "redis", the suite's redis-server
+    (REDIS_URL, set here), or "cluster", the session's Cluster, made healthy and empty; return
+    a client of that store."""
+    env["REDIS_URL"] = redis_server.url
+    if store != "cluster":
+        return redis_server.client()
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.ensure_healthy()
+    cluster.flushall()
+    env["REDIS_CLUSTER_NODES"] = cluster.nodes_env
+    return cluster.client()
+
+
 def poll_until(condition, timeout_s=5, what="the condition"):
     """Return once ``condition()`` is true; fail after ``timeout_s`` (for what a real process
     does in its own time, such as a server's release or a breaker's cooldown), naming ``what``

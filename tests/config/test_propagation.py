@@ -24,7 +24,7 @@ from typing import NamedTuple
 import pytest
 
 from ..asgi_server import Gunicorn, Uvicorn, get
-from ..helpers import poll_until
+from ..helpers import poll_until, server_store
 from .test_reload_live import SETUP, VERSION_KEY, python, stop_server
 
 pytestmark = pytest.mark.slow
@@ -166,15 +166,8 @@ def deployment(request, tmp_path_factory, redis_server, database_env):
     workdir = tmp_path_factory.mktemp(f"propagation-{kind}-{store}")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.config.propagation_settings",
            "RELOAD_INTERVAL_S": str(RELOAD_INTERVAL_S), **database_env(workdir),
-           "REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0"}
-    if store == "cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        cluster.ensure_healthy()
-        cluster.flushall()
-        env["REDIS_CLUSTER_NODES"] = cluster.nodes_env
-        client = cluster.client()
-    else:
-        client = redis_server.client()
+           "DJANGO_DEBUG": "0"}
+    client = server_store(request, store, env, redis_server)
     python(["manage.py", "migrate", "--verbosity", "0"], env)
     python(["-c", SETUP], env)
     server = server_class(env, workdir, workers=workers).start()
