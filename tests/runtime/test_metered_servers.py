@@ -20,7 +20,7 @@ from ratelimit_app.decision.buckets import read_state
 from ratelimit_app.decision.keys import bucket_key
 
 from ..asgi_server import Gunicorn, Uvicorn, get
-from ..helpers import poll_until
+from ..helpers import poll_until, server_store
 from ..config.test_reload_live import stop_server
 
 pytestmark = pytest.mark.slow
@@ -108,16 +108,8 @@ def site(request, tmp_path_factory, redis_server, database_env):
     server_class, workers = SERVERS[kind][:2]
     workdir = tmp_path_factory.mktemp(f"metered-{kind}-{store}")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.runtime.metered_site",
-           **database_env(workdir), "REDIS_URL": redis_server.url,
-           "NOTES_REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0"}
-    if store == "cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        cluster.ensure_healthy()
-        cluster.flushall()
-        env["REDIS_CLUSTER_NODES"] = cluster.nodes_env
-        store_client = cluster.client()
-    else:
-        store_client = redis_server.client()
+           **database_env(workdir), "NOTES_REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0"}
+    store_client = server_store(request, store, env, redis_server)
     python(["manage.py", "migrate", "--verbosity", "0"], env)
     rule_id = int(python(["-c", SETUP], env))
     server = server_class(env, workdir, workers=workers).start()
@@ -140,7 +132,8 @@ def test_the_bucket_holds_exactly_what_the_allowed_requests_reported(site):
     assert {status for _, status in answers} <= {200, 429}, answers
     allowed = [units for units, status in answers if status == 200]
     charged = sum(max(units, MINIMUM) for units in allowed)
-    assert charged > burst  # the bucket ran dry: refusals and debts both happened
+    # the bucket ran dry: less than an estimate was left (and refusals happened)
+    assert charged > burst - ESTIMATE
     assert any(status == 429 for _, status in answers)
     # a settle runs once the response is finished, after the client has it: wait for the last
     poll_until(lambda: site.level() == burst - charged, 10,
