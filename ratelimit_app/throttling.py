@@ -32,6 +32,8 @@ class QuotaThrottled(Throttled):
         self.decision = decision
         # set after __init__, which would turn every value into a string ("status": "429")
         self.detail = problem_body(decision)
+        # 429, or 402 when credits ran out (DRF's exception handler answers with this status)
+        self.status_code = self.detail["status"]
 
     def get_codes(self):
         return self.default_code

@@ -169,6 +169,8 @@ def _read_rules(moment, pause_s):
             concurrency=r.kind == Kind.CONCURRENCY,
             alerts=_alert_thresholds(r, parse_alert_thresholds),
             debt=r.debt,
+            credits=r.kind == Kind.CREDITS,
+            refill=r.calendar_period if r.kind == Kind.CREDITS else "",
         )
         for r in _rows(Rule.objects.filter(enabled=True).order_by("id"),
                        "id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s",

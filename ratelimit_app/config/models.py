@@ -232,6 +232,7 @@ class Kind(models.TextChoices):
     TOKEN_BUCKET = "token_bucket", "Token bucket (rate per period, up to a burst)"
     CALENDAR = "calendar", "Calendar quota (N per day or month, reset at the boundary)"
     CONCURRENCY = "concurrency", "Concurrency limit (at most N requests in flight)"
+    CREDITS = "credits", "Prepaid credits (a balance that top-ups raise)"
 
 
 # The most requests in flight a concurrency limit may allow per scope value, and its longest
@@ -304,11 +305,14 @@ class Rule(models.Model):
     )
     calendar_period = models.CharField(
         max_length=5, choices=CalendarPeriod.choices, blank=True,
-        help_text="Calendar quotas only: when the count starts again.",
+        help_text="Calendar quotas: when the count starts again. Prepaid credits: when the "
+                  "allowance is whole again (empty: never, it is given once).",
     )
     rate = models.PositiveIntegerField(
-        validators=[MinValueValidator(1)],
-        help_text="Tokens added per period (a calendar quota: units per day or month).",
+        validators=[MinValueValidator(0)],
+        help_text="Tokens added per period (a calendar quota: units per day or month; prepaid "
+                  "credits: the allowance, units included each day or month, or once, before "
+                  "any prepaid unit is spent; 0: none).",
     )
     period_s = models.PositiveIntegerField(
         "period (seconds)", blank=True,
@@ -374,8 +378,10 @@ class Rule(models.Model):
         errors = {}
         if self.kind == Kind.CALENDAR:
             self._clean_calendar(errors)
+        elif self.kind == Kind.CREDITS:
+            self._clean_credits(errors)
         else:
-            self.calendar_period = ""  # only calendar quotas have one
+            self.calendar_period = ""  # only calendar quotas and credits have one
         if self.kind == Kind.CONCURRENCY:
             self._clean_concurrency(errors)
         if self.name and not RULE_NAME_RE.match(self.name):
@@ -383,7 +389,8 @@ class Rule(models.Model):
                               "or digit: clients read this name in the RateLimit headers.")
         for field in ("rate", "period_s"):
             value = getattr(self, field)
-            if value is not None and value < 1:
+            if value is not None and value < 1 and not (field == "rate" and
+                                                        self.kind == Kind.CREDITS):
                 errors[field] = MINIMUM_MESSAGES[field]
         if self.kind == Kind.TOKEN_BUCKET and self.burst is not None and self.period_s and \
                 self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
@@ -407,7 +414,7 @@ class Rule(models.Model):
             if self.plan_id:
                 errors["plan"] = ("A failed authentication has no plan yet (the caller is "
                                   "unknown): leave the plan empty.")
-        elif self.burst and not errors and self.kind != Kind.CONCURRENCY:
+        elif self.burst and not errors and self.kind not in (Kind.CONCURRENCY, Kind.CREDITS):
             largest = self._largest_cost()
             if largest and self.burst < largest[0]:
                 if self.kind == Kind.CALENDAR:
@@ -433,7 +440,7 @@ class Rule(models.Model):
                 errors["period_s"] = ["A concurrency limit needs its timeout in seconds: how long "
                                       "the slot of a request that never finishes (a crashed "
                                       "worker) stays taken."]
-        elif self.kind != Kind.CALENDAR:
+        elif self.kind not in (Kind.CALENDAR, Kind.CREDITS):
             for field, message in (("period_s", "A token bucket needs its period in seconds."),
                                    ("burst", "A token bucket needs its burst (its capacity).")):
                 if getattr(self, field) is None and field not in (exclude or ()) and \
@@ -492,6 +499,41 @@ class Rule(models.Model):
         if self.rate:
             self.burst = self.rate
         self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, 24 * 3600)
+
+    def _clean_credits(self, errors):
+        """Check a prepaid credits rule and give it the period and burst the number-based checks
+        and lists read (its allowance's)."""
+        if self.scope not in (Scope.USER, Scope.TENANT):
+            errors["scope"] = ("Credits belong to a caller (an API key or a signed-in user) or "
+                               "to a tenant: choose “User or API key” or “Tenant”.")
+        if self.endpoint:
+            errors["endpoint"] = ("Credits are spent on every endpoint, each request its "
+                                  "endpoint cost: leave the endpoint empty (endpoint costs set "
+                                  "what each endpoint spends).")
+        if self.counts == Counts.FAILED_AUTH:
+            errors["kind"] = ("Failed authentications are counted by a token bucket, not paid "
+                              "for: choose “Token bucket”.")
+        if self.lease:
+            errors["lease"] = ("A balance is spent in Redis on every request (it is money): "
+                               "set the lease to 0.")
+        if self.alert_thresholds:
+            errors["alert_thresholds"] = ("Credits alert on their own (credits.low at 80 % of "
+                                          "the last top-up used, credits.exhausted): clear "
+                                          "this field.")
+        if self.rate is not None and self.rate > MAX_BUCKET_UNITS:
+            errors["rate"] = f"An allowance can be at most {MAX_BUCKET_UNITS} units."
+        if self.debt and self.debt > MAX_BUCKET_UNITS // 1000:
+            errors["debt"] = "The debt allowed is too large."
+        clash = Rule.objects.filter(kind=Kind.CREDITS, scope=self.scope).exclude(pk=self.pk)
+        if self.plan_id is not None:
+            clash = clash.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
+        other = clash.first()
+        if other is not None:
+            errors["plan"] = (f"Rule “{other}” already spends the same balances (credits of "
+                              f"this scope, on an overlapping plan): a request spends one "
+                              f"balance per account. Edit that rule instead.")
+        self.burst = self.rate or 0
+        self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, MAX_PERIOD_S)
 
     def _clean_concurrency(self, errors):
         """Check a concurrency limit: ``rate`` requests in flight, ``period_s`` the timeout of a

@@ -46,6 +46,10 @@ class CompiledRule:
     # tokens a settle may take the bucket below empty when a request cost more than it was
     # admitted for (see stores/lua/settle.lua); what would go further is not charged
     debt: int = 0
+    # prepaid credits: the account's balance (see decision/balances.py), its allowance ``rate``
+    # units per ``refill`` ("day" or "month"; "": given once, never refilled)
+    credits: bool = False
+    refill: str = ""
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -55,7 +59,8 @@ class CompiledRule:
         """Return a copy with an identity override's own numbers."""
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
-                            self.lease, self.calendar, self.concurrency, self.alerts, self.debt)
+                            self.lease, self.calendar, self.concurrency, self.alerts, self.debt,
+                            self.credits, self.refill)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from . import periods
+from .balances import NEVER_MS, account_ref, balance_key
 from .header_fields import policy_item, sf_string
 
-__all__ = ["Bucket", "CalendarQuota", "ConcurrencySlot", "PolicyStatus", "LevelStatuses",
-           "pack_value", "unpack_value", "read_state", "CALENDAR_RECORD", "NEXT_PERIOD"]
+__all__ = ["Bucket", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
+           "PolicyStatus", "LevelStatuses", "pack_value", "unpack_value", "read_state",
+           "CALENDAR_RECORD", "NEXT_PERIOD"]
 
 # A key's stored value, as take.lua writes it: the key's expiry (ms), then one record per
 # bucket of that identity: rule id, level, timestamp_ms, period_ms.
@@ -92,6 +94,7 @@ def _spec(rule_id, period_ms, burst, rate, cost, mode):
 ENFORCE, SHADOW, GATE = 1, 0, 2
 CALENDAR_ENFORCE, CALENDAR_SHADOW = 3, 4
 CONCURRENCY_ENFORCE, CONCURRENCY_SHADOW = 5, 6
+CREDITS_ENFORCE, CREDITS_SHADOW = 7, 8
 
 
 class Bucket:
@@ -323,3 +326,76 @@ class ConcurrencySlot(Bucket):
 def slot_member(slot_id):
     """Return the sorted-set member of slot ``slot_id`` as take.lua writes it (its 8 bytes)."""
     return struct.pack("<q", slot_id)
+
+
+class CreditStatus(PolicyStatus):
+    """The status of a credit balance: a PolicyStatus that the RateLimit headers leave out (a
+    balance is not a rate: a refusal for it is a 402, see headers.problem_body)."""
+
+    __slots__ = ()
+
+
+# what a credit balance may hold, as far as the deny cache and the settle's clamp know: any
+# level (an int64 with room for a debt bound on top)
+UNBOUNDED_UNITS = 2**62
+
+# a never-refilled balance's period: one, from the epoch to a moment no clock reaches
+_NEVER = periods.Bounds(0, NEVER_MS, NEVER_MS)
+
+
+class CreditBalance(Bucket):
+    """A prepaid credit balance (``rule.credits``): the account's top-ups, plus an allowance of
+    ``rule.rate`` units given once or each day or month (``rule.refill``) and spent first.
+
+    Its key is the account's balance key beside the identity's key (decision/balances.py), read
+    and debited in the decision's one atomic call like every bucket; take.lua replies that it is
+    missing (first use, or Redis lost it) and the Limiter seeds it from the ledger, then decides
+    again. Units are plain units (one per token): the level is the units left, below 0 only in
+    debt. ``account`` names the account (``key:12``) for the ledger.
+    """
+
+    __slots__ = ("account",)
+
+    def __init__(self, rule, key, cost, identity):
+        # (not Bucket's __init__: an allowance of 0 has no token-bucket numbers to work out)
+        self.rule, self.key, self.cost, self.gate = rule, balance_key(key), cost, False
+        self.id = f"{self.key}:{rule.id}"
+        self.account = account_ref(rule.scope, identity)
+        self.period_ms = 1
+        # a top-up may raise a balance at any moment: the deny cache never learns one
+        # (short_below), and never projects one short (its capacity, "unknown", is unbounded)
+        self.capacity_units = UNBOUNDED_UNITS
+        self.cost_units = cost
+        self.short_below = -math.inf
+        self.spec = None
+        self.shown = (rule.name, rule.rate, 0, rule.rate, cost, rule.shadow, self.key,
+                      rule.scope, sf_string(rule.name), "")
+
+    def bounds_at(self, at_ms):
+        """Return the Bounds of the allowance's period at ``at_ms`` (this host's clock)."""
+        if not self.rule.refill:
+            return _NEVER
+        return periods.bounds_at(self.rule.refill, at_ms - periods.CLOCK_MARGIN_MS)
+
+    def spec_at(self, at_ms, slot_id=0):
+        """Return take.lua's argument: rule id, period start, allowance, next start, cost, mode,
+        the start after next (a calendar quota's layout)."""
+        rule = self.rule
+        return _calendar_spec(rule.id, rule.rate, self.cost_units,
+                              CREDITS_SHADOW if rule.shadow else CREDITS_ENFORCE,
+                              self.bounds_at(at_ms))
+
+    def status(self, level_units, short):
+        """Return the CreditStatus of this balance holding ``level_units``: remaining = units
+        left (0 in debt), reset = seconds until the allowance is whole again (0: never)."""
+        name, allowance, _, _, cost, shadow, key, scope, header_name, _ = self.shown
+        level = int(level_units)
+        reset_s = 0
+        if self.rule.refill:
+            now = periods.now_ms()
+            reset_s = max(0, math.ceil((periods.bounds_at(self.rule.refill, now).next_ms - now)
+                                       / 1000))
+        return _new_status(CreditStatus, (
+            name, allowance, 0, allowance, max(0, level), reset_s, 0, cost, shadow, short, key,
+            level, scope, header_name, "",
+        ))

@@ -25,7 +25,7 @@ import operator
 import threading
 import time
 
-from .buckets import LevelStatuses
+from .buckets import CreditBalance, LevelStatuses
 
 __all__ = ["DenyCache"]
 
@@ -85,6 +85,8 @@ class DenyCache:
             if len(self._entries) + len(buckets) > self.max_entries:
                 self._prune(now, room=len(buckets))
             for bucket, status in zip(buckets, statuses):
+                if type(bucket) is CreditBalance:
+                    continue  # a top-up may raise it at any moment: never answered from here
                 level = status.level_units
                 full_after_s = (bucket.capacity_units - level) / bucket.rule.rate / 1000
                 self._entries[bucket.id] = (level, sent_at, version, sent_at + full_after_s)

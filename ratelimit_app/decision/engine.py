@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..conf import get_config, meta_key
 from . import periods
-from .buckets import Bucket, CalendarQuota, ConcurrencySlot, LevelStatuses
+from .buckets import Bucket, CalendarQuota, ConcurrencySlot, CreditBalance, LevelStatuses
 from .headers import retry_after_with_jitter
 from .keys import bucket_key
 from .meter import Meter, charge_without_meter
@@ -53,6 +53,9 @@ class Decision(NamedTuple):
     # an allowed request to a metered endpoint: its account, settled after the response (see
     # meter.py); None for every other request
     meter: Meter | None = None
+    # names of the enforced credit balances that refused: the request is answered 402, not 429
+    # (see headers.problem_body)
+    out_of_credits: tuple = ()
 
     @property
     def limited(self):
@@ -180,6 +183,8 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             # checked, never debited here: a client IP out of failed authentications is
             # refused whatever credentials it sends now (so a right guess teaches it nothing)
             buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
+        elif rule.credits:
+            buckets.append(CreditBalance(rule, bucket_key(prefix, token), cost, identity))
         else:
             kind = CalendarQuota if rule.calendar else \
                 ConcurrencySlot if rule.concurrency else Bucket
@@ -206,7 +211,7 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
 def _with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
-    if rule.calendar or rule.concurrency:
+    if rule.calendar or rule.concurrency or rule.credits:
         return rule  # an override's rate, period and burst describe a token bucket
     for o in overrides:
         if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
@@ -399,13 +404,23 @@ def refusing_gate_statuses(buckets, statuses):
 
 
 def _refused_for_good(decision, buckets):
-    """Mark a denial that no wait can cure: an enforced bucket's capacity is below the cost.
+    """Mark a denial that no wait can cure, or that only credits cure.
 
-    Such a request gets no Retry-After (any time given would be a promise broken), and the
-    429 says why (``Decision.over_capacity``).
+    An enforced bucket's capacity below the cost: such a request gets no Retry-After (any time
+    given would be a promise broken), and the 429 says why (``Decision.over_capacity``). An
+    enforced credit balance that refused: the answer is a 402 naming it (``out_of_credits``),
+    with a Retry-After only when every such balance's allowance comes back by itself.
     """
     if decision.allowed:
         return decision
     over = tuple(b.rule.name for b in buckets
-                 if b.cost_units > b.capacity_units and not b.rule.shadow)
-    return decision._replace(over_capacity=over, retry_after_s=0) if over else decision
+                 if b.cost_units > b.capacity_units and not b.rule.shadow
+                 and type(b) is not CreditBalance)
+    if over:
+        return decision._replace(over_capacity=over, retry_after_s=0)
+    credits = [b for b in buckets if type(b) is CreditBalance and b.rule.name in decision.violated]
+    if credits:
+        never_refilled = any(not b.rule.refill for b in credits)
+        return decision._replace(out_of_credits=tuple(b.rule.name for b in credits),
+                                 retry_after_s=0 if never_refilled else decision.retry_after_s)
+    return decision

@@ -41,7 +41,7 @@ from django.http import HttpResponse
 from django.http.response import ResponseHeaders
 
 from ..conf import get_config
-from .buckets import LevelStatuses
+from .buckets import CreditStatus, LevelStatuses
 from .header_fields import policy_item, sf_string, window_s
 
 __all__ = ["window_s", "apply_headers", "apply_headers_unless_set", "problem_body",
@@ -77,8 +77,11 @@ _is_shadow = operator.attrgetter("shadow")
 
 def retry_after_s(decision):
     """Return the Retry-After seconds of a denied decision, or None when waiting cannot help
-    (the request costs more than a policy's capacity)."""
-    return None if decision.over_capacity else decision.retry_after_s
+    (the request costs more than a policy's capacity, or a balance that no refill raises ran
+    out of credits)."""
+    if decision.over_capacity or not decision.retry_after_s:
+        return None
+    return decision.retry_after_s
 
 
 def retry_after_with_jitter(seconds, identity_token):
@@ -121,15 +124,16 @@ def _set_fields(response, store, decision):
     visible = decision.policies
     if type(visible) is LevelStatuses:
         return _set_fields_from_levels(response, store, visible)
-    if any(map(_is_shadow, visible)):  # (in C; shadow policies are the exception)
-        visible = [p for p in visible if not p.shadow]
+    if any(map(_is_shadow, visible)) or CreditStatus in map(type, visible):  # (in C)
+        # neither a shadow policy nor a credit balance is a rate the client should follow
+        visible = [p for p in visible if not p.shadow and type(p) is not CreditStatus]
     fields = {} if store is None else store  # {lower-case name: (name, value)}
     if visible:
         fields["ratelimit-policy"] = ("RateLimit-Policy", policy_header(visible))
         items = ratelimit_header(visible, get_config()["DISCLOSE_SHARED_REMAINING"])
         if items:  # an empty list is no field at all (RFC 9651)
             fields["ratelimit"] = ("RateLimit", items)
-    if not decision.allowed and not decision.over_capacity:
+    if not decision.allowed and retry_after_s(decision) is not None:
         fields["retry-after"] = ("Retry-After", str(decision.retry_after_s))
     if store is None:
         for name, value in fields.values():
@@ -212,11 +216,14 @@ def _over_capacity_detail(decision):
 
 
 def problem_body(decision):
-    """Return the RFC 9457 problem fields of a denied decision (a new dict)."""
+    """Return the RFC 9457 problem fields of a denied decision (a new dict); its ``status`` is
+    the response's (429, or 402 when credits ran out)."""
     if decision.degraded:
         problem_type, title = TEMPORARY_REDUCED_CAPACITY, "Temporarily reduced capacity"
         detail = ("The rate limiter cannot reach its store and these policies refuse requests "
                   f"until it is back. Retry in {decision.retry_after_s} s.")
+    elif decision.out_of_credits:
+        return _credits_problem(decision)
     elif decision.over_capacity:
         problem_type, title = QUOTA_EXCEEDED, "Quota exceeded"
         detail = _over_capacity_detail(decision)
@@ -232,6 +239,26 @@ def problem_body(decision):
     return body
 
 
+# A request refused because its credits ran out is answered 402 Payment Required, not 429:
+# waiting does not bring prepaid credits back (a 429 invites clients and SDKs to retry after
+# Retry-After, in vain), paying does. about:blank, whose title is the status's phrase: the
+# status alone tells the client what happened (RFC 9457, section 4.2.1).
+CREDITS_EXHAUSTED_STATUS = 402
+
+
+def _credits_problem(decision):
+    names = ", ".join(decision.out_of_credits)
+    body = {"type": "about:blank", "title": "Payment Required",
+            "status": CREDITS_EXHAUSTED_STATUS,
+            "detail": f"The credits of {names} are used up: top the balance up to go on.",
+            "violated-policies": list(decision.violated),
+            "credits-exhausted": list(decision.out_of_credits)}
+    if decision.retry_after_s:
+        body["detail"] += f" Its allowance comes back in {decision.retry_after_s} s."
+        body["retry-after"] = decision.retry_after_s
+    return body
+
+
 def plain_problem(status, title, detail):
     """Return an RFC 9457 ``about:blank`` problem response that no cache keeps (the usage
     endpoint's and the staff API's errors)."""
@@ -243,8 +270,10 @@ def plain_problem(status, title, detail):
 
 
 def problem_response(decision):
-    """Return the 429 ``application/problem+json`` response for a denied decision."""
-    response = HttpResponse(json.dumps(problem_body(decision)), status=429,
+    """Return the ``application/problem+json`` response for a denied decision: 429, or 402
+    when credits ran out."""
+    body = problem_body(decision)
+    response = HttpResponse(json.dumps(body), status=body["status"],
                             content_type="application/problem+json")
     return apply_headers(response, decision)
 

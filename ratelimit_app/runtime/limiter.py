@@ -35,7 +35,7 @@ from ..decision.leases import Leases
 from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
 from ..stores import StoreUnavailable, SupersededRules, build_store
-from ..stores.base import is_misconfiguration
+from ..stores.base import BalancesMissing, is_misconfiguration
 
 __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
            "install_limiter", "forget_default_limiter"]
@@ -581,12 +581,21 @@ class Limiter:
             raise StoreUnavailable("circuit breaker open")
         started = time.perf_counter()
         try:
-            reply = await self.async_store().take(bucket_keys, args,
-                                                  version_key=self.version_key)
+            try:
+                reply = await self.async_store().take(bucket_keys, args,
+                                                      version_key=self.version_key)
+            except BalancesMissing as missing:  # rare: seeded in a thread (the ORM's rule)
+                await sync_to_async(self.seed_balances)(buckets, missing.positions)
+                try:
+                    reply = await self.async_store().take(bucket_keys, args,
+                                                          version_key=self.version_key)
+                except BalancesMissing as again:
+                    raise StoreUnavailable("credit balances missing after their seed") \
+                        from again
         except StoreUnavailable as exc:
             self._store_failed(exc)
             raise
-        except SupersededRules:
+        except (SupersededRules, BalancesMissing):
             breaker.record_success()  # the store answered
             raise
         breaker.record_success()
@@ -682,9 +691,31 @@ class Limiter:
         were compiled from (engine.PlannedBuckets). Raises StoreUnavailable, and
         SupersededRules when the fence refused it."""
         bucket_keys, args = self._take_call(buckets, now_ms, debit, slot_id, fence)
-        reply = self._guarded(self.store.take, bucket_keys, args, version_key=self.version_key)
+        try:
+            reply = self._guarded(self.store.take, bucket_keys, args,
+                                  version_key=self.version_key)
+        except BalancesMissing as missing:
+            self.seed_balances(buckets, missing.positions)
+            try:
+                reply = self._guarded(self.store.take, bucket_keys, args,
+                                      version_key=self.version_key)
+            except BalancesMissing as again:  # deleted again at once: no answer to be had
+                raise StoreUnavailable("credit balances missing after their seed") from again
         self.policies.observe_version(reply.version)
         return reply
+
+    def seed_balances(self, buckets, positions):
+        """Give the credit balances among ``buckets`` at ``positions`` (take.lua found them
+        missing: their first use, or Redis lost them) their value from the ledger, unless
+        another worker did first. Raises StoreUnavailable when the ledger or the store cannot
+        answer (the decision then follows the rules' fail modes)."""
+        from ..business.credits.ledger import seed
+
+        accounts = sorted({buckets[i].account for i in positions})
+        try:
+            seed(self.store.metrics_client(), self.config["KEY_PREFIX"], accounts)
+        except Exception as exc:  # the database or Redis: no balance, no decision on it
+            raise StoreUnavailable(f"credit balances not seeded: {exc}") from exc
 
     def _take_call(self, buckets, now_ms, debit, slot_id=0, fence=None):
         """Return take.lua's ``(keys, args)`` for ``buckets``."""
@@ -712,7 +743,7 @@ class Limiter:
         except StoreUnavailable as exc:
             self._store_failed(exc)
             raise
-        except SupersededRules:
+        except (SupersededRules, BalancesMissing):
             breaker.record_success()  # the store answered
             raise
         breaker.record_success()

@@ -22,6 +22,7 @@ from redis.exceptions import (
 )
 
 __all__ = [
+    "BalancesMissing",
     "Store",
     "StoreMisconfigured",
     "StoreUnavailable",
@@ -51,6 +52,16 @@ class SupersededRules(Exception):
     def __init__(self, version):
         super().__init__(f"the rules were superseded by config version {version}")
         self.version = version
+
+class BalancesMissing(Exception):
+    """A take found credit balances without a value (their first use, or Redis lost them) and
+    debited nothing: the caller seeds them from the ledger and takes again. ``positions`` are
+    the balances' indices among the call's buckets (0-based)."""
+
+    def __init__(self, positions):
+        super().__init__(f"credit balances missing at positions {positions}")
+        self.positions = positions
+
 
 
 # What a read or write straight through a store's client (the metrics, the dashboard) may raise

@@ -47,6 +47,7 @@ from redis.exceptions import (
 
 from .base import (
     CHANGE_LOG_LENGTH,
+    BalancesMissing,
     Store,
     StoreUnavailable,
     SupersededRules,
@@ -196,23 +197,28 @@ class ClusterStore(Store):
             positions.append(indices)
         self._run(client, self._take, calls)
 
-        replies, superseded = [], None
-        for call in calls:
+        replies, superseded, missing = [], None, []
+        for call, indices in zip(calls, positions):
             reply = None
             if call.reply is not None:
                 try:
                     reply = parse_take_reply(call.reply, False)
                 except SupersededRules as exc:
                     superseded = exc  # this group debited nothing
+                except BalancesMissing as exc:  # nor this one: its balances are to be seeded
+                    missing.extend(indices[n] for n in exc.positions)
             replies.append(reply)
         failed = [call for call in calls if call.reply is None]
-        allowed = not failed and superseded is None and all(reply.allowed for reply in replies)
+        allowed = not failed and superseded is None and not missing and \
+            all(reply.allowed for reply in replies)
         if not allowed:
             self._refund_debits(client, calls, replies, positions, bucket_keys, args)
         if failed:
             raise store_error(failed[0].error) from failed[0].error
         if superseded is not None:
             raise superseded
+        if missing:
+            raise BalancesMissing(sorted(missing))
 
         levels, results = [0] * len(bucket_keys), [0] * len(bucket_keys)
         for indices, reply in zip(positions, replies):

@@ -17,6 +17,7 @@ from redis.exceptions import (
 
 from .base import (
     CHANGE_LOG_LENGTH,
+    BalancesMissing,
     Store,
     StoreUnavailable,
     SupersededRules,
@@ -31,7 +32,8 @@ __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
 def parse_take_reply(reply, with_version=True):
     """Return the TakeReply of a raw take.lua reply: ``{2, version, level, ...}`` when every
     bucket was debited (each result 1), else ``{allowed, version, level, result, ...}``.
-    Raises SupersededRules for a fenced call's ``{3, version}``."""
+    Raises SupersededRules for a fenced call's ``{3, version}``, BalancesMissing for a call
+    that found credit balances missing (``{4, version, i, ...}``, 1-based)."""
     version = _text(reply[1]) if with_version else None
     status = reply[0]
     if status == 2:
@@ -39,6 +41,8 @@ def parse_take_reply(reply, with_version=True):
         return _new_reply(TakeReply, (True, version, levels, [1] * len(levels)))
     if status == 3:
         raise SupersededRules(_text(reply[1]))
+    if status == 4:
+        raise BalancesMissing([int(i) - 1 for i in reply[2:]])
     return _new_reply(TakeReply, (status == 1, version, reply[2::2], reply[3::2]))
 
 

@@ -26,6 +26,10 @@
 -- set): the slot the decision took is removed (idempotent in itself); the level is the slots
 -- free.
 --
+-- Credit balances (mode 7 or 8, a calendar quota's seven int64; their key holds take.lua's
+-- balance value): the consumption of the current or the next period lowered by the cost, never
+-- below 0, the prepaid part first (as settle.lua refunds); the level is the units left.
+--
 -- Returns the buckets' levels after the call, in units of their period_ms.
 
 local HEADER, RECORD = 8, 28
@@ -39,7 +43,26 @@ for i = 1, n do
   local rule, period, capacity, next_start, cost, mode = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
   local level = capacity
   local value = ''
-  if mode > 4 then
+  if mode > 6 then
+    -- a credit balance (its own key; take.lua's value): the period's consumption lowered by
+    -- the cost, never below 0, the prepaid part of it first
+    local stored = redis.call('GET', key)
+    if stored and #stored == 40 then
+      local granted, spent, used, start, seq = struct.unpack('<i8i8i8i8i8', stored)
+      if start == period or start == next_start then
+        if first_call and used > 0 then
+          local back = math.min(cost, used)
+          local over = math.max(0, used - capacity)
+          used = used - back
+          spent = spent - over + math.max(0, used - capacity)
+          redis.call('SET', key, struct.pack('<i8i8i8i8i8', granted, spent, used, start, seq + 1))
+        end
+        level = math.max(0, capacity - used) + granted - spent
+      else
+        level = capacity + granted - spent
+      end
+    end
+  elseif mode > 4 then
     -- a concurrency limit's slot (its own sorted set): released, once or again (ZREM)
     redis.call('ZREM', key, string.sub(ARGV[i + 1], 25, 32))
     level = math.max(0, capacity - redis.call('ZCARD', key))

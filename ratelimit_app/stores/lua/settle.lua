@@ -18,6 +18,11 @@
 -- Calendar quotas (mode 3, 4): the difference added to the units used in the record's period,
 -- never below 0 and never above N + debt; a record of another period is that period's, and a
 -- further debit then starts the current period's record.
+-- Credit balances (mode 7, 8; take.lua's value: granted, spent, used, period start, seq): a
+-- further debit comes from the allowance first, then from the prepaid units, never taking the
+-- units left below -debt; a refund gives back what the period consumed (never more), the
+-- prepaid units first, as if the request had cost less from the start. A missing balance is
+-- left alone (the ledger's checkpoint holds what it had).
 -- Concurrency limits (mode 5, 6) and gates (mode 2) are not settled: their units are not costs.
 --
 -- Not idempotent: a settle is sent once and never retried (a lost reply may have applied it).
@@ -45,7 +50,29 @@ for i = 1, n do
   local delta, debt = unpack_('<i8i8', arg, spec_size + 1)
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', arg)
   local level = capacity
-  if mode < 2 or mode == 3 or mode == 4 then
+  if mode > 6 then
+    local value = call('GET', key)
+    if value and #value == 40 then
+      local granted, spent, used, start, seq = unpack_('<i8i8i8i8i8', value)
+      local current = now >= refill and refill or period
+      if start ~= current then start, used = current, 0 end
+      local free = capacity - used
+      if free < 0 then free = 0 end
+      local left = free + granted - spent
+      local change = delta
+      if change > 0 and change > left + debt then change = math.max(0, left + debt) end
+      if change < 0 and -change > used then change = -used end
+      -- the prepaid part of the period's consumption before and after
+      local over, after = used - capacity, used + change - capacity
+      if over < 0 then over = 0 end
+      if after < 0 then after = 0 end
+      used, spent = used + change, spent + after - over
+      call('SET', key, pack('<i8i8i8i8i8', granted, spent, used, start, seq + 1))
+      free = capacity - used
+      if free < 0 then free = 0 end
+      level = free + granted - spent
+    end
+  elseif mode < 2 or mode == 3 or mode == 4 then
     local value = values[key]
     if value == nil then
       value = call('GET', key) or ''

@@ -19,7 +19,10 @@
 --             after next (ms); its units are plain units (one per token). A concurrency
 --             limit (mode 5 = enforce, 6 = shadow; buckets.ConcurrencySlot) sends six: rule id,
 --             timeout_ms, N, the request's slot id, 1, mode; its key is its own sorted set (in
---             the identity's {tag}), and its units are slots (the level is the slots free)
+--             the identity's {tag}), and its units are slots (the level is the slots free).
+--             A credit balance (mode 7 = enforce, 8 = shadow; buckets.CreditBalance) sends a
+--             calendar quota's seven (its allowance as N; a never-refilled balance's period
+--             starts at 0 and never ends); its key is its own (in the identity's {tag})
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
@@ -57,6 +60,13 @@
 -- and then with SLACK_MS to spare; otherwise it keeps its TTL (SETRANGE, or SET with KEEPTTL).
 -- A key never expires before its buckets are full, and at most SLACK_MS after.
 --
+-- Credit balances: the value is granted, spent, used, the period's start, seq (five int64,
+-- decision/balances.py), never expiring. Units left = max(0, N - used) + granted - spent, where
+-- used counts the period's consumption (a record of another period: 0): the allowance is spent
+-- first, and spent grows by what goes past it. A debit writes the value whole, seq + 1. A
+-- missing value is not guessed: the call debits nothing and replies {4, config_version, i, ...}
+-- (the balances missing): the caller seeds them from the ledger and decides again.
+--
 -- Decision: allowed only if every enforced (or gate) bucket holds its cost; then every bucket
 -- that holds its cost is debited (shadow buckets included, gates never), or, when denied, none
 -- is.
@@ -77,7 +87,8 @@
 -- {allowed, config_version, level_1, status_1, ..., level_n, status_n} with allowed 1 or 0,
 -- where level is the bucket's units after the call and status is 1 = debited, 0 = held the
 -- cost but not debited, -1 = short of the cost (a denial, or a would-be denial for a shadow
--- bucket). A fenced call replies {3, config_version} (see ARGV[2]).
+-- bucket). A fenced call replies {3, config_version} (see ARGV[2]); a call that found a credit
+-- balance missing {4, config_version, i, ...}.
 -- stores/redis.parse_take_reply reads all three.
 
 local SLACK_MS = 1000
@@ -115,12 +126,45 @@ local whole  -- i -> {value, the PX to re-arm the key with or false (KEEPTTL)}
 local records  -- i -> {rule, level, stamp, period, full_at}
 local next_period  -- calendar quotas counted in the next period: i -> true
 local slots  -- concurrency limits taking a slot: i -> the slot's deadline (ms)
+local balances  -- credit balances debited: i -> their new value
+local missing  -- credit balances without a value: the indices
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
   -- once its record is found: at = the offset of the fields after its id (for SETRANGE),
   -- same = its period_ms (CALENDAR for a calendar record)
   local level, stamp, expiry, alone, at, same, moved = capacity, now, 0, true
-  if mode > 4 then
+  if mode > 6 then
+    -- a credit balance: period = the allowance's period start, capacity = N, refill = the next
+    -- start
+    local value = stored[i]
+    if not value or #value ~= 40 then
+      missing = missing or {}
+      missing[#missing + 1] = i
+    else
+      local granted, spent, used, start, seq = unpack_('<i8i8i8i8i8', value)
+      local current = now >= refill and refill or period
+      if start ~= current then start, used = current, 0 end
+      local free = capacity - used
+      if free < 0 then free = 0 end
+      level = free + granted - spent
+      if level < cost then
+        every_debited = false
+        if mode == 7 then allowed = false end
+        result[i + 2] = level
+        short = short or {}
+        short[i] = true
+      else
+        -- past the allowance, the rest of the cost is prepaid units
+        local over, after = used - capacity, used + cost - capacity
+        if over < 0 then over = 0 end
+        if after < 0 then after = 0 end
+        result[i + 2] = level - cost
+        balances = balances or {}
+        balances[i] = pack('<i8i8i8i8i8', granted, spent + after - over, used + cost, start,
+                           seq + 1)
+      end
+    end
+  elseif mode > 4 then
     -- a concurrency limit (its own sorted-set key, which MGET read as nil): period = the
     -- timeout, capacity = N, refill = the slot id; slots past their deadline are dropped first
     local key = keys[i]
@@ -286,7 +330,14 @@ for i = 1, n do
   end
 end
 
+if missing then
+  return {4, stored[n + 1] or '0', unpack(missing)}
+end
+
 if allowed and debit then
+  if balances then
+    for i, value in pairs(balances) do call('SET', keys[i], value) end
+  end
   if records then
     -- keys of several buckets written whole (first: an in-place write into the same key then
     -- lands on the new value): the stored value with these records replaced or appended
