@@ -254,3 +254,65 @@ def test_without_the_ledger_a_missing_balance_follows_the_rule_fail_mode(paying,
     assert refused.status_code == 429
     assert json.loads(refused.content)["title"] == "Temporarily reduced capacity"
     assert redis_client.get(account_key("rl", ref)) is None
+
+
+# --- on a Redis Cluster ---------------------------------------------------------------------------
+
+@pytest.fixture
+def cluster_paying(cluster):
+    """``paying`` on the session's Cluster, with a global rule whose key is in another slot
+    than the key's balance (so a decision is two atomic calls, one per slot group)."""
+    use_fake_clock()
+    plan = Plan.objects.create(slug="prepaid", name="Prepaid", default_for_authenticated=True)
+    credits_rule(plan)
+    Rule.objects.create(name="everyone", scope="global", rate=1, period_s=3600, burst=2)
+    user = get_user_model().objects.create_user("payer")
+    api_key, raw = ApiKey.create_key(user, "billing", plan=plan)
+    ref = f"key:{api_key.pk}"
+    assert cluster.slot_of(account_key("rl", ref)) != cluster.slot_of("rl:{global}")
+    return raw, ref
+
+
+def test_on_a_cluster_a_missing_balance_is_seeded_and_the_other_slot_charged_once(
+        cluster, cluster_paying):
+    raw, ref = cluster_paying
+    client = cluster.client()
+    credit(ref, 5, "payment-1")
+    # the first decision found the balance missing in its slot while the global bucket's slot
+    # debited: that debit was given back, the balance seeded, the decision made again
+    assert get(raw).status_code == 200
+    assert BalanceState.unpack(client.get(account_key("rl", ref))).spent == 1
+    assert get(raw).status_code == 200  # the global bucket's second token: none was lost
+    assert get(raw).status_code == 429  # the global bucket, empty now
+
+
+def test_on_a_cluster_a_refusal_in_another_slot_gives_the_credits_back(cluster, cluster_paying):
+    raw, ref = cluster_paying
+    client = cluster.client()
+    credit(ref, 5, "payment-1")
+    assert [get(raw).status_code for _ in range(3)] == [200, 200, 429]
+    # the third request's debit of the balance (its slot allowed it) was refunded by refund.lua
+    assert BalanceState.unpack(client.get(account_key("rl", ref))).spent == 2
+    # and the other way round: the balance refuses, the global bucket keeps its token
+    Rule.objects.filter(name="everyone").update(burst=100)
+    limiter().bump_config_version()
+    client.delete("rl:{global}")  # full again, at its new burst
+    assert [get(raw).status_code for _ in range(4)] == [200, 200, 200, 402]
+    assert BalanceState.unpack(client.get(account_key("rl", ref))).spent == 5
+
+
+# --- the async path ------------------------------------------------------------------------------
+
+def test_an_async_decision_seeds_a_missing_balance_in_a_thread_and_spends_it(paying,
+                                                                            redis_client):
+    from asgiref.sync import async_to_sync
+    from django.test import RequestFactory
+
+    raw, ref = paying
+    credit(ref, 2, "payment-1")
+    request = RequestFactory().get("/ok/", HTTP_X_API_KEY=raw)
+    decide = async_to_sync(limiter().adecide)
+    outcomes = [decide(request, None, "ok") for _ in range(3)]
+    assert [d.allowed for d in outcomes] == [True, True, False]
+    assert outcomes[2].out_of_credits == ("credits",)
+    assert stored(ref, redis_client).spent == 2
