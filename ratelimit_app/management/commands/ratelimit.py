@@ -10,14 +10,19 @@
     top [--window 1h]                           the dashboard's hot keys and 429 rates
     deliver [--once]                            send the alert webhooks (a long-running sender)
     rollup [--every SECONDS]                    add the usage counted in Redis into the usage
-                                                records (exactly once; --every: keep doing so)
+                                                records (exactly once), then checkpoint the
+                                                credit balances (--every: keep doing both)
     usage --from DAY --to DAY [--tenant T] [--identity REF] [--period day|month]
           [--format csv|json] [--output FILE]   the usage records for billing
+    credits top-up ACCOUNT UNITS --id ID [--note TEXT]
+                                                credit prepaid units once per ID
+    credits show ACCOUNT                        an account's balance and last top-up
 
 Exit codes: 0 done, 1 a check failed or Redis is unavailable, 2 bad input (an unknown identity,
-an unreadable or invalid file).
+an unreadable or invalid file, a top-up id used for another top-up).
 """
 
+import datetime
 import json
 import logging
 import sys
@@ -31,6 +36,14 @@ from ...admin.dashboard.data import dashboard_data
 from ...admin.dashboard.inspector import bucket_rows, find_identity, reset_and_record
 from ...admin.dashboard.text import bucket_lines, counted, top_lines
 from ...business.alerts.webhooks import Sender
+from ...business.credits.ledger import (
+    TopUpConflict,
+    balance,
+    checkpoint,
+    client_of,
+    top_up,
+)
+from ...business.credits.refs import CreditInputError
 from ...business.usage.records import (
     DAY,
     FORMATS,
@@ -73,14 +86,14 @@ def _redis_down(message, exc):
 
 class Command(BaseCommand):
     help = ("Quotas as code (export, import), operator tools (check, reload, inspect, reset, "
-            "top) and usage records (rollup, usage).")
+            "top), usage records (rollup, usage) and prepaid credits (credits).")
     # ``check`` runs the system checks itself; the others need not wait for a store check
     requires_system_checks = []
 
     def add_arguments(self, parser):
         commands = parser.add_subparsers(dest="subcommand", required=True,
                                          metavar="{export,import,check,reload,inspect,reset,top,"
-                                                 "deliver,rollup,usage}")
+                                                 "deliver,rollup,usage,credits}")
         export = commands.add_parser("export", help="Write the quota rows as JSON.")
         export.add_argument("--output", "-o", metavar="FILE",
                             help="Write to FILE instead of standard output.")
@@ -121,9 +134,11 @@ class Command(BaseCommand):
                              help="Send what is due now, then exit.")
 
         rollup = commands.add_parser("rollup", help="Add the usage counted in Redis into the "
-                                                    "usage records (exactly once).")
+                                                    "usage records (exactly once), then "
+                                                    "checkpoint every prepaid credit balance "
+                                                    "into the database.")
         rollup.add_argument("--every", type=float, metavar="SECONDS",
-                            help="Keep rolling up every SECONDS until stopped (a process of "
+                            help="Keep doing both every SECONDS until stopped (a process of "
                                  "its own, as `make run` starts).")
 
         usage = commands.add_parser("usage", help="The usage records for billing, as CSV or "
@@ -141,6 +156,23 @@ class Command(BaseCommand):
                            default="csv")
         usage.add_argument("--output", "-o", metavar="FILE",
                            help="Write to FILE instead of standard output.")
+
+        credits = commands.add_parser("credits", help="Prepaid credits: top up an account, "
+                                                      "show its balance.")
+        credit_commands = credits.add_subparsers(dest="credits_command", required=True,
+                                                 metavar="{top-up,show}")
+        account_help = "key:<API key id>, user:<user id> or tenant:<name>."
+        credit = credit_commands.add_parser("top-up", help="Credit prepaid units to an "
+                                                           "account, once per --id.")
+        credit.add_argument("account", metavar="ACCOUNT", help=account_help)
+        credit.add_argument("units", metavar="UNITS", help="A whole number from 1 to 10^12.")
+        credit.add_argument("--id", dest="top_up_id", required=True, metavar="TOP_UP_ID",
+                            help="Your reference for this top-up (an invoice number): run "
+                                 "again with the same id, it credits nothing again.")
+        credit.add_argument("--note", default="", help="Why (shown in the admin).")
+        show = credit_commands.add_parser("show", help="An account's balance, granted and "
+                                                       "spent units and last top-up.")
+        show.add_argument("account", metavar="ACCOUNT", help=account_help)
 
     def handle(self, *args, subcommand, **options):
         handler = getattr(self, "handle_" + subcommand)
@@ -342,27 +374,39 @@ class Command(BaseCommand):
                 f"{counted(result.records, 'usage record')}"
                 + (f"; {result.already_added} added before, now deleted from Redis"
                    if result.already_added else "") + ".")
+            try:
+                credits = self._checkpoint()
+            except READ_ERRORS as exc:
+                raise _redis_down("the credit balances were not checkpointed", exc)
+            if credits.accounts:  # silent where prepaid credits are not used
+                self.stdout.write(_checkpointed(credits))
             return
         if every <= 0:
             raise _bad_input("--every must be a positive number of seconds.")
         stop = StopSignal()
-        self.stdout.write(f"Rolling up the usage counts every {every:g} s (stop with Ctrl-C "
-                          f"or SIGTERM).")
+        self.stdout.write(f"Rolling up the usage counts every {every:g} s, then checkpointing "
+                          f"the credit balances (stop with Ctrl-C or SIGTERM).")
         self.stdout.flush()
         while True:
-            try:
-                self._roll_up()
-            except READ_ERRORS as exc:  # Redis down: the counts wait there; try again later
-                logger.warning("ratelimit_app: usage rollup failed (%s); retrying in %g s",
-                               exc, every)
-            except Exception:  # a database error: logged; the next round tries again
-                logger.exception("ratelimit_app: usage rollup failed")
+            # each step on its own: a failed rollup does not hold back the checkpoint
+            for what, step in (("usage rollup", self._roll_up),
+                               ("credits checkpoint", self._checkpoint)):
+                try:
+                    step()
+                except READ_ERRORS as exc:  # Redis down: what it holds waits; try again later
+                    logger.warning("ratelimit_app: %s failed (%s); retrying in %g s", what,
+                                   exc, every)
+                except Exception:  # a database error: logged; the next round tries again
+                    logger.exception("ratelimit_app: %s failed", what)
             if stop.wait(every):
                 break
         self.stdout.write("Usage rollup stopped.")
 
     def _roll_up(self):
         return UsageRollup(default_limiter().store.metrics_client()).run()
+
+    def _checkpoint(self):
+        return checkpoint(default_limiter().store.metrics_client())
 
     def handle_usage(self, date_from, date_to, tenant=None, identity=None, period=DAY,
                      output_format="csv", output=None, **options):
@@ -373,3 +417,84 @@ class Command(BaseCommand):
         except UsageQueryError as exc:
             raise _bad_input(str(exc))
         self._write(text if text.endswith("\n") else text + "\n", output)
+
+    # --- prepaid credits -------------------------------------------------------------------
+
+    def handle_credits(self, credits_command, account, **options):
+        if credits_command == "top-up":
+            self._top_up(account, **options)
+        else:
+            self._show_credits(account)
+
+    def _top_up(self, account, units, top_up_id, note="", **options):
+        client = client_of(default_limiter().store)
+        try:
+            made, created = top_up(account, units, top_up_id, note=note, client=client,
+                                   actor="manage.py ratelimit credits top-up")
+        except (CreditInputError, TopUpConflict) as exc:
+            raise _bad_input(str(exc))
+        account = made.account
+        if created:
+            self.stdout.write(self.style.SUCCESS(
+                f"Credited {counted(made.units, 'unit')} to {account} (top-up {top_up_id}); "
+                f"granted in all: {counted(account.granted, 'unit')}."))
+        else:
+            self.stdout.write(f"Top-up {top_up_id} was made before ({counted(made.units, 'unit')}"
+                              f" to {account.ref}, {_when(made.created)}); nothing credited "
+                              f"again.")
+
+    def _show_credits(self, account):
+        try:
+            found = balance(account, default_limiter().store.metrics_client())
+        except CreditInputError as exc:
+            raise _bad_input(str(exc))
+        except READ_ERRORS as exc:
+            raise _redis_down("the balance cannot be read", exc)
+        if found is None:
+            raise _bad_input(f"{account} has no credit account: it has had no top-up, and no "
+                             f"credits rule has charged it.")
+        for line in _balance_lines(found):
+            self.stdout.write(line)
+
+
+def _when(moment):
+    """``moment`` in UTC, to the second (``2026-11-27 18:04:05 UTC``)."""
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _checkpointed(result):
+    """The line ``rollup`` prints about the credits checkpoint."""
+    details = [(count, text) for count, text in (
+        (result.seeded, "set from the database (Redis had none)"),
+        (result.restored, "restored (Redis held an older state)"),
+        (result.raised, "given top-ups Redis had missed")) if count]
+    return (f"Checkpointed {counted(result.accounts, 'credit balance')}"
+            + "".join(f"; {count} {text}" for count, text in details) + ".")
+
+
+def _balance_lines(found):
+    """The lines of ``credits show``."""
+    state, account, last = found.state, found.account, found.last_top_up
+    lines = [f"{account}",
+             f"prepaid left   {counted(found.prepaid_left, 'unit')}",
+             f"granted        {counted(state.granted, 'unit')}",
+             f"spent          {counted(state.spent, 'unit')}"]
+    if state.used or state.period_start_ms:
+        lines.append(f"allowance      {counted(state.used, 'unit')} used in the period from "
+                     f"{_when(_from_ms(state.period_start_ms))}")
+    lines.append("last top-up    " + (
+        f"{last.top_up_id}: {counted(last.units, 'unit')}, {_when(last.created)}, by "
+        f"{last.actor}" + (f" ({last.note})" if last.note else "") if last else "none"))
+    lines.append("checkpointed   " + (_when(account.checkpointed_at)
+                                      if account.checkpointed_at else "never"))
+    if found.source == "checkpoint":
+        lines.append("Redis holds no balance for it yet: these are the database's numbers, "
+                     "set in Redis at its first request or the next checkpoint.")
+    if found.pending_units:
+        lines.append(f"{counted(found.pending_units, 'unit')} of top-ups are not in Redis yet: "
+                     f"the next checkpoint (manage.py ratelimit rollup) applies them.")
+    return lines
+
+
+def _from_ms(ms):
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
