@@ -144,10 +144,12 @@ METERED_NUMBERS = ("debt", "minimum")
 # What rate and period mean for each kind of rule (shown under the fields).
 RULE_FIELD_HELP = {
     "rate": "Token bucket: tokens added per period. Calendar quota: units per day or month. "
-            "Concurrency limit: the most requests in flight at once.",
+            "Concurrency limit: the most requests in flight at once. Prepaid credits: the "
+            "allowance, units included each day or month (or once) before prepaid units are "
+            "spent; 0: none.",
     "period_s": "Token bucket: the period in seconds. Concurrency limit: the timeout in seconds "
                 "after which the slot of a request that never finished is freed. Calendar "
-                "quota: not used (leave empty).",
+                "quota, prepaid credits: not used (leave empty).",
 }
 
 
