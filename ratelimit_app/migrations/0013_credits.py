@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
             name='CreditAccount',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ref', models.CharField(help_text='key:<API key id>, user:<user id> or tenant:<name>.', max_length=160, unique=True, verbose_name='account')),
+                ('ref', models.CharField(help_text='key:ID (an API key), user:ID (a user) or tenant:NAME.', max_length=160, unique=True, verbose_name='account')),
                 ('display', models.CharField(blank=True, help_text='How staff know the account (never a secret).', max_length=200)),
                 ('granted', models.BigIntegerField(default=0, help_text="Units of every top-up so far (raised in the top-up's transaction).")),
                 ('spent', models.BigIntegerField(default=0, help_text='Prepaid units consumed, as of the last checkpoint.')),

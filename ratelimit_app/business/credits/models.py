@@ -27,7 +27,7 @@ class CreditAccount(models.Model):
 
     ref = models.CharField(
         "account", max_length=160, unique=True,
-        help_text="key:<API key id>, user:<user id> or tenant:<name>.")
+        help_text="key:ID (an API key), user:ID (a user) or tenant:NAME.")
     display = models.CharField(max_length=200, blank=True,
                                help_text="How staff know the account (never a secret).")
     granted = models.BigIntegerField(
