@@ -59,8 +59,8 @@ class TopUpForm(forms.Form):
 
 
 def _live_states(accounts):
-    """Return ``{ref: BalanceState}`` that Redis holds for ``accounts`` (empty, logged nothing,
-    when Redis cannot be read: the pages show the checkpoint's numbers then)."""
+    """Return ``{ref: BalanceState}`` of the balances Redis holds for ``accounts`` (empty when
+    Redis cannot be read: the pages then show the checkpoint's numbers, and say so)."""
     client = client_of(default_limiter().store)
     if client is None or not accounts:
         return {}

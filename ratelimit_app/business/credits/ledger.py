@@ -74,10 +74,10 @@ def top_up(ref, units, top_up_id, *, actor, note="", client=None, prefix=None):
     created)``.
 
     The top-up's ``account`` holds the new total. ``created`` is False when a top-up with this
-    id was made before (by this call retried, in
-    any thread or process) for the same account and units: nothing is credited again.
-    TopUpConflict when the id was used for another account or units; CreditInputError for bad
-    input (an account that names no existing API key or user included).
+    id was made before (by this call retried, in any thread or process) for the same account
+    and units: nothing is credited again. TopUpConflict when the id was used for another
+    account or units; CreditInputError for bad input (an account that names no existing API key
+    or user included).
 
     After the commit the new total is applied to the balance in Redis through ``client`` (a
     redis-py client: ``client_of(limiter.store)``); a Redis error there is logged, and the next
@@ -232,8 +232,8 @@ def _write_back(pk, stored, now):
 
 class Balance(NamedTuple):
     """An account's balance for display. ``state`` is Redis's (``source`` "redis"), or the
-    account row's when Redis holds none yet ("checkpoint"); ``ledger_granted`` is the sum of
-    the top-ups, ahead of ``state.granted`` while a top-up waits for the next checkpoint."""
+    account row's when Redis holds none yet ("checkpoint"); ``account.granted``, the sum of the
+    top-ups, is ahead of ``state.granted`` while a top-up waits for the next checkpoint."""
 
     account: CreditAccount
     state: BalanceState
@@ -244,10 +244,6 @@ class Balance(NamedTuple):
     def prepaid_left(self):
         """Prepaid units left: granted − spent (below 0 only in debt)."""
         return self.state.granted - self.state.spent
-
-    @property
-    def ledger_granted(self):
-        return self.account.granted
 
     @property
     def pending_units(self):
