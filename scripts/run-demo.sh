@@ -9,6 +9,19 @@
 # so does SIGTERM, to the script alone or to its whole process group. It prints the variables
 # that point `manage.py ratelimit ...` in another terminal at the same Redis and database.
 set -euo pipefail
+# A non-interactive shell starts its background jobs with SIGINT ignored (`make run &` in a
+# script, a test suite run in the background), and bash silently refuses to trap a signal that
+# was ignored when it started. Ctrl-C then stopped Redis, the webhook sender and the rollup
+# (they install their own handlers) but not the trap below, so nothing stopped the server
+# (which a background job of this script is, with SIGINT ignored too). Before any trap is set,
+# `trap -p` names only such inherited ignores: run this script again with their defaults back.
+if [ -n "$(trap -p INT TERM)" ] && [ -z "${RUN_DEMO_SIGNALS_RESET:-}" ]; then
+  export RUN_DEMO_SIGNALS_RESET=1
+  if env --default-signal=INT true 2>/dev/null; then
+    exec env --default-signal=INT,TERM "$BASH" "$0" "$@"
+  fi
+  echo "SIGINT or SIGTERM is ignored in this shell: stop the demo with kill -TERM $$" >&2
+fi
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
