@@ -434,6 +434,10 @@ class Rule(models.Model):
             super().clean_fields(exclude)
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
+        if self.kind != Kind.CREDITS and isinstance(self.rate, int) and self.rate < 1 and \
+                "rate" not in (exclude or ()) and "rate" not in errors:
+            # (the field allows 0 for a credits rule's allowance; every other kind needs 1)
+            errors["rate"] = ["Ensure this value is greater than or equal to 1."]
         if self.kind == Kind.CONCURRENCY:
             if self.period_s is None and "period_s" not in (exclude or ()) and \
                     "period_s" not in errors:
