@@ -175,6 +175,24 @@ def test_inspector_shows_a_clients_buckets(admin_client_, traffic):
     assert b'data-rule="free-ip" data-tokens="0" data-capacity="40"' in response.content
 
 
+def test_inspector_shows_a_credit_balance_beside_the_buckets(admin_client_):
+    """A credits rule with no allowance (capacity 0): the inspector shows its units left, as a
+    full bar while some are left, and how it refills, without dividing by its capacity."""
+    alice_key = ApiKey.objects.get(user__username="alice")
+    rule = Rule(name="alice-credits", plan=alice_key.plan or alice_key.user.ratelimit_plan.plan,
+                scope="user", kind="credits", rate=0)
+    rule.full_clean()
+    rule.save()
+    limiter().bump_config_version()
+    from ratelimit_app.business.credits.ledger import client_of, seed
+
+    seed(client_of(limiter().store), "rl", [f"key:{alice_key.id}"])
+    rows = {row["rule"]: row for row in
+            admin_client_.get(INSPECT, {"q": f"key:{alice_key.id}"}).context["rows"]}
+    assert rows["alice-credits"]["tokens"] == 0 and rows["alice-credits"]["percent"] == 0
+    assert rows["alice-credits"]["rate"] == "prepaid credits, 0 included once"
+
+
 def test_inspector_finds_users_keys_and_explains_ambiguity(admin_client_, traffic):
     alice_key = ApiKey.objects.get(user__username="alice")
     choices = admin_client_.get(INSPECT, {"q": "rk_"}).context["lookup"].choices

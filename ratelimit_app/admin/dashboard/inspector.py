@@ -144,15 +144,28 @@ def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
         rows.append({
             "rule": rule.name, "scope": rule.scope, "endpoint": rule.endpoint or "every endpoint",
             "mode": "shadow" if rule.shadow else "enforce", "tokens": status.remaining,
-            "capacity": status.burst, "percent": round(100 * status.remaining / status.burst),
+            "capacity": status.burst, "percent": _percent(status),
             "full_in_s": status.full_s, "rate": _pace(rule, status),
             "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.id),
         })
     return rows, False
 
 
+def _percent(status):
+    """The share of the capacity left, 0 to 100. A credit balance's capacity is its allowance
+    (0 for prepaid units alone), which prepaid units may exceed: shown as full."""
+    if status.burst <= 0:
+        return 100 if status.remaining > 0 else 0
+    return min(100, round(100 * status.remaining / status.burst))
+
+
 def _pace(rule, status):
-    """How the rule refills: '10 per 60 s', or a calendar quota's reset time."""
+    """How the rule refills: '10 per 60 s', a calendar quota's reset time, or a credit
+    balance's allowance."""
+    if rule.credits:
+        if not rule.refill:
+            return f"prepaid credits, {rule.rate} included once"
+        return f"prepaid credits, {rule.rate} included per {rule.refill}"
     if not rule.calendar:
         return f"{rule.rate} per {rule.period_s} s"
     return f"{rule.rate} per {rule.calendar} (resets in {status.reset_s} s)"
