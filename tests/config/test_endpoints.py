@@ -69,18 +69,19 @@ def test_demo_project_endpoints_are_offered_with_route_and_view_name():
 
 def test_exempt_endpoints_are_marked_and_left_out_of_the_limited_ones(settings):
     exempt = {e.name for e in list_endpoints() if e.exempt}
-    # /health is under EXEMPT_PATHS; the usage, usage records and metrics views and the demo's
-    # webhook receiver are @ratelimit_exempt
-    assert exempt == {"health", "ratelimit_app:usage", "ratelimit_app:usage-records",
-                      "ratelimit_app:prometheus", "demo:webhook-receiver"}
+    # /health is under EXEMPT_PATHS; the usage, usage records, credits and metrics views and
+    # the demo's webhook receiver are @ratelimit_exempt
+    staff_views = {"ratelimit_app:usage", "ratelimit_app:usage-records",
+                   "ratelimit_app:credit-balance", "ratelimit_app:credit-top-ups",
+                   "ratelimit_app:prometheus"}
+    assert exempt == {"health", "demo:webhook-receiver", *staff_views}
     assert exempt <= endpoint_names()  # still endpoints: rows naming them are not "missing"
     assert not exempt & {e.name for e in limited_endpoints()}
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "EXEMPT_PATHS": ["/hello", "/api/"]}
     # the setting is read at each listing; a DRF view stays limited by QuotaThrottle anyway
     # (api:generate, a plain view under /api/, does not)
     assert {e.name for e in list_endpoints() if e.exempt} == \
-        {"hello", "api:generate", "ratelimit_app:usage", "ratelimit_app:usage-records",
-         "ratelimit_app:prometheus", "demo:webhook-receiver"}
+        {"hello", "api:generate", "demo:webhook-receiver", *staff_views}
 
 
 def test_admin_urls_are_never_offered():

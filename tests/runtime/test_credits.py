@@ -311,8 +311,15 @@ def test_an_async_decision_seeds_a_missing_balance_in_a_thread_and_spends_it(pay
     raw, ref = paying
     credit(ref, 2, "payment-1")
     request = RequestFactory().get("/ok/", HTTP_X_API_KEY=raw)
-    decide = async_to_sync(limiter().adecide)
-    outcomes = [decide(request, None, "ok") for _ in range(3)]
+
+    async def decide():
+        """One decision in a fresh event loop, whose connections it closes."""
+        try:
+            return await limiter().adecide(request, None, "ok")
+        finally:
+            await limiter().async_store().aclose()
+
+    outcomes = [async_to_sync(decide)() for _ in range(3)]
     assert [d.allowed for d in outcomes] == [True, True, False]
     assert outcomes[2].out_of_credits == ("credits",)
     assert stored(ref, redis_client).spent == 2
