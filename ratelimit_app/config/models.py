@@ -17,6 +17,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from ..decision.balances import CREDIT_SCOPES
 from ..decision.scopes import Scope, hash_api_key
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
@@ -507,7 +508,7 @@ class Rule(models.Model):
     def _clean_credits(self, errors):
         """Check a prepaid credits rule and give it the period and burst the number-based checks
         and lists read (its allowance's)."""
-        if self.scope not in (Scope.USER, Scope.TENANT):
+        if self.scope not in CREDIT_SCOPES:
             errors["scope"] = ("Credits belong to a caller (an API key or a signed-in user) or "
                                "to a tenant: choose “User or API key” or “Tenant”.")
         if self.endpoint:

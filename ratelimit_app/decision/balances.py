@@ -66,12 +66,6 @@ class BalanceState(NamedTuple):
             return None
         return cls(*_VALUE.unpack(value))
 
-    def left(self, allowance, period_start_ms):
-        """Return the units left with an allowance of ``allowance`` in the period starting at
-        ``period_start_ms`` (the allowance is whole again in a later period)."""
-        used = self.used if self.period_start_ms == period_start_ms else 0
-        return max(0, allowance - used) + self.granted - self.spent
-
 
 def balance_key(identity_key):
     """Return the key of the balance beside an identity's bucket key (same ``{tag}``)."""

@@ -414,8 +414,7 @@ def _refused_for_good(decision, buckets):
     if decision.allowed:
         return decision
     over = tuple(b.rule.name for b in buckets
-                 if b.cost_units > b.capacity_units and not b.rule.shadow
-                 and type(b) is not CreditBalance)
+                 if b.cost_units > b.capacity_units and not b.rule.shadow)
     if over:
         return decision._replace(over_capacity=over, retry_after_s=0)
     credits = [b for b in buckets if type(b) is CreditBalance and b.rule.name in decision.violated]

@@ -29,6 +29,7 @@ from ..decision.headers import plain_problem
 from ..decorators import ratelimit_exempt
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .staff import refuse_unless_staff_with
 
 __all__ = ["credit_balance_view", "credit_top_up_view", "balance_body", "top_up_body"]
 
@@ -42,7 +43,7 @@ MAX_BODY_BYTES = 4096
 @require_safe
 def credit_balance_view(request, ref):
     """Return the balance of the account ``ref`` as JSON (see the module docstring)."""
-    refused = _refuse_unless(request, VIEW_PERMISSION, "view credit accounts")
+    refused = refuse_unless_staff_with(request, VIEW_PERMISSION, "view credit accounts")
     if refused:
         return refused
     try:
@@ -63,7 +64,7 @@ def credit_balance_view(request, ref):
 def credit_top_up_view(request, ref):
     """Credit a top-up to the account ``ref`` once per its ``top_up_id`` (see the module
     docstring)."""
-    refused = _refuse_unless(request, TOP_UP_PERMISSION, "top up credit accounts")
+    refused = refuse_unless_staff_with(request, TOP_UP_PERMISSION, "top up credit accounts")
     if refused:
         return refused
     fields = _json_object(request)
@@ -83,15 +84,6 @@ def credit_top_up_view(request, ref):
     except TopUpConflict as exc:
         return plain_problem(409, "Top-up id used before", str(exc))
     return _json(top_up_body(made, created), 201 if created else 200)
-
-
-def _refuse_unless(request, permission, what):
-    """Return a 403 problem unless the request's user is active staff with ``permission``."""
-    user = getattr(request, "user", None)
-    if user is not None and user.is_active and user.is_staff and user.has_perm(permission):
-        return None
-    return plain_problem(403, "Staff only", f"Sign in as staff with the permission to {what} "
-                                            f"({permission}).")
 
 
 def _json_object(request):

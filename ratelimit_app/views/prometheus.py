@@ -19,6 +19,7 @@ from ..conf import get_config
 from ..decorators import ratelimit_exempt
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .staff import is_staff_with
 
 __all__ = ["metrics_view", "collect"]
 
@@ -33,9 +34,7 @@ def _authorised(request):
         sent = request.headers.get("Authorization", "")
         if hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
             return True
-    user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff
-                and user.has_perm("ratelimit_app.view_dashboard"))
+    return is_staff_with(getattr(request, "user", None), "ratelimit_app.view_dashboard")
 
 
 def collect():

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_safe
 from ..business.usage.records import DAY, UsageQueryError, parse_range, render, usage_rows
 from ..decision.headers import plain_problem
 from ..decorators import ratelimit_exempt
+from .staff import refuse_unless_staff_with
 
 __all__ = ["usage_records_view"]
 
@@ -23,10 +24,9 @@ VIEW_PERMISSION = "ratelimit_app.view_usagerecord"
 @require_safe
 def usage_records_view(request):
     """Return the usage records of the query's range as JSON (see the module docstring)."""
-    user = getattr(request, "user", None)
-    if user is None or not (user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION)):
-        return plain_problem(403, "Staff only", "Sign in as staff with the permission to view "
-                                                "usage records (ratelimit_app.view_usagerecord).")
+    refused = refuse_unless_staff_with(request, VIEW_PERMISSION, "view usage records")
+    if refused:
+        return refused
     params = request.GET
     try:
         first, last = parse_range(params.get("from"), params.get("to"))
