@@ -180,7 +180,9 @@ def _read_rules(moment, pause_s):
     return {
         "rules": rules,
         "failed_auth_rules": tuple(r for r in rules if r.failed_auth),
-        "has_alerts": any(r.alerts for r in rules),
+        # (a credits rule's thresholds are of its accounts' top-ups: the checkpoint's, not the
+        # request path's, see business/credits/alerts.py)
+        "has_alerts": any(r.alerts and not r.credits for r in rules),
         "_rules_for": {},  # the memo of rules_for starts afresh with new rules
     }, math.inf
 

@@ -348,7 +348,10 @@ class Rule(models.Model):
         max_length=64, blank=True,
         help_text="Percent of the quota used at which to alert, e.g. “80,100”: the signal "
                   "quota_threshold_crossed and the webhooks, once per identity, threshold and "
-                  "period. Calendar quotas, and token buckets of a period of at least an hour.")
+                  "period. Calendar quotas, and token buckets of a period of at least an hour. "
+                  "Prepaid credits: percent of the account's last top-up used (events "
+                  "credits.low, and credits.exhausted at 100), once per top-up, noticed by "
+                  "the checkpoint of manage.py ratelimit rollup.")
     debt = models.PositiveIntegerField(
         "debt allowed", default=0,
         validators=[MaxValueValidator(MAX_BUCKET_UNITS // 1000)],
@@ -521,10 +524,6 @@ class Rule(models.Model):
         if self.lease:
             errors["lease"] = ("A balance is spent in Redis on every request (it is money): "
                                "set the lease to 0.")
-        if self.alert_thresholds:
-            errors["alert_thresholds"] = ("Credits alert on their own (credits.low at 80 % of "
-                                          "the last top-up used, credits.exhausted): clear "
-                                          "this field.")
         if self.rate is not None and self.rate > MAX_BUCKET_UNITS:
             errors["rate"] = f"An allowance can be at most {MAX_BUCKET_UNITS} units."
         if self.debt and self.debt > MAX_BUCKET_UNITS // 1000:

@@ -196,6 +196,14 @@ def _api_key(meta, snapshot):
 _new_identity = tuple.__new__
 
 
+def plan_of(key, assignment, snapshot):
+    """Return the plan of a signed-in caller (before PLAN_RESOLVER): its API key's own
+    (``key``, an ApiKeyEntry or None), else its user's assignment's (``assignment``, a
+    ``(plan, tenant)`` or None), else the default plan for signed-in callers."""
+    return (key.plan if key else None) or (assignment[0] if assignment else None) \
+        or snapshot.default_authenticated_plan
+
+
 def identify(request, user, snapshot):
     """Return the Identity of ``request`` (``user`` is the authenticated user or None)."""
     meta = request.META
@@ -222,8 +230,7 @@ def identify(request, user, snapshot):
     if kind == "anonymous":
         plan = snapshot.default_anonymous_plan
     else:
-        plan = (key.plan if key else None) or (assignment[0] if assignment else None) \
-            or snapshot.default_authenticated_plan
+        plan = plan_of(key, assignment, snapshot)
     # positionally, without the NamedTuple's keyword-handling __new__ (one per request)
     identity = _new_identity(Identity, (kind, display, ip, plan, tenant or None, user_id,
                                         key.id if key else None))

@@ -68,7 +68,9 @@ def crossings(buckets, statuses, identity, now_ms, tokens=None):
     found = ()
     for bucket, status in zip(buckets, statuses):
         thresholds = bucket.rule.alerts
-        if not thresholds or status.short:  # short: this bucket was not debited
+        if not thresholds or status.short or bucket.rule.credits:
+            # short: this bucket was not debited; a credit balance's thresholds are of its last
+            # top-up, which the checkpoint compares (business/credits/alerts.py)
             continue
         capacity, level = bucket.capacity_units, status.level_units
         before = level + (bucket.cost_units if tokens is None else tokens * bucket.period_ms)

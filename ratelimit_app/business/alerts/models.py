@@ -20,6 +20,8 @@ __all__ = ["Event", "WebhookEndpoint", "QuotaAlert", "WebhookDelivery", "Deliver
 class Event(models.TextChoices):
     THRESHOLD_CROSSED = "quota.threshold_crossed", "A threshold below 100 % was crossed"
     EXHAUSTED = "quota.exhausted", "A threshold of 100 % was reached (the quota is used up)"
+    CREDITS_LOW = "credits.low", "Prepaid credits: a threshold below 100 % of the last top-up used"
+    CREDITS_EXHAUSTED = "credits.exhausted", "Prepaid credits: the last top-up used up"
 
 
 def new_webhook_secret():
@@ -89,7 +91,9 @@ class QuotaAlert(models.Model):
 
     @property
     def event(self):
-        """Return the Event this alert is."""
+        """Return the Event this alert is: a quota's, or a credit balance's (its rule's kind)."""
+        if self.rule.kind == "credits":
+            return Event.CREDITS_EXHAUSTED if self.threshold >= 100 else Event.CREDITS_LOW
         return Event.EXHAUSTED if self.threshold >= 100 else Event.THRESHOLD_CROSSED
 
 

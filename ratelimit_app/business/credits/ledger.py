@@ -15,6 +15,7 @@ back at most what it consumed since the last checkpoint, and never loses a top-u
 ``granted`` is the ledger's own total.
 """
 
+import datetime
 import functools
 import logging
 from collections import Counter
@@ -27,7 +28,9 @@ from django.utils import timezone
 from ...conf import get_config
 from ...decision.balances import BalanceState, account_key
 from ...stores.base import READ_ERRORS
+from ..alerts.crossings import store_crossings
 from . import scripts
+from .alerts import AccountRules, credit_crossings
 from .models import CreditAccount, CreditTopUp
 from .refs import (
     CreditInputError,
@@ -185,13 +188,16 @@ class CheckpointResult(NamedTuple):
     raised: int
 
 
-def checkpoint(client, prefix=None):
+def checkpoint(client, prefix=None, snapshot=None):
     """Checkpoint every account's balance: one script call per account on its key (see
     scripts.CHECKPOINT: a missing balance is set from the row, an older one restored, a granted
-    below the ledger's raised), and the balance's state written back into the row. Returns a
-    CheckpointResult. Raises what Redis raises (the accounts done so far stay done)."""
+    below the ledger's raised), and the balance's state written back into the row. With
+    ``snapshot`` (the policy in force), the alert thresholds of its credits rules are compared
+    with each balance (alerts.py). Returns a CheckpointResult. Raises what Redis raises (the
+    accounts done so far stay done)."""
     prefix = prefix or get_config()["KEY_PREFIX"]
     run = client.register_script(scripts.CHECKPOINT)
+    rules = AccountRules(snapshot) if snapshot is not None else ()
     outcomes = Counter()
     last_pk = 0
     while True:
@@ -201,7 +207,7 @@ def checkpoint(client, prefix=None):
             break
         last_pk = batch[-1].pk
         now = timezone.now()
-        unchanged = []
+        unchanged, found = [], []
         for account in batch:
             row = state_of(account)
             outcome, *numbers = run(keys=[account_key(prefix, account.ref)], args=[row.pack()])
@@ -215,9 +221,40 @@ def checkpoint(client, prefix=None):
                 unchanged.append(account.pk)
             else:
                 _write_back(account.pk, stored, now)
+            if rules:
+                found.extend(_crossings(account, stored, rules, prefix))
         CreditAccount.objects.filter(pk__in=unchanged).update(checkpointed_at=now)
+        if found:
+            store_crossings(_not_stored_yet(found))
+            found.clear()
     return CheckpointResult(sum(outcomes.values()), outcomes[scripts.SEEDED],
                             outcomes[scripts.RESTORED], outcomes[scripts.RAISED])
+
+
+def _crossings(account, stored, rules, prefix):
+    """The alert thresholds the account's balance ``stored`` has reached (alerts.py)."""
+    rule = rules.rule_for(account.ref)
+    if rule is None:
+        return ()
+    last = account.top_ups.order_by("-created", "-id").first()
+    return credit_crossings(account, stored, last, rule, prefix)
+
+
+def _not_stored_yet(found):
+    """Return the Crossings of ``found`` with no QuotaAlert row yet: a balance stays past its
+    thresholds round after round, and each would otherwise be refused by the row's unique
+    constraint again."""
+    from ..alerts.models import QuotaAlert
+
+    stored = set(QuotaAlert.objects.filter(
+        identity_key__in={c.identity_key for c in found}).values_list(
+        "rule_id", "identity_key", "threshold", "period_start"))
+    return [c for c in found
+            if (c.rule_id, c.identity_key, c.threshold, _moment(c.period_start_ms)) not in stored]
+
+
+def _moment(ms):
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
 
 
 def _write_back(pk, stored, now):

@@ -406,7 +406,9 @@ class Command(BaseCommand):
         return UsageRollup(default_limiter().store.metrics_client()).run()
 
     def _checkpoint(self):
-        return checkpoint(default_limiter().store.metrics_client())
+        limiter = default_limiter()
+        # the rules in force say which accounts alert (business/credits/alerts.py)
+        return checkpoint(limiter.store.metrics_client(), snapshot=limiter.snapshot())
 
     def handle_usage(self, date_from, date_to, tenant=None, identity=None, period=DAY,
                      output_format="csv", output=None, **options):
