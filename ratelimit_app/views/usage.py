@@ -42,6 +42,7 @@ from typing import NamedTuple
 from django.http import JsonResponse
 from django.views.decorators.http import require_safe
 
+from ..business.credits.ledger import last_top_up
 from ..business.usage.records import month_to_date
 from ..conf import get_config, meta_key
 from ..decision import engine
@@ -67,6 +68,8 @@ class Reading(NamedTuple):
     statuses: tuple
     read_at_ms: int
     month_to_date: dict | None = None
+    # the last top-up of each credit balance among the buckets: {account ref: CreditTopUp}
+    top_ups: dict | None = None
 
 
 class _Readings:
@@ -150,7 +153,8 @@ def usage_view(request):
                 "store, so your usage cannot be read now. Your requests are still served "
                 "under its failure policy.", retry_after_s=_store_retry_s())
         now_ms = _now_ms(limiter)
-        reading = Reading(statuses, now_ms, _month_to_date(identity, now_ms))
+        reading = Reading(statuses, now_ms, _month_to_date(identity, now_ms),
+                          {b.account: last_top_up(b.account) for b in buckets if b.rule.credits})
         readings.keep(key, reading)
     if engine.refusing_gate_statuses(buckets, reading.statuses):
         # the client IP is out of failed authentications: refused as on any endpoint (the same
@@ -204,8 +208,20 @@ def _policies(buckets, reading):
                           reset_at=datetime.datetime.fromtimestamp(reset_at_s,
                                                                    datetime.timezone.utc)
                           .isoformat(timespec="seconds"))
+            if bucket.rule.credits:
+                policy["credits"] = _credits(bucket, status, reading.top_ups[bucket.account])
         policies.append(policy)
     return policies
+
+
+def _credits(bucket, status, top_up):
+    """A credit balance's own fields: the units left (below 0 in debt; ``remaining`` is never
+    below 0), the allowance's period (null: given once), and the last top-up."""
+    return {"units_left": status.level_units, "allowance_period": bucket.rule.refill or None,
+            "last_top_up": None if top_up is None else {
+                "units": top_up.units,
+                "at": top_up.created.astimezone(datetime.timezone.utc).isoformat(
+                    timespec="seconds")}}
 
 
 def _body(identity, exempt, policies):

@@ -283,3 +283,27 @@ def test_a_drf_api_root_links_it_and_drf_never_throttles_it(demo, clock):
     assert response.status_code == 200 and "RateLimit" not in response
     assert by_name(response.json())["pro-user"]["remaining"] == 199
     assert header_items(client.get("/api/", **BOB), "RateLimit")["pro-user"]["r"] == 198
+
+
+def test_a_credit_balance_shows_its_units_left_and_last_top_up(db, clock):
+    from django.contrib.auth import get_user_model
+    from django.test import TestCase
+
+    from ratelimit_app.business.credits.ledger import client_of, top_up
+
+    plan = Plan.objects.create(slug="prepaid", name="Prepaid", default_for_authenticated=True)
+    rule = Rule(name="credits", plan=plan, scope="user", kind=Kind.CREDITS, rate=3,
+                calendar_period="day")
+    rule.full_clean()
+    rule.save()
+    api_key, raw = ApiKey.create_key(get_user_model().objects.create_user("payer"), "billing",
+                                     plan=plan)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        top_up(f"key:{api_key.pk}", 20, "payment-1", actor="test",
+               client=client_of(limiter().store))
+    [policy] = usage_of(Client(), HTTP_X_API_KEY=raw)["policies"]
+    # the balance read (seeded from the ledger on this first look): allowance 3 + 20 prepaid
+    assert policy["name"] == "credits" and policy["remaining"] == 23 and policy["window"] is None
+    assert policy["credits"]["units_left"] == 23
+    assert policy["credits"]["allowance_period"] == "day"
+    assert policy["credits"]["last_top_up"]["units"] == 20

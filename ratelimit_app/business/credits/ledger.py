@@ -42,7 +42,7 @@ from .refs import (
 )
 
 __all__ = ["TopUpConflict", "top_up", "seed", "checkpoint", "CheckpointResult", "Balance",
-           "balance", "stored_states", "client_of", "state_of"]
+           "balance", "last_top_up", "stored_states", "client_of", "state_of"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -236,8 +236,7 @@ def _crossings(account, stored, rules, prefix):
     rule = rules.rule_for(account.ref)
     if rule is None:
         return ()
-    last = account.top_ups.order_by("-created", "-id").first()
-    return credit_crossings(account, stored, last, rule, prefix)
+    return credit_crossings(account, stored, last_top_up(account), rule, prefix)
 
 
 def _not_stored_yet(found):
@@ -288,6 +287,13 @@ class Balance(NamedTuple):
         return max(0, self.account.granted - self.state.granted)
 
 
+def last_top_up(account):
+    """Return the account's (a CreditAccount, or its ref) latest CreditTopUp, or None."""
+    top_ups = account.top_ups if isinstance(account, CreditAccount) else \
+        CreditTopUp.objects.filter(account__ref=account)
+    return top_ups.order_by("-created", "-id").first()
+
+
 def stored_states(client, prefix, refs):
     """Return ``{ref: BalanceState or None}`` of the balances Redis holds (one pipeline)."""
     refs = list(refs)
@@ -305,7 +311,7 @@ def balance(ref, client, prefix=None):
     if account is None:
         return None
     stored = stored_states(client, prefix or get_config()["KEY_PREFIX"], [ref])[ref]
-    last = account.top_ups.order_by("-created", "-id").first()
+    last = last_top_up(account)
     if stored is None:
         return Balance(account, state_of(account), "checkpoint", last)
     return Balance(account, stored, "redis", last)
