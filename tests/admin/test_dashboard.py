@@ -138,7 +138,7 @@ def test_json_carries_the_fragments_the_page_swaps_in(admin_client_, traffic):
     data = admin_client_.get(DATA + "?window=5m").json()
     assert data["window"] == "5m"
     assert set(data["html"]) == {"summary", "chart", "rates", "hot_keys", "near_limit", "temporary",
-                                 "health"}
+                                 "credits", "health"}
     assert f'data-stat="denied">{traffic}<' in data["html"]["summary"]
     assert admin_client_.get(DATA + "?window=bogus").json()["window"] == "1h"
 
@@ -367,3 +367,26 @@ def test_count_chart_ticks_are_whole_numbers(busiest):
 def test_count_axis_tops_stay_close_to_the_busiest_minute():
     assert [count_axis(v) for v in (0, 5, 11, 24, 99, 101, 4000)] == [
         (4, 1), (8, 2), (20, 5), (40, 10), (100, 25), (200, 50), (4000, 1000)]
+
+
+def test_the_accounts_with_the_fewest_credits_are_listed_live_with_their_last_top_up(
+        admin_client_):
+    from django.test import TestCase
+
+    from ratelimit_app.business.credits.ledger import client_of, top_up
+    from ratelimit_app.decision.balances import BalanceState, account_key
+
+    assert dashboard_data()["credits"] == []  # credits not used: no card
+    keys = {name: ApiKey.objects.get(user__username=name) for name in ("alice", "bob")}
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        for units, name in ((50, "alice"), (8, "bob")):
+            top_up(f"key:{keys[name].pk}", units, f"pay-{name}", actor="test",
+                   client=client_of(limiter().store))
+    # alice spent 45 since (live in Redis; the last checkpoint still says 50 left)
+    client = limiter().store.metrics_client()
+    client.set(account_key("rl", f"key:{keys['alice'].pk}"), BalanceState(50, 45).pack())
+    rows = dashboard_data()["credits"]
+    assert [(row["prepaid_left"], row["last_top_up"], row["live"]) for row in rows] == \
+        [(5, 50, True), (8, 8, True)]
+    page = admin_client_.get(DASHBOARD).content.decode()
+    assert "Prepaid credits running lowest" in page and rows[0]["url"] in page

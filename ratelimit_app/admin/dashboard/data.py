@@ -10,12 +10,14 @@ import re
 import time
 from urllib.parse import urlencode
 
-from django.db.models import Q
+from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from ... import metrics
+from ...business.credits.ledger import last_top_up, stored_states
+from ...business.credits.models import CreditAccount
 from ...conf import get_config
 from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
 from ...runtime.limiter import default_limiter
@@ -32,9 +34,11 @@ FRAGMENTS = {
     "hot_keys": "ratelimit_app/dashboard_hot_keys.html",
     "near_limit": "ratelimit_app/dashboard_near_limit.html",
     "temporary": "ratelimit_app/dashboard_temporary.html",
+    "credits": "ratelimit_app/dashboard_credits.html",
     "health": "ratelimit_app/dashboard_health.html",
 }
 HOT_KEYS_SHOWN = 10
+CREDIT_ACCOUNTS_SHOWN = 10
 BUFFERED_PERIODS_SHOWN = 5
 # A database id in a ref: ASCII digits only (str.isdigit() also accepts "²"), and short enough
 # for any database's integer column.
@@ -191,6 +195,35 @@ def temporary_rows(now):
     return rows
 
 
+def credit_rows():
+    """Return the prepaid credit accounts with the fewest units left (those the last checkpoint
+    found lowest, CREDIT_ACCOUNTS_SHOWN of them), each with its live balance where Redis can be
+    read, its last top-up and its admin page; [] where credits are not used."""
+    accounts = list(CreditAccount.objects.annotate(left=F("granted") - F("spent"))
+                    .order_by("left", "ref")[:CREDIT_ACCOUNTS_SHOWN])
+    if not accounts:
+        return []
+    try:
+        live = stored_states(default_limiter().store.metrics_client(),
+                             get_config()["KEY_PREFIX"], [a.ref for a in accounts])
+    except READ_ERRORS:
+        live = {}  # the checkpoint's numbers (the health panel says Redis is down)
+    rows = []
+    for account in accounts:
+        state, last = live.get(account.ref), last_top_up(account)
+        rows.append({
+            "account": str(account),
+            "prepaid_left": state.granted - state.spent if state else account.prepaid_left,
+            "live": state is not None,
+            "last_top_up": last.units if last else None,
+            "last_top_up_at": timezone.localtime(last.created).strftime("%Y-%m-%d %H:%M")
+            if last else "",
+            "url": reverse("admin:ratelimit_app_creditaccount_change", args=[account.pk]),
+        })
+    rows.sort(key=lambda row: (row["prepaid_left"], row["account"]))
+    return rows
+
+
 def _shadow_rules(rule_rows):
     try:
         rules = default_limiter().snapshot().rules
@@ -245,6 +278,7 @@ def dashboard_data(window="1h", now=None, with_html=True):
         "health": health,
         "temporary": temporary_rows(datetime.datetime.fromtimestamp(now,
                                                                    tz=datetime.timezone.utc)),
+        "credits": credit_rows(),
     }
     if with_html:
         context = {**data, "chart_svg": requests_chart(series) if series else ""}
