@@ -375,7 +375,10 @@ def test_the_accounts_with_the_fewest_credits_are_listed_live_with_their_last_to
 
     from ratelimit_app.business.credits.ledger import client_of, top_up
     from ratelimit_app.decision.balances import BalanceState, account_key
+    from ratelimit_app.models import CreditAccount, CreditTopUp
 
+    CreditTopUp.objects.all().delete()  # (the demo's prepaid key)
+    CreditAccount.objects.all().delete()
     assert dashboard_data()["credits"] == []  # credits not used: no card
     keys = {name: ApiKey.objects.get(user__username=name) for name in ("alice", "bob")}
     with TestCase.captureOnCommitCallbacks(execute=True):
