@@ -170,7 +170,8 @@ _new_status = tuple.__new__
 
 class LevelStatuses(Sequence):
     """The statuses of an allowed decision that no bucket was short for, on plain token buckets
-    (``engine.PlannedBuckets.plain``), each PolicyStatus built only when first read.
+    and credit balances (``engine.PlannedBuckets.plain``), each status built only when first
+    read.
 
     The headers and the metrics, which read every decision, take what they need from
     ``planned`` (the PlannedBuckets: what depends on the rules alone, worked out once per bucket
@@ -367,7 +368,10 @@ class CreditBalance(Bucket):
         self.capacity_units = UNBOUNDED_UNITS
         self.cost_units = cost
         self.short_below = -math.inf
-        self.spec = None
+        # a never-refilled balance's argument is the same at every moment: built once, so the
+        # decision's whole call is too (engine.PlannedBuckets.debit_args); a refilled one's
+        # depends on the period (spec_at)
+        self.spec = None if rule.refill else self.spec_at(0)
         self.shown = (rule.name, rule.rate, 0, rule.rate, cost, rule.shadow, self.key,
                       rule.scope, sf_string(rule.name), "")
 

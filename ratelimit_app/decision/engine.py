@@ -148,7 +148,8 @@ class PlannedBuckets(tuple):
     limit; ``take_args`` builds those per call), and how the Limiter sends them: ``takes_slot``
     (one is a concurrency limit) and ``leases`` (one's rule leases tokens).
 
-    ``plain``: every bucket is a plain token bucket and none is a gate, so an allowed reply no
+    ``plain``: every bucket is a plain token bucket or a credit balance and none is a gate
+    (``_READ_FROM_LEVELS``), so an allowed reply no
     bucket was short for is read without building its statuses (``reply_statuses``); the
     headers and the metrics then keep what they read of these buckets here (``header_parts``,
     ``metric_parts``: None until first needed)."""
@@ -162,9 +163,16 @@ class PlannedBuckets(tuple):
         planned.debit_args = tuple(take_args(buckets, fence=version)) if timeless else None
         planned.takes_slot = any(isinstance(bucket, ConcurrencySlot) for bucket in buckets)
         planned.leases = any(bucket.rule.lease for bucket in buckets)
-        planned.plain = all(type(bucket) is Bucket and not bucket.gate for bucket in buckets)
+        planned.plain = all(type(bucket) in _READ_FROM_LEVELS and not bucket.gate
+                            for bucket in buckets)
         planned.header_parts = planned.metric_parts = None
         return planned
+
+
+# the buckets whose statuses, headers and metrics an allowed reply's levels give without
+# building a status (see PlannedBuckets.plain): token buckets, and credit balances (which the
+# headers leave out)
+_READ_FROM_LEVELS = (Bucket, CreditBalance)
 
 
 def _build_buckets(snapshot, identity, endpoint, cost):

@@ -181,10 +181,12 @@ def _header_parts(planned, disclose_shared):
     find, worked out by the same functions from statuses of full buckets ("" when every policy
     is a shadow one)."""
     statuses = [bucket.status(bucket.capacity_units, False) for bucket in planned]
-    visible = [status for status in statuses if not status.shadow]
+    # as in _set_fields: neither a shadow policy nor a credit balance is shown
+    hidden = [status.shadow or type(status) is CreditStatus for status in statuses]
+    visible = [status for status, hide in zip(statuses, hidden) if not hide]
     if not visible:
         return "", ()
-    shown = tuple(index for index, status in enumerate(statuses) if not status.shadow and
+    shown = tuple(index for index, status in enumerate(statuses) if not hidden[index] and
                   ratelimit_header([status], disclose_shared))
     return policy_header(visible), shown
 
