@@ -36,6 +36,10 @@ SETTLE_NONE = "ours: settle, the estimate right (no call)"
 SETTLE_TARGETS = {"settle_cpu_vs_decision": (SETTLE, 0.5),
                   "settle_right_cpu_vs_decision": (SETTLE_NONE, 0.05)}
 
+# issue 34: a decision that also spends a prepaid credit balance ÷ the same 4 levels without one
+CREDITS = "ours: 4 levels + a credit balance"
+CREDITS_TARGET = ("credits_vs_decision", 1.05)
+
 
 def run(env, quick):
     floor_name, ours_name = "floor: bare 4-key EVALSHA", "ours: 4 levels, whole path"
@@ -51,6 +55,7 @@ def run(env, quick):
         "DRF UserRateThrottle, history 1,000": alternatives.drf_user_throttle(user, 1000),
         "DRF UserRateThrottle, history 10,000": alternatives.drf_user_throttle(user, 10_000),
         "django-ratelimit is_ratelimited": alternatives.django_ratelimit(user),
+        CREDITS: alternatives.ours(env.users["credits"]),
         SETTLE: alternatives.ours_settle(user, 3),
         SETTLE_NONE: alternatives.ours_settle(user, 0),
     }
@@ -91,6 +96,10 @@ def run(env, quick):
         ratio = ratios[f"decision.{key}"] = paired_ratio(cpu, name, ours_name)
         targets.append((f"1. metered costs, CPU: {name} ≤ {limit}× ours (a decision)",
                         f"{ratio:.2f}×", verdict(ratio <= limit)))
+    key, limit = CREDITS_TARGET
+    ratio = ratios[f"decision.{key}"] = paired_ratio(samples, CREDITS, ours_name)
+    targets.append((f"1. prepaid credits: {CREDITS} ≤ {limit}× ours (4 levels)",
+                    f"{ratio:.2f}×", verdict(ratio <= limit)))
     results["cpu_us"] = {name: {"median_us": median(values), "samples_us": values}
                          for name, values in cpu.items()}
     ratios["decision.settle_vs_decision_wall"] = paired_ratio(samples, SETTLE, ours_name)

@@ -15,7 +15,9 @@
 
 from django.contrib.auth import get_user_model
 
-from ratelimit_app.models import Mode, Plan, PlanAssignment, Rule, Scope
+from ratelimit_app.business.credits.ledger import top_up
+from ratelimit_app.business.credits.models import MAX_TOP_UP_UNITS
+from ratelimit_app.models import MAX_PERIOD_S, Kind, Mode, Plan, PlanAssignment, Rule, Scope
 
 HUGE = 1_000_000
 DEPTH_SCOPES = [  # (scope, endpoint) of each level, widest first
@@ -74,6 +76,17 @@ def load():
         PlanAssignment.objects.bulk_create(
             [PlanAssignment(user=member, plan=plan) for member in members])
         users["cluster"][slug] = members
+
+    # the 4 levels of d4 and a prepaid credit balance (issue 34: a decision with a balance)
+    credits = Plan.objects.create(slug="d4-credits", name="Depth 4 with credits")
+    for level, (scope, endpoint) in enumerate(DEPTH_SCOPES[:4]):
+        rules.append(_rule(f"d4c-{level}-{scope}", credits, scope, endpoint))
+    rules.append(Rule(name="d4c-credits", plan=credits, scope=Scope.USER, kind=Kind.CREDITS,
+                      rate=0, burst=0, period_s=MAX_PERIOD_S, mode=Mode.ENFORCE))
+    users["credits"] = User.objects.create(username="user4-credits")
+    PlanAssignment.objects.create(user=users["credits"], plan=credits, tenant="acme")
+    # units for any run (the first decision seeds the balance from this top-up)
+    top_up(f"user:{users['credits'].pk}", MAX_TOP_UP_UNITS, "bench-credits", actor="bench")
 
     other = Plan.objects.create(slug="other", name="Other")
     for i in range(NOISE_RULES):
