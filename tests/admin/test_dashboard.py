@@ -196,7 +196,7 @@ def test_inspector_shows_a_credit_balance_beside_the_buckets(admin_client_):
 def test_inspector_finds_users_keys_and_explains_ambiguity(admin_client_, traffic):
     alice_key = ApiKey.objects.get(user__username="alice")
     choices = admin_client_.get(INSPECT, {"q": "rk_"}).context["lookup"].choices
-    assert len(choices) == 4 and ("key:%d" % alice_key.id) in dict(choices)  # the demo's keys
+    assert len(choices) == 5 and ("key:%d" % alice_key.id) in dict(choices)  # the demo's keys
     response = admin_client_.get(INSPECT, {"q": f"key:{alice_key.id}"})
     rows = {row["rule"]: row for row in response.context["rows"]}
     assert rows["free-user"]["tokens"] == 25 and rows["free-user"]["capacity"] == 30

@@ -105,7 +105,8 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
     document = json.loads(first)
     assert list(document) == ["format", "plans", "rules", "endpoint_costs", "plan_assignments",
                               "identity_overrides"]
-    assert [p["slug"] for p in document["plans"]] == ["enterprise", "free", "pro", "studio"]
+    assert [p["slug"] for p in document["plans"]] == ["enterprise", "free", "prepaid", "pro",
+                                                   "studio"]
     assert [r["name"] for r in document["rules"]] == sorted(r.name for r in Rule.objects.all())
     assert list(item(document, "rules", name="free-user")) == [
         "name", "plan", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s",
@@ -213,7 +214,7 @@ def test_keep_missing_keeps_rows_absent_from_the_file(demo, tmp_path):
     document["rules"] = [item(document, "rules", name="global")]
     path = write(tmp_path, document)
     out, _ = run("import", path, "--keep-missing", "--dry-run")
-    assert out == "15 rows absent from the file kept (--keep-missing).\nNothing to change.\n"
+    assert out == "16 rows absent from the file kept (--keep-missing).\nNothing to change.\n"
     out, _ = run("import", path, "--dry-run")
     assert "- rule “free-user”" in out.splitlines() and "- identity override (user alice, " \
         "rule free-user)" in out.splitlines()
@@ -253,7 +254,7 @@ def test_validation_errors_name_item_and_field_and_change_nothing(demo, tmp_path
         "default_for_authenticated, default_for_anonymous).",
         "rules[3] (rule “free-ip”): scope: Value 'planet' is not a valid choice.",
         "rules[7] (rule “global”): burst: “many” value must be an integer.",
-        "rules[8] (rule “pro-user”): rate: Ensure this value is greater than or equal to 1.",
+        "rules[9] (rule “pro-user”): rate: Ensure this value is greater than or equal to 1.",
         "rules[5] (rule “free-reports”): plan: no plan “platinum” in the file.",
         "plan_assignments[0] (plan assignment “mallory”): user: no user with username "
         "“mallory” (users are not created by an import).",
@@ -273,7 +274,7 @@ def test_duplicate_and_malformed_items_are_named(demo, tmp_path):
         call_command("ratelimit", "import", write(tmp_path, document), stdout=io.StringIO(),
                      stderr=err)
     assert err.getvalue().splitlines() == [
-        "rules[12] (rule “global”): the same item as rules[7]; keep one.",
+        "rules[13] (rule “global”): the same item as rules[7]; keep one.",
         "endpoint_costs[3]: an item must be a JSON object.",
         "plan_assignments[0] (plan assignment “alice”): plan: a reference is written as text "
         "(a slug) or null.",
@@ -301,7 +302,7 @@ def test_rows_are_validated_together_and_a_late_error_rolls_everything_back(
     with pytest.raises(CommandError):
         call_command("ratelimit", "import", path, stdout=io.StringIO(), stderr=err)
     assert err.getvalue().splitlines() == [
-        "plans[2] (plan “pro”): default_for_anonymous: “Free” is already the default plan for "
+        "plans[3] (plan “pro”): default_for_anonymous: “Free” is already the default plan for "
         "anonymous clients; untick it there first.",
         "rules[6] (rule “free-user”): burst: Burst 10 is below the cost of api:reports (POST) "
         "(20 tokens): such requests could never pass. Raise the burst to at least 20.",

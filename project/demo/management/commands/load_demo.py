@@ -1,5 +1,5 @@
-"""Load the demo plans, rules, costs, users and API keys, a dated override and the webhook
-endpoint of the demo's own receiver (idempotent)."""
+"""Load the demo plans, rules, costs, users and API keys, a dated override, a prepaid key's
+welcome credit and the webhook endpoint of the demo's own receiver (idempotent)."""
 
 import datetime
 
@@ -9,7 +9,9 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from ratelimit_app.business.credits.ledger import client_of, top_up
 from ratelimit_app.models import (
+    MAX_PERIOD_S,
     NOMINAL_PERIOD_S,
     ApiKey,
     CalendarPeriod,
@@ -26,6 +28,7 @@ from ratelimit_app.models import (
     WebhookEndpoint,
     hash_api_key,
 )
+from ratelimit_app.runtime.limiter import default_limiter
 
 PLANS = [
     # slug, name, default for signed-in, default for anonymous
@@ -33,6 +36,7 @@ PLANS = [
     ("pro", "Pro", False, False),
     ("enterprise", "Enterprise", False, False),
     ("studio", "AI Studio", False, False),
+    ("prepaid", "Pay as you go", False, False),
 ]
 
 # name, plan, scope, endpoint, rate, period_s, burst, mode
@@ -57,6 +61,15 @@ DAILY_QUOTAS = [
     ("studio-daily", "studio", Scope.USER, 500, "50,80,100", 200),
 ]
 
+# Prepaid credits: name, plan, scope, allowance (units included before prepaid ones are spent),
+# when the allowance is whole again ("": given once, never refilled). Pay as you go includes 20
+# units once (a trial: one report); then each request spends its cost from the caller's prepaid
+# balance, and is refused 402 once that cannot pay it, until an operator tops the account up in
+# the admin.
+CREDIT_RULES = [
+    ("prepaid-credits", "prepaid", Scope.USER, 20, ""),
+]
+
 # Failed authentications (wrong passwords, unknown tokens or API keys) per client IP:
 # name, rate, period_s, burst. Ten tries, then one more a minute.
 FAILED_AUTH_RULES = [
@@ -79,6 +92,7 @@ USERS = [
     ("bob", "pro", "", "rk_bob_pro"),
     ("carol", "enterprise", "acme", "rk_carol_enterprise"),
     ("dana", "studio", "", "rk_dana_studio"),
+    ("erin", "prepaid", "", "rk_erin_prepaid"),
 ]
 DEMO_PASSWORD = "demo-pass"
 ADMIN = ("admin", "admin")
@@ -86,11 +100,15 @@ ADMIN = ("admin", "admin")
 # A dated override, renewed by every load: user, rule, reason, days, rate, period_s, burst.
 LAUNCH_WEEK = ("dana", "studio-minute", "launch week", 7, 2400, 60, 1200)
 WEBHOOK_ENDPOINT = "demo receiver"
+# The welcome credit of a prepaid demo key: user, units, top-up id (its idempotency key, made
+# per account: loaded again, it credits nothing again), note. Five reports (cost 20 each), after
+# the trial allowance's one.
+WELCOME_CREDIT = ("erin", 100, "demo-welcome", "welcome credit of the demo")
 
 
 class Command(BaseCommand):
-    help = ("Load the demo plans, rules, endpoint costs, users and API keys, a dated override "
-            "and the webhook endpoint of the demo's receiver.")
+    help = ("Load the demo plans, rules, endpoint costs, users and API keys, a dated override, "
+            "a prepaid key's welcome credit and the webhook endpoint of the demo's receiver.")
 
     def add_arguments(self, parser):
         parser.add_argument("--server-url", default="http://127.0.0.1:8000",
@@ -125,6 +143,13 @@ class Command(BaseCommand):
                 "calendar_period": CalendarPeriod.DAY, "rate": units, "burst": units,
                 "period_s": NOMINAL_PERIOD_S[CalendarPeriod.DAY], "alert_thresholds": thresholds,
                 "debt": debt, "mode": Mode.ENFORCE, "enabled": True})
+        for name, plan, scope, allowance, refill in CREDIT_RULES:
+            # burst and period as Rule.clean() stores them for a credits rule
+            Rule.objects.update_or_create(name=name, defaults={
+                "plan": plans[plan], "scope": scope, "endpoint": "", "kind": Kind.CREDITS,
+                "calendar_period": refill, "rate": allowance, "burst": allowance,
+                "period_s": NOMINAL_PERIOD_S.get(refill, MAX_PERIOD_S), "alert_thresholds": "",
+                "debt": 0, "mode": Mode.ENFORCE, "enabled": True})
         User = get_user_model()
         for username, plan, tenant, raw_key in USERS:
             user, _ = User.objects.get_or_create(username=username)
@@ -144,6 +169,7 @@ class Command(BaseCommand):
         admin.set_password(ADMIN[1])
         admin.save()
         self._launch_week(User)
+        welcome_ref, welcome_units = self._welcome_credit(User)
         # the demo server's URLconf, whichever one this process runs with (a test's own)
         receiver_url = server_url + reverse("demo:webhook-receiver", urlconf="project.urls")
         WebhookEndpoint.objects.update_or_create(name=WEBHOOK_ENDPOINT, defaults={
@@ -154,8 +180,25 @@ class Command(BaseCommand):
         for username, plan, _tenant, raw_key in USERS:
             self.stdout.write(f"  {username:<6} ({plan:<10}) password {DEMO_PASSWORD}  "
                               f"X-Api-Key: {raw_key}")
+        self.stdout.write(f"  Credits:    {WELCOME_CREDIT[0]}'s key ({welcome_ref}) has a welcome "
+                          f"credit of {welcome_units} prepaid units; top it up in the admin: "
+                          f"Credit accounts → {welcome_ref} → Top up")
         self.stdout.write(f"  Webhooks:   quota alerts are POSTed to {receiver_url}; what it "
                           f"received: {server_url}/admin/demo/receivedwebhook/")
+
+    @staticmethod
+    def _welcome_credit(User):
+        """Credit the prepaid demo key its welcome units, once per key (the top-up id names the
+        account: a key made anew, its old one deleted, is welcomed too). Returns the account's
+        ref and the units."""
+        username, units, top_up_id, note = WELCOME_CREDIT
+        key = ApiKey.objects.get(user=User.objects.get(username=username), name="demo")
+        ref = f"key:{key.pk}"
+        # Redis is told after the commit; a Redis not running yet is told by the balance's
+        # first use (it is rebuilt from the ledger)
+        top_up(ref, units, f"{top_up_id}-{ref}", actor="load_demo", note=note,
+               client=client_of(default_limiter().store))
+        return ref, units
 
     @staticmethod
     def _launch_week(User):

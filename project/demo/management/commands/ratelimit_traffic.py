@@ -2,9 +2,10 @@
 
 The demo clients (``load_demo``) call the demo API with their API keys at polite rates, dana
 streams generated words (a metered endpoint: charged the words she gets) until AI Studio's
-daily quota is spent, crossing its alert thresholds, and one abusive anonymous scraper hammers
-the API until it is refused. Bounded in requests and seconds, it stops by itself, and it only
-talks to loopback addresses.
+daily quota is spent, crossing its alert thresholds, erin orders reports with a prepaid key
+until its credits run out (402, until an operator tops it up in the admin), and one abusive
+anonymous scraper hammers the API until it is refused (429). Bounded in requests and seconds,
+it stops by itself, and it only talks to loopback addresses.
 
     python manage.py ratelimit_traffic                    # 60 s or 3000 requests at :8000
     python manage.py ratelimit_traffic --duration 20 --url http://127.0.0.1:8001
@@ -32,6 +33,9 @@ CLIENTS = [
     # three streams spend AI Studio's 500 words a day (load_demo's studio-daily)
     ("dana (AI Studio key, streams)", 1, "GET", "/api/generate/?words=200",
      {"X-Api-Key": "rk_dana_studio"}),
+    # reports (cost 20) spend erin's prepaid credits (load_demo's: a trial allowance pays one,
+    # the welcome credit five)
+    ("erin (prepaid key)", 1, "POST", "/api/reports/", {"X-Api-Key": "rk_erin_prepaid"}),
     ("scraper (anonymous, abusive)", 12, "GET", "/api/items/", {}),
     ("scraper (anonymous, abusive)", 2, "GET", "/hello/", {}),
 ]
@@ -111,6 +115,20 @@ class Command(BaseCommand):
             statuses = ", ".join(f"{status}: {count}" for (who, status), count
                                  in sorted(results.items()) if who == name)
             self.stdout.write(f"  {name:<30} {statuses}")
+        self.stdout.write(self._refusals(results))
+
+    @staticmethod
+    def _refusals(results):
+        """The summary of the refusals: by a rate limit or quota (429: waiting helps), and for
+        prepaid credits spent (402: a top-up helps)."""
+        refused = Counter()
+        for (_name, status), count in results.items():
+            refused[status] += count
+        line = (f"Refused: {refused['429']} by rate limits and quotas (429), {refused['402']} "
+                f"for prepaid credits spent (402)")
+        if refused["402"]:
+            line += "; top the account up in the admin: Credit accounts → the account → Top up"
+        return line + "."
 
     @staticmethod
     def _send(base, method, path, headers):
