@@ -536,7 +536,9 @@ class Rule(models.Model):
             errors["plan"] = (f"Rule “{other}” already spends the same balances (credits of "
                               f"this scope, on an overlapping plan): a request spends one "
                               f"balance per account. Edit that rule instead.")
-        self.burst = self.rate or 0
+        # (the field's validator wants at least 1: a row with no allowance must validate
+        # again, as an export read back does; a balance reads its allowance from ``rate``)
+        self.burst = max(self.rate or 0, 1)
         self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, MAX_PERIOD_S)
 
     def _clean_concurrency(self, errors):

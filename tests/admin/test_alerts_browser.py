@@ -7,7 +7,7 @@ Screenshots go to ``screenshots/`` (git-ignored) for a person to look at.
 import pytest
 
 from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
-from ratelimit_app.business.alerts.models import WebhookDelivery, WebhookEndpoint
+from ratelimit_app.business.alerts.models import Event, WebhookDelivery, WebhookEndpoint
 from ratelimit_app.models import Rule
 from tests.helpers import SCREENSHOTS
 
@@ -19,13 +19,15 @@ def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):
     page = signed_in_page
     page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/add/")
     # every event is ticked for a new endpoint
-    assert page.locator("input[name=events]:checked").count() == 2
+    assert page.locator("input[name=events]:checked").count() == len(Event.values)
     page.fill("#id_name", "billing")
     page.fill("#id_url", "not a url")
     page.click("input[name=_save]")
     assert "Enter a valid URL." in page.locator(".errorlist").first.inner_text()
     page.fill("#id_url", "https://billing.example.com/hooks/quota")
-    page.uncheck("input[name=events][value='quota.threshold_crossed']")
+    for event in Event.values:  # every event but quota.exhausted
+        if event != "quota.exhausted":
+            page.uncheck(f"input[name=events][value='{event}']")
     page.click("input[name=_save]")
 
     endpoint = WebhookEndpoint.objects.get(name="billing")

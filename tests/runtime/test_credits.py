@@ -324,3 +324,9 @@ def test_an_async_decision_seeds_a_missing_balance_in_a_thread_and_spends_it(pay
     assert [d.allowed for d in outcomes] == [True, True, False]
     assert outcomes[2].out_of_credits == ("credits",)
     assert stored(ref, redis_client).spent == 2
+
+
+def test_a_credits_rule_without_allowance_validates_again_once_saved(paying):
+    rule = Rule.objects.get(name="credits")
+    rule.full_clean()  # what an export read back, or an admin save, runs
+    assert rule.rate == 0
