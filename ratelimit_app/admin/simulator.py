@@ -3,7 +3,8 @@
 It asks the Limiter for a ``peek`` of a request built here: the same snapshot, identity, cost and
 buckets a real request would get, with the script called with ``debit=False`` (it reads and
 refills the levels in its reply and writes nothing), so simulating never costs a client a token
-and never creates a key.
+and never creates a bucket's key. (A prepaid credit balance Redis does not hold yet is set from
+the ledger first, as a real request's first use would: its units are then shown as they are.)
 """
 
 import dataclasses
@@ -44,11 +45,16 @@ class BucketReport:
     reset_s: int = 0              # seconds until it holds the cost again (when short)
     full_s: int = 0               # seconds until it is full
     calendar: str = ""            # a calendar quota's period ("day", "month"), else ""
+    credits: bool = False         # a prepaid credit balance: tokens are the units left
+    refill: str = ""              # a balance's allowance period ("day", "month"; "": once)
 
     @property
     def describe(self):
         """The rule in words, as the admin lists it: '100 per 60 s, burst 20', '1000 per
-        month'."""
+        month', 'prepaid credits, allowance 20 a day'."""
+        if self.credits:
+            given = f"a {self.refill}" if self.refill else "once"
+            return f"prepaid credits, allowance {self.rate} {given}"
         if self.calendar:
             return f"{self.rate} per {self.calendar}"
         return f"{self.rate} per {self.period_s} s, burst {self.burst}"
@@ -144,7 +150,7 @@ def _report(bucket, original_rules, status=None):
         name=rule.name, scope=Scope(rule.scope).label, endpoint=rule.endpoint, rate=rule.rate,
         period_s=rule.period_s, burst=rule.burst, shadow=rule.shadow,
         overridden=original_rules.get(rule.id) != rule, cost=bucket.cost, fails_open=fails_open,
-        calendar=rule.calendar,
+        calendar=rule.calendar, credits=rule.credits, refill=rule.refill,
     )
     if status is None:
         return report

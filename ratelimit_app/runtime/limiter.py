@@ -26,7 +26,7 @@ from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
 from ..decision.breaker import CircuitBreaker
-from ..decision.buckets import ConcurrencySlot, slot_member
+from ..decision.buckets import ConcurrencySlot, CreditBalance, slot_member
 from ..decision.clock import SystemClock, process_clock
 from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
@@ -375,8 +375,8 @@ class Limiter:
         store could not be told (logged; the request then stays charged its admission debit).
         ``now_ms`` is for tests only."""
         settled = engine.settled_buckets(buckets) if extra else ()
-        levels = self._settle_levels(settled, extra, now_ms) if settled else None
-        return None if levels is None else _statuses_at(settled, levels)
+        reply = self._settle_reply(settled, extra, now_ms) if settled else None
+        return None if reply is None else _statuses_at(settled, [level for level, _ in reply])
 
     def settle_metered(self, decision):
         """Settle the request of ``decision``, a metered one (``decision.meter``), once its
@@ -387,13 +387,13 @@ class Limiter:
         extra = meter.close()
         if extra is None:
             return
-        levels = self._settle_levels(meter.buckets, extra) if extra else None
-        self.record(settled_decision(decision, meter, extra))
-        if levels is not None and meter.alerts and extra > 0:
+        reply = self._settle_reply(meter.buckets, extra) if extra else None
+        self.record(settled_decision(decision, meter, extra, reply))
+        if reply is not None and meter.alerts and extra > 0:
             # every bucket took ``extra``: none is short of it (a bucket emptied, or in debt,
             # has reached 100 %)
             statuses = tuple([bucket.status(level, False)
-                              for bucket, level in zip(meter.buckets, levels)])
+                              for bucket, (level, _) in zip(meter.buckets, reply)])
             self.alerts.note(meter.buckets, statuses, decision.identity, tokens=extra)
 
     async def asettle(self, buckets, extra, *, now_ms=None):
@@ -401,20 +401,21 @@ class Limiter:
         return await sync_to_async(self.settle, thread_sensitive=False)(
             buckets, extra, now_ms=now_ms)
 
-    def _settle_levels(self, settled, extra, now_ms=None):
-        """settle.lua on ``settled`` (buckets ``engine.settled_buckets`` kept); return their
-        levels after it, or None when the store could not be told (logged)."""
+    def _settle_reply(self, settled, extra, now_ms=None):
+        """settle.lua on ``settled`` (buckets ``engine.settled_buckets`` kept); return its
+        ``(level, charged)`` per bucket (Store.settle), or None when the store could not be
+        told (logged)."""
         if now_ms is None:
             now_ms = self.clock.redis_now_ms()  # a test clock's time, as take's; else None
         try:
-            levels = self._guarded(self.store.settle,
-                                   *engine.settle_args(settled, extra, now_ms))
+            reply = self._guarded(self.store.settle,
+                                  *engine.settle_args(settled, extra, now_ms))
         except StoreUnavailable as exc:
             return self._not_settled(exc)
         if extra < 0 and self.deny_cache is not None:
             # levels rose by more than the refill: what the cache remembers no longer bounds them
             self.deny_cache.forget(settled)
-        return levels
+        return reply
 
     @staticmethod
     def _not_settled(exc):
@@ -772,14 +773,21 @@ def _statuses_at(buckets, levels):
                   for bucket, level in zip(buckets, levels)])
 
 
-def settled_decision(decision, meter, extra):
+def settled_decision(decision, meter, extra, reply):
     """Return ``decision`` as the metrics and usage count it once settled: its cost the
-    meter's, and each bucket the settle charged ``extra`` more."""
+    meter's, each bucket ``extra`` more, but a credit balance what the settle charged it
+    (``reply``: Store.settle's, or None when it did not reach the store; a balance cut at its
+    debt bound is billed what it paid, never what the request reported)."""
     if not extra:
         return decision
-    settled = {bucket.rule.name for bucket in meter.buckets}
-    policies = tuple([status._replace(cost=status.cost + extra) if status.name in settled
-                      else status for status in decision.policies])
+    added = {}
+    for index, bucket in enumerate(meter.buckets):
+        if isinstance(bucket, CreditBalance):
+            added[bucket.rule.name] = reply[index][1] if reply is not None else 0
+        else:
+            added[bucket.rule.name] = extra
+    policies = tuple([status._replace(cost=status.cost + added[status.name])
+                      if status.name in added else status for status in decision.policies])
     return decision._replace(cost=decision.cost + extra, policies=policies)
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "TakeReply",
     "is_misconfiguration",
     "script_source",
+    "settled_pairs",
     "store_error",
     "READ_ERRORS",
 ]
@@ -143,8 +144,9 @@ class Store:
         """Run settle.lua once (one call per slot group on a Cluster; never retried: a call
         whose reply was lost may have been applied): add what a request really cost beyond
         (or short of) its debit to ``bucket_keys``. ``args`` are as settle.lua documents them
-        (now, then one spec and difference per bucket). Returns the levels after the call, in
-        the keys' order. Raises StoreUnavailable."""
+        (now, then one spec and difference per bucket). Returns ``(level, charged)`` per key,
+        in the keys' order: the level after the call, and the units it charged a credit balance
+        (``settled_pairs``). Raises StoreUnavailable."""
         raise NotImplementedError
 
     def release(self, slot_keys, member):
@@ -206,3 +208,9 @@ class Store:
         """Return what stops this store from serving decisions (a list of sentences; empty when
         it can): unreachable, the wrong kind of Redis for this store, the script refused."""
         raise NotImplementedError
+
+
+def settled_pairs(reply):
+    """Return settle.lua's flat reply (level, charged, level, charged, ...) as a list of
+    ``(level, charged)`` pairs, one per key."""
+    return list(zip(reply[::2], reply[1::2]))

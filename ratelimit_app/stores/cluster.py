@@ -53,6 +53,7 @@ from .base import (
     SupersededRules,
     TakeReply,
     script_source,
+    settled_pairs,
     store_error,
 )
 from .redis import parse_take_reply
@@ -282,6 +283,9 @@ class ClusterStore(Store):
                                [args[0], *_bucket_args(args, indices, head=1)]))
             positions.append(indices)
         self._run(self.client, self._settle, calls)
+        for call in calls:
+            if call.reply is not None:
+                call.reply = settled_pairs(call.reply)
         return _levels_in_order(calls, positions, len(bucket_keys))
 
     # --- running script calls on their slots' masters ----------------------------------------

@@ -23,6 +23,7 @@ from .base import (
     SupersededRules,
     TakeReply,
     script_source,
+    settled_pairs,
 )
 from .connections import HeldConnections
 
@@ -169,7 +170,8 @@ class RedisStore(Store):
     def settle(self, bucket_keys, args):
         if self._settle is None:
             self._settle = self.client.register_script(script_source("settle"))
-        return self._call(self._evalsha_once, self._settle, tuple(bucket_keys), tuple(args))
+        return settled_pairs(self._call(self._evalsha_once, self._settle, tuple(bucket_keys),
+                                        tuple(args)))
 
     def _evalsha_once(self, script, keys, args):
         """Send ``script``'s EVALSHA on a held connection, as a take is sent: never retried

@@ -5,7 +5,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from ratelimit_app.admin.simulator import simulate
-from ratelimit_app.models import ApiKey, Counts, IdentityOverride, Rule
+from ratelimit_app.decision.balances import account_key
+from ratelimit_app.models import ApiKey, Counts, CreditAccount, IdentityOverride, Rule
 from tests.helpers import decide, limiter, load_demo_data
 
 pytestmark = pytest.mark.django_db
@@ -200,6 +201,24 @@ def test_redis_down_reports_the_failure_behaviour_without_raising(demo, redis_se
     assert not result.allowed  # free-user refuses requests while Redis is down
     anonymous = simulate(endpoint="api:items", ip=IP)
     assert anonymous.allowed  # every rule of an anonymous caller fails open
+
+
+def test_a_prepaid_balance_is_shown_as_the_units_it_has_left(demo, redis_client, admin_client):
+    erin = demo_key("erin")
+    result = simulate(endpoint="api:items", ip=IP, api_key=erin, now_ms=NOW_MS)
+    credits = {b.name: b for b in result.buckets}["prepaid-credits"]
+    # the trial allowance (20) and the welcome top-up (100); set from the ledger, as a first
+    # request would set it, and nothing debited
+    assert (credits.tokens, credits.short, result.allowed) == (120, False, True)
+    assert credits.describe == "prepaid credits, allowance 20 once"
+    CreditAccount.objects.filter(ref=f"key:{erin.pk}").update(spent=100, used=20)
+    redis_client.delete(account_key("rl", f"key:{erin.pk}"))  # set again from the row
+    spent = simulate(endpoint="api:items", ip=IP, api_key=erin, now_ms=NOW_MS)
+    assert not spent.allowed and spent.denied_by == ("prepaid-credits",)
+    response = admin_client.get(SIMULATOR_URL, {"api_key": erin.pk, "ip": IP,
+                                                "endpoint": "api:items", "method": "GET"})
+    html = response.content.decode()
+    assert "0 units left" in html and "refused 402, the credits ran out" in html
 
 
 # --- the admin page --------------------------------------------------------------------------

@@ -16,8 +16,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ratelimit_app.business.credits.ledger import checkpoint, client_of, top_up
+from ratelimit_app.business.usage.rollup import UsageRollup
 from ratelimit_app.decision.balances import BalanceState, account_key
-from ratelimit_app.models import ApiKey, CreditAccount, EndpointCost, Plan, Rule
+from ratelimit_app.models import (
+    ApiKey,
+    CreditAccount,
+    EndpointCost,
+    Plan,
+    Rule,
+    UsageRecord,
+)
 
 from ..helpers import limiter, use_fake_clock
 
@@ -209,6 +217,21 @@ def test_a_metered_request_is_settled_on_the_balance_down_to_its_debt(clock, red
     state = stored(ref, redis_client)
     assert state.granted - state.spent == -5  # no allowance: the prepaid units left
     assert get(raw).status_code == 402
+
+
+def test_usage_records_bill_what_the_balance_was_charged_not_what_was_reported(clock):
+    plan = Plan.objects.create(slug="billed", name="Billed", default_for_authenticated=True)
+    credits_rule(plan, debt=5)
+    EndpointCost.objects.create(endpoint="metered", cost=10, metered=True, minimum=1)
+    user = get_user_model().objects.create_user("billed")
+    api_key, raw = ApiKey.create_key(user, "billed", plan=plan)
+    credit(f"key:{api_key.pk}", 14, "payment-1")
+    assert get(raw, "/metered/?units=4").status_code == 200   # 10 held, 6 given back: 4
+    assert get(raw, "/metered/?units=90").status_code == 200  # 10 left: down to -5, 15 paid
+    limiter().flusher.flush_now()
+    UsageRollup(limiter().store.metrics_client()).run()
+    record = UsageRecord.objects.get(rule="credits")
+    assert (record.units, record.allowed) == (4 + 15, 2)
 
 
 # --- the ledger behind the balance ----------------------------------------------------------------

@@ -4,9 +4,8 @@ the 3-master Cluster, serving tests/runtime/credits_site.py. Concurrent callers 
 key's balance through both servers; the balance in Redis and the ledger in the database are
 read afterwards: a balance never goes below its debt bound, the ledger holds to the unit what
 the requests were charged, a balance Redis lost (kill -9, no persistence) is rebuilt from the
-last checkpoint, and a stream its client abandoned is charged what it produced. (Usage records
-of a request cut at the debt bound count what it reported, not what it was charged: a known
-bug, its test marked xfail.)"""
+last checkpoint, a stream its client abandoned is charged what it produced, and the usage
+records of a request cut at the debt bound bill what it was charged, not what it reported."""
 
 import concurrent.futures
 import math
@@ -206,11 +205,6 @@ def test_concurrent_callers_never_take_a_balance_below_its_debt_bound(site):
     assert site.balance(account).spent == prepaid + DEBT
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a bug: usage records count what a metered request reported, not what its settle could "
-    "charge a balance cut at its debt bound (Limiter.settle_metered records cost + extra "
-    "whatever settle.lua took), though docs/howto/prepaid-credits.md says they count the units "
-    "the credits rule charged"))
 def test_usage_records_bill_what_a_balance_cut_at_its_debt_bound_was_charged(site):
     prepaid = 15
     account = new_account(site, prepaid)

@@ -18,8 +18,9 @@ T0 = 1_700_000_000_000
 def settle(buckets, extra, now_ms=T0, store=None):
     """Settle ``extra`` tokens on ``buckets``; return the levels in tokens (as ints when whole)."""
     keys, args = settle_args(buckets, extra, now_ms=now_ms)
-    levels = (store or limiter().store).settle(keys, args)
-    return [level / bucket.period_ms for bucket, level in zip(buckets, levels)]
+    reply = (store or limiter().store).settle(keys, args)
+    assert all(charged == 0 for _, charged in reply)  # only a credit balance is charged
+    return [level / bucket.period_ms for bucket, (level, _) in zip(buckets, reply)]
 
 
 def level_of(redis_client, bucket):

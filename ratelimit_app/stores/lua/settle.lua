@@ -26,8 +26,10 @@
 -- Concurrency limits (mode 5, 6) and gates (mode 2) are not settled: their units are not costs.
 --
 -- Not idempotent: a settle is sent once and never retried (a lost reply may have applied it).
--- Returns the levels after the call, in the order of KEYS (take.lua's units; a calendar quota's
--- N - used, plus NEXT_PERIOD in the next period; an unsettled bucket's level is its capacity).
+-- Returns two numbers per key, in the order of KEYS: the level after the call (take.lua's units;
+-- a calendar quota's N - used, plus NEXT_PERIOD in the next period; an unsettled bucket's level
+-- is its capacity), then the units the call charged a credit balance (its change after the
+-- bounds: what the ledger bills; 0 for a missing balance and for every other bucket).
 
 local HEADER, RECORD, SLACK_MS = 8, 28, 1000
 local CALENDAR, NEXT_PERIOD = -1, 4503599627370496
@@ -43,13 +45,13 @@ end
 -- per key: its value, the expiry it holds (0: absent), and, once a record in it changed, the
 -- time the key must live until
 local values, expiries, needs = {}, {}, {}
-local levels = {}
+local reply = {}
 for i = 1, n do
   local key, arg = KEYS[i], ARGV[i + 1]
   local spec_size = #arg - 16
   local delta, debt = unpack_('<i8i8', arg, spec_size + 1)
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', arg)
-  local level = capacity
+  local level, charged = capacity, 0
   if mode > 6 then
     local value = call('GET', key)
     if value and #value == 40 then
@@ -66,7 +68,7 @@ for i = 1, n do
       local over, after = used - capacity, used + change - capacity
       if over < 0 then over = 0 end
       if after < 0 then after = 0 end
-      used, spent = used + change, spent + after - over
+      used, spent, charged = used + change, spent + after - over, change
       call('SET', key, pack('<i8i8i8i8i8', granted, spent, used, start, seq + 1))
       free = capacity - used
       if free < 0 then free = 0 end
@@ -136,7 +138,7 @@ for i = 1, n do
       if not needs[key] or need > needs[key] then needs[key] = need end
     end
   end
-  levels[i] = level
+  reply[2 * i - 1], reply[2 * i] = level, charged
 end
 
 for key, need in pairs(needs) do
@@ -149,4 +151,4 @@ for key, need in pairs(needs) do
     call('SET', key, values[key], 'KEEPTTL')
   end
 end
-return levels
+return reply
