@@ -24,7 +24,8 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/make"), reason="needs make")
+pytestmark = [pytest.mark.skipif(not os.path.exists("/usr/bin/make"), reason="needs make"),
+              pytest.mark.deployment]
 TRAFFIC_REQUESTS = 80  # the demo's traffic: enough for dana's streams to cross AI Studio's alerts
 
 

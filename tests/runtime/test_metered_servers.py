@@ -23,7 +23,7 @@ from ..asgi_server import Gunicorn, Uvicorn, get
 from ..helpers import poll_until, server_store
 from ..config.test_reload_live import stop_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 
 ROOT = Path(__file__).resolve().parents[2]
 ESTIMATE, MINIMUM = 10, 1

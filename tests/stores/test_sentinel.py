@@ -105,6 +105,7 @@ def test_a_call_answered_readonly_is_sent_again_to_the_master(sentinel_limiter, 
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_manual_failover_moves_decisions_to_the_new_master_within_a_second(
         sentinel_limiter, redis_sentinel):
     """SENTINEL FAILOVER leaves the old master running and writable for seconds after the
@@ -142,6 +143,7 @@ def test_manual_failover_moves_decisions_to_the_new_master_within_a_second(
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_kill_9_of_the_master_under_load_no_5xx_and_service_within_10s_of_promotion(
         sentinel_limiter, redis_sentinel):
     load_demo_data()
@@ -196,6 +198,7 @@ def sentinel_env(tmp_path, redis_sentinel, sentinel_limiter, database_env):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_admin_edit_after_a_failover_that_lost_the_last_version_applies_within_a_second(
         sentinel_env, sentinel_limiter, redis_sentinel):
     worker = Worker(sentinel_env)
