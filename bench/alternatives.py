@@ -16,6 +16,7 @@ from rest_framework.throttling import UserRateThrottle
 
 from ratelimit_app.decision import engine
 from ratelimit_app.decision.headers import apply_headers
+from ratelimit_app.decision.meter import Meter
 from ratelimit_app.runtime import guard
 from ratelimit_app.runtime.limiter import default_limiter
 
@@ -43,17 +44,28 @@ def ours(user, path="/item/", ip="10.1.2.3"):
 
 
 def ours_settle(user, extra, path="/item/", ip="10.1.2.3"):
-    """``Limiter.settle`` of a metered request on the buckets ``ours`` charges (4 levels):
-    ``extra`` tokens more than its estimate, then as many fewer, alternately (the levels stay
-    where they are); ``extra`` 0: the estimate was right, and no call is made. (Its count in the
-    metrics is not added: its decision then made none.)"""
+    """The settle of a metered request on the buckets ``ours`` charges (4 levels), as
+    ``Limiter.settle_metered`` runs it after the response: its meter closed, then settle.lua
+    for ``extra`` tokens more than its estimate, then as many fewer, alternately (the levels
+    stay where they are); ``extra`` 0: the estimate was right, and no call is made. (Not its
+    count in the metrics: that is the decision's own count, which a metered decision defers to
+    its settle.)"""
     request = django_request(path, ip, user)
     decision = guard.decide(request, user)
     limiter = default_limiter()
-    buckets = engine.settled_buckets(engine.plan_buckets(
-        limiter.snapshot(), decision.identity, decision.endpoint, decision.cost))
-    differences = itertools.cycle((extra, -extra))
-    return lambda: limiter.settle(buckets, next(differences))
+    buckets = tuple(engine.settled_buckets(engine.plan_buckets(
+        limiter.snapshot(), decision.identity, decision.endpoint, decision.cost)))
+    # admitted for ``extra`` (what the buckets hold is not the point), reporting twice that
+    # or nothing: settles of +extra and -extra
+    reports = itertools.cycle((2 * extra, 0))
+
+    def settle():
+        meter = Meter(buckets, extra, 0)
+        meter.add(next(reports))
+        difference = meter.close()
+        if difference:
+            limiter.settle_units(buckets, difference)
+    return settle
 
 
 def floor(client_id="floor-client", levels=naive.LEVELS):

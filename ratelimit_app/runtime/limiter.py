@@ -375,7 +375,7 @@ class Limiter:
         store could not be told (logged; the request then stays charged its admission debit).
         ``now_ms`` is for tests only."""
         settled = engine.settled_buckets(buckets) if extra else ()
-        reply = self._settle_reply(settled, extra, now_ms) if settled else None
+        reply = self.settle_units(settled, extra, now_ms) if settled else None
         return None if reply is None else _statuses_at(settled, [level for level, _ in reply])
 
     def settle_metered(self, decision):
@@ -387,7 +387,7 @@ class Limiter:
         extra = meter.close()
         if extra is None:
             return
-        reply = self._settle_reply(meter.buckets, extra) if extra else None
+        reply = self.settle_units(meter.buckets, extra) if extra else None
         self.record(settled_decision(decision, meter, extra, reply))
         if reply is not None and meter.alerts and extra > 0:
             # every bucket took ``extra``: none is short of it (a bucket emptied, or in debt,
@@ -401,7 +401,7 @@ class Limiter:
         return await sync_to_async(self.settle, thread_sensitive=False)(
             buckets, extra, now_ms=now_ms)
 
-    def _settle_reply(self, settled, extra, now_ms=None):
+    def settle_units(self, settled, extra, now_ms=None):
         """settle.lua on ``settled`` (buckets ``engine.settled_buckets`` kept); return its
         ``(level, charged)`` per bucket (Store.settle), or None when the store could not be
         told (logged)."""
