@@ -16,6 +16,8 @@ awaited on an asyncio client (``Limiter.adecide``) instead of holding a thread. 
 the sync path's, in the same order.
 """
 
+import logging
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
 from .conf import ensure_installed, exempt_path_prefixes, get_config
@@ -41,8 +43,11 @@ from .runtime.guard import (  # noqa: E402
     finish_after_response,
     finish_now,
 )
+from .runtime.limiter import default_limiter  # noqa: E402
 
 __all__ = ["QuotaMiddleware"]
+
+logger = logging.getLogger("ratelimit_app")
 
 
 def _is_drf_view(view_func):
@@ -108,12 +113,24 @@ def _loaded(user):
     return user
 
 
+def _start_watching():
+    """Have this process watch the config from now, when a server loads its handler, rather
+    than from its first limited request: an edit made outside the app while the worker is idle
+    is then noticed and recorded too (a failure here is logged; the first request tries
+    again)."""
+    try:
+        default_limiter().start_watching()
+    except Exception:
+        logger.exception("ratelimit_app: could not start watching the quota configuration")
+
+
 class QuotaMiddleware:
     sync_capable = True
     async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        _start_watching()
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)

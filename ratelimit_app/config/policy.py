@@ -22,6 +22,7 @@ compiled ahead and swapped in at the moment (``PolicyCache``).
 """
 import logging
 import math
+import os
 import threading
 import time
 
@@ -170,6 +171,13 @@ class PolicyCache:
         """True while the watcher thread runs (False without ``in_threads``)."""
         return self._watcher is not None and self._watcher.running
 
+    def start_watching(self):
+        """Start the watcher now (no-op without ``in_threads``): its first round compiles the
+        rules, so a worker watches for edits, outside ones included, from the moment it is
+        loaded rather than from its first request, which then finds the rules compiled."""
+        if self._watcher is not None:
+            self._watcher.wake()
+
     def close(self):
         """Stop the watcher thread, if it runs."""
         if self._watcher is not None:
@@ -315,7 +323,10 @@ class PolicyCache:
         """One round of the watcher: poll the version, reload, switch at a dated moment,
         compile the next moment's snapshot, compare the rows (each when due)."""
         snapshot = self.snapshot
-        if snapshot is None:
+        if snapshot is None:  # started before any request (start_watching): compile first
+            snapshot = self.get()
+            logger.info("ratelimit_app: process %d watches the quota configuration from "
+                        "version %s", os.getpid(), snapshot.version)
             return
         try:
             version = self._poll_store()

@@ -193,6 +193,11 @@ class Limiter:
         config = get_config()
         return cls(config, build_store(config), clock, metrics_autostart=metrics_autostart)
 
+    def start_watching(self):
+        """Start watching the config now rather than at the first decision (what a server's
+        middleware does when it is loaded): see PolicyCache.start_watching."""
+        self.policies.start_watching()
+
     def close(self):
         """Stop this Limiter's background threads and close the connections its store opened
         itself."""

@@ -382,8 +382,7 @@ def test_a_dated_override_switches_at_its_moments(deployment, busy):
 # --- a change without a signal -----------------------------------------------------------------
 
 def test_an_outside_change_is_found_without_traffic_and_recorded_once(deployment):
-    # every worker has served (a worker's watcher starts with its first decision), whichever
-    # test of the module ran before this one
+    # every worker on the stored version, whichever test of the module ran before this one
     converge(deployment, [], version=deployment.stored_version() or "0")
     # a dated override ahead: the rules have a moment to switch at
     python(["-c", OVERRIDE, "3600", "60"], deployment.env)
@@ -411,6 +410,38 @@ def test_an_outside_change_is_found_without_traffic_and_recorded_once(deployment
     [change] = entries[0]["diff"]
     assert (change["action"], change["label"], change["fields"]) == \
         ("change", "rule “live-ip”", {"burst": [changed["burst"] - 1, changed["burst"]]})
+
+
+WATCHING = re.compile(r"process (\d+) watches the quota configuration")
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_an_outside_change_is_found_by_workers_that_never_served(kind, tmp_path, redis_server,
+                                                                  database_env):
+    # a server of its own: the module's has served requests in other tests
+    server_class, workers = SERVERS[kind]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.config.propagation_settings",
+           "RELOAD_INTERVAL_S": str(RELOAD_INTERVAL_S), **database_env(tmp_path),
+           "REDIS_URL": redis_server.url, "DJANGO_DEBUG": "0", "RATELIMIT_LOG_LEVEL": "INFO"}
+    python(["manage.py", "migrate", "--verbosity", "0"], env)
+    python(["-c", SETUP], env)
+    python(["-c", OVERRIDE, "3600", "60"], env)  # dated rows present
+    server = server_class(env, tmp_path, workers=workers).start()  # polls /health/: exempt
+    try:
+        # every worker compiled its rules and watches, without a limited request
+        poll_until(lambda: len(set(WATCHING.findall(server.log()))) == workers, 15,
+                   f"{workers} workers watching:\n{server.log()}")
+        version = (redis_server.client().get(VERSION_KEY) or b"").decode()
+        changed = json.loads(python(["-c", OUTSIDE_UPDATE], env))
+        poll_until(lambda: (redis_server.client().get(VERSION_KEY) or b"").decode() != version,
+                   changed["at"] + RELOAD_INTERVAL_S + 1.0 - time.time(),
+                   f"a new config version within {RELOAD_INTERVAL_S} s + 1 s of the update")
+        entries = json.loads(python(["-c", AUDIT_ENTRIES, str(changed["last_entry"])], env))
+        assert [e["source"] for e in entries] == ["outside"]  # recorded once
+        assert entries[0]["diff"][0]["fields"] == \
+            {"burst": [changed["burst"] - 1, changed["burst"]]}
+    finally:
+        stop_server(server)
 
 
 # --- edits while the client is refused (last: it leaves live-ip starved) -----------------------
