@@ -5,10 +5,12 @@ session's real 3-master Redis Cluster."""
 import threading
 
 import pytest
+import redis
 
 from ratelimit_app.decision.buckets import read_state
 from ratelimit_app.decision.engine import settle_args, take_args
 from ratelimit_app.stores.cluster import ClusterStore, key_slot
+from ratelimit_app.stores.redis import encode_evalsha
 
 from ..helpers import limiter, make_bucket, make_rule, take
 
@@ -137,3 +139,10 @@ def test_a_settle_on_a_cluster_reaches_every_slot_group(cluster_store, redis_clu
     assert settle(buckets, -20, store=cluster_store) == [10, 10, 10]
     client = redis_cluster.client()
     assert [level_of(client, b) for b in buckets] == [10, 10, 10]
+
+
+def test_the_settle_command_is_encoded_as_redis_py_would_send_it():
+    keys = ["rl:{user:7}:u", "rl:{user:7}:credits"]
+    args = [b"", b"\x00\x01\r\n$*", 1_700_000_000_000, b"x" * 70_000]
+    packed = redis.Connection().pack_command("EVALSHA", "a" * 40, len(keys), *keys, *args)
+    assert encode_evalsha("a" * 40, keys, args) == b"".join(packed)
