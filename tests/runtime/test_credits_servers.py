@@ -22,9 +22,8 @@ import pytest
 from ratelimit_app.decision.balances import BalanceState, account_key
 
 from ..asgi_server import Gunicorn, Uvicorn, get
-from ..config.test_reload_live import stop_server
+from ..config.test_reload_live import python, stop_server
 from ..helpers import poll_until, server_store
-from .test_metered_servers import python
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,7 @@ import concurrent.futures
 import os
 import random
 import socket
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -20,12 +17,11 @@ from ratelimit_app.decision.buckets import read_state
 from ratelimit_app.decision.keys import bucket_key
 
 from ..asgi_server import Gunicorn, Uvicorn, get
+from ..config.test_reload_live import python, stop_server
 from ..helpers import poll_until, server_store
-from ..config.test_reload_live import stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 
-ROOT = Path(__file__).resolve().parents[2]
 ESTIMATE, MINIMUM = 10, 1
 PERIOD_MS = 3_600_000  # 1 token an hour: no refill worth a token during a test
 CHUNK_UNITS = 5        # metered_site.CHUNK_UNITS
@@ -87,13 +83,6 @@ class Site:
         """The bucket's tokens, as stored (below 0 in debt); None while no key holds it (full)."""
         state = read_state(self.store_client.get(GLOBAL_KEY), self.rule_id)
         return None if state is None else state[0] // PERIOD_MS
-
-
-def python(args, env):
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 DEPLOYMENTS = [("gunicorn", "redis"), ("gunicorn", "cluster"), ("uvicorn", "redis"),
