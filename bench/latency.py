@@ -17,18 +17,20 @@ slower to drain, fell behind the rate. ``h2load --rps`` paces its clients the sa
 not reopen the connections gunicorn's sync workers close.
 
 The figure that matters is the p99 a throttle adds over the no-throttle server of the same
-kind; ours is compared with the bare 4-key Lua throttle's. One more WSGI row (not a target):
-ours' server again while this process writes a new config version every second naming the rule
-table, as an operator's save of a rule does; each worker then compiles the bench's rules again
-each second (see docs/howto/apply-edits.md, "Where the reload runs").
+kind; ours is compared with the bare 4-key Lua throttle's. One more WSGI row, with a target of
+its own: ours' server again while another process saves a rule every second, as an operator in
+the admin does; each worker then reads that rule again (see docs/howto/apply-edits.md, "What an
+edit costs"). Its added p99 is held to the same bound over the bare Lua throttle's (without
+edits: the bare throttle has no configuration to edit).
 """
 
 import contextlib
-import threading
+import subprocess
+import sys
 
 from . import servers
 from .fixed_rate import run_fixed_rate
-from .harness import table, verdict
+from .harness import ROOT, table, verdict
 
 LOAD_SHARE = 0.5  # of the capacity of the slowest variant of the server kind
 KINDS = {  # kind -> (server names by variant, path, label)
@@ -41,6 +43,7 @@ VARIANT_LABELS = {"none": "no throttle", "lua": "bare 4-key Lua throttle", "ours
                   "ours-edits": "ours, a config edit every second"}
 # the row of ours under edits: its server, and the seconds between two new config versions
 EDITS_RUN, EDITS_SERVER, EDIT_EVERY_S = "ours-edits", "ours", 1.0
+EDITED_RULE = "noise-0"  # a rule of another plan: every measured request stays allowed
 P99_ADDED_LIMIT = 1.1  # ours' added p99 over the bare Lua throttle's (issue 19)
 
 
@@ -67,26 +70,29 @@ def percentile(values, share):
 
 
 @contextlib.contextmanager
-def config_edits(every_s, parts=("rule",)):
-    """Write a new config version every ``every_s`` seconds while the block runs, naming the
-    tables ``parts`` as changed (what the admin's save of a rule does on commit; None: unknown,
-    every table compiled again, as after ``ratelimit reload``); yield a list that ends up
-    holding how many were written."""
-    from ratelimit_app.runtime.limiter import default_limiter
+def config_edits(every_s):
+    """Save a rule about every ``every_s`` seconds while the block runs, as an operator's save
+    in the admin does (a noise rule, its rate toggled by one: the version each commit publishes
+    names that row, and each worker reads it alone); yield a list that ends up holding how
+    many were saved.
 
-    limiter, stop, written = default_limiter(), threading.Event(), [0]
-
-    def edit():
-        while not stop.wait(every_s):
-            limiter.bump_config_version(parts)
-            written[0] += 1
-    thread = threading.Thread(target=edit, name="bench-config-edits", daemon=True)
-    thread.start()
+    The saves run in an editor process of their own (bench/propagation.py's): a save takes a
+    few hundred ms of CPU (the audit trail exports the whole configuration), which, in this
+    process, would hold the GIL from the load generator's threads and be measured as the
+    servers' latency."""
+    editor = subprocess.Popen(
+        [sys.executable, "-m", "bench.propagation", "--edit", EDITED_RULE,
+         "--count", "1000000", "--every-s", str(every_s)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    written = [0]
     try:
         yield written
     finally:
-        stop.set()
-        thread.join(10)
+        editor.terminate()
+        output, errors = editor.communicate(timeout=30)
+        written[0] = sum(1 for line in output.splitlines() if line.strip())
+    if not written[0]:  # a row "with edits" measured without any would pass for what it is not
+        raise RuntimeError(f"the editor saved nothing:\n{errors[-2000:]}")
 
 
 def settle_after_edits(running, rates, seconds=2):
@@ -160,6 +166,14 @@ def run(env, quick):
         if kind == "wsgi":
             rows.append(_edits_row(label, rates[kind], times, failed, late, p["none"][0.99],
                                    results, ratios, edits))
+            edits_added = results[EDITS_RUN]["p99_added_ms"]
+            edits_ratio = edits_added / lua_added if lua_added > 0 else \
+                (0.0 if edits_added <= 0 else float("inf"))
+            ratios["latency.p99_added_vs_bare_lua.wsgi_with_edits"] = edits_ratio
+            targets.append((f"3. latency WSGI, a rule saved every second: ours' added p99 ≤ "
+                            f"{P99_ADDED_LIMIT}× the bare Lua throttle's (without edits)",
+                            f"{edits_ratio:.2f}× ({edits_added:+.2f} vs {lua_added:+.2f} ms)",
+                            verdict(edits_ratio <= P99_ADDED_LIMIT)))
         targets.append((f"3. latency {kind.upper()}: ours' added p99 ≤ {P99_ADDED_LIMIT}× the "
                         f"bare Lua throttle's (over no throttle, {rates[kind]} req/s)",
                         f"{ratio:.2f}× ({ours_added:+.2f} vs {lua_added:+.2f} ms)",
@@ -174,7 +188,7 @@ def run(env, quick):
 
 
 def _edits_row(label, rate, times, failed, late, none_p99, results, ratios, edits):
-    """The table row of ours under edits (and its results and ratios, not a target)."""
+    """The table row of ours under edits (and its results and ratios)."""
     name = EDITS_RUN
     p = {share: percentile(times[name], share) for share in (0.5, 0.99, 0.999)}
     added = p[0.99] - none_p99

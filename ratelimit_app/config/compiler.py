@@ -1,18 +1,23 @@
 """Rows → a Snapshot: which rows are read (the snapshot's parts, one per model), how they are
 read (paced, off the request path), and what a compile after an edit reads again.
 
-An edit's compile reads only the parts the versions since changed (``parts_to_read``); the
-dated parts are read again too once one of their moments has passed.
+An edit's compile reads only what the versions since changed (``parts_to_read``): the rows they
+named, patched into the parts of the snapshot held (``changes.py``), or a whole table when they
+named it; the dated parts are read whole once one of their moments has passed.
 """
+import bisect
 import math
+import operator
 import time
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from .changes import by_table
 from .snapshot import ApiKeyEntry, CompiledRule, OverrideEntry, Snapshot
 
 __all__ = ["compile_snapshot", "config_models", "parts_to_read", "pause", "PARTS", "DATED_PARTS",
-           "FINGERPRINT_CHUNK_ROWS", "RELOAD_PAUSE_S"]
+           "ROW_PARTS", "RowIndex", "FINGERPRINT_CHUNK_ROWS", "RELOAD_PAUSE_S"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -30,12 +35,47 @@ def _alert_thresholds(rule, parse):
         return ()
 
 
-def _next_change(rows, now):
-    """Return the earliest start or end after the datetime ``now`` among ``rows`` (epoch s),
-    or ``math.inf`` when none lies ahead."""
-    moments = [moment for row in rows for moment in (row.starts_at, row.ends_at)
-               if moment is not None and moment > now]
+def _next_change(dates, now):
+    """Return the earliest start or end after the datetime ``now`` among ``dates`` ((start,
+    end) pairs, either None), as epoch s, or ``math.inf`` when none lies ahead."""
+    moments = [moment for pair in dates for moment in pair if moment is not None and moment > now]
     return min(moments).timestamp() if moments else math.inf
+
+
+def _dates(row):
+    return row.starts_at, row.ends_at
+
+
+@dataclass(frozen=True, slots=True)
+class RowIndex:
+    """What a compile of a few rows of a part needs to know of the part's other rows, which it
+    does not read again: ``entries``, each row's entry in the part by row id (its key in the
+    part's mapping, or the row itself where several rows make one entry), and ``dated``, the
+    (start, end) of each row that has either. Immutable, like the snapshot that holds it."""
+
+    entries: dict
+    dated: dict
+
+    @classmethod
+    def of(cls, rows, entry, dated=lambda row: True):
+        """Index ``rows``: ``entry(row)`` for each; the dates of those ``dated(row)`` keeps."""
+        return cls({row.id: entry(row) for row in rows},
+                   {row.id: _dates(row) for row in rows
+                    if dated(row) and (row.starts_at is not None or row.ends_at is not None)})
+
+    def patched(self, ids, fresh):
+        """Return the index with the rows ``ids`` replaced by ``fresh`` (a RowIndex of those
+        of them that still exist); a deleted row drops out."""
+        entries, dated = dict(self.entries), dict(self.dated)
+        for row_id in ids:
+            entries.pop(row_id, None)
+            dated.pop(row_id, None)
+        entries.update(fresh.entries)
+        dated.update(fresh.dated)
+        return RowIndex(entries, dated)
+
+    def next_change(self, moment):
+        return _next_change(self.dated.values(), moment)
 
 
 def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None):
@@ -46,9 +86,10 @@ def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None)
     (a thread's), it sleeps that long after every ``FINGERPRINT_CHUNK_ROWS`` rows it builds,
     for the reason ``config_fingerprint`` does (the GIL; see ``_paced``).
 
-    With ``base`` (a snapshot compiled earlier) and ``changed`` (the model names of the tables
-    changed since, ``parts_to_read``), only the parts those tables feed are read again, the
-    others are taken from ``base``: an edit of one rule reads the rules, not every API key.
+    With ``base`` (a snapshot compiled earlier) and ``changed`` (what changed since, as the
+    versions record it: model names and rows, see ``changes.py``), only what changed is read:
+    the rows named are read and patched into ``base``'s parts, the tables named are read whole,
+    and the other parts are taken from ``base``. An edit of one rule reads that rule alone.
 
     The reads run in an atomic block of their own: inside a caller's transaction (a view under
     ATOMIC_REQUESTS, a management command) that is a savepoint, so a failed read (a table being
@@ -66,7 +107,9 @@ def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None)
 
 # A snapshot's parts, named after the model whose rows each is compiled from, with the Snapshot
 # fields each fills. Every part reads plan slugs (``plan__slug``), so a change of plans reads
-# them all; the dated parts are read again too once one of their moments has passed.
+# them all; the dated parts are read again too once one of their moments has passed. The parts
+# of ROW_PARTS can be patched with a few rows (the others are small tables, read whole: a row
+# per plan, or per priced endpoint).
 PARTS = {
     "plan": ("plans", "default_authenticated_plan", "default_anonymous_plan"),
     "rule": ("rules", "failed_auth_rules", "has_alerts", "_rules_for"),
@@ -76,18 +119,31 @@ PARTS = {
     "endpointcost": ("costs", "metering"),
 }
 DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
+ROW_PARTS = frozenset({"rule", "planassignment", "apikey", "identityoverride"})
 
 
 def parts_to_read(base, changed, at):
-    """Return the parts (PARTS' names) a compile at ``at`` (epoch s) must read: every one
-    without a ``base`` or a known ``changed`` set of model names, else those ``changed`` feeds,
-    with the dated parts when one of ``base``'s moments passed before ``at``."""
-    if base is None or changed is None or "plan" in changed:
-        return frozenset(PARTS)
-    parts = frozenset(changed) & frozenset(PARTS)
+    """Return what a compile at ``at`` (epoch s) must read: ``{part: None}`` to read a part
+    (PARTS' names) whole, ``{part: frozenset of row ids}`` to read those rows and patch them
+    into ``base``'s part. Every part whole without a ``base`` or a known ``changed`` (see
+    compile_snapshot), or when a plan changed; the dated parts whole when one of ``base``'s
+    moments passed before ``at``."""
+    if base is None or changed is None:
+        return dict.fromkeys(PARTS)
+    tables = by_table(changed)
+    if "plan" in tables:
+        return dict.fromkeys(PARTS)
+    parts = {part: rows if _patchable(base, part) else None
+             for part, rows in tables.items() if part in PARTS}
     if base.next_change_at <= at:
-        parts |= DATED_PARTS
+        parts.update(dict.fromkeys(DATED_PARTS))
     return parts
+
+
+def _patchable(base, part):
+    """True when rows can be patched into ``base``'s ``part``: the rules, and the parts whose
+    RowIndex ``base`` holds (a snapshot compile_snapshot made)."""
+    return part == "rule" or (part in ROW_PARTS and part in base.part_rows)
 
 
 def _paced(queryset, pause_s):
@@ -125,18 +181,28 @@ def _rows(queryset, *fields, pause_s=0.0):
 
 def _read_snapshot(version, at, parts, base, pause_s):
     moment = datetime.fromtimestamp(at, tz=timezone.utc)
-    fields, part_moments = {}, {}
+    fields, part_moments, part_rows = {}, {}, {}
     for part, names in PARTS.items():
-        if part in parts:
-            read, next_moment = _PART_READERS[part](moment, pause_s)
-            fields.update(read)
-            if next_moment != math.inf:
-                part_moments[part] = next_moment
-        else:
+        if part not in parts:
             fields.update((name, getattr(base, name)) for name in names)
             if part in base.part_moments:
                 part_moments[part] = base.part_moments[part]
+            if part in base.part_rows:
+                part_rows[part] = base.part_rows[part]
+            continue
+        ids = parts[part]
+        if ids is None:
+            read, index = _PART_READERS[part](moment, pause_s)
+        else:
+            read, index = _PART_PATCHERS[part](base, ids, moment)
+        fields.update(read)
+        if index is not None:
+            part_rows[part] = index
+            next_moment = index.next_change(moment)
+            if next_moment != math.inf:
+                part_moments[part] = next_moment
     return Snapshot(version=version, compiled_at=at, part_moments=part_moments,
+                    part_rows=part_rows,
                     next_change_at=min(part_moments.values(), default=math.inf), **fields)
 
 
@@ -150,14 +216,21 @@ def _read_plans(moment, pause_s):
         "default_authenticated_plan": next((p.slug for p in plans
                                             if p.default_for_authenticated), None),
         "default_anonymous_plan": next((p.slug for p in plans if p.default_for_anonymous), None),
-    }, math.inf
+    }, None
 
 
-def _read_rules(moment, pause_s):
-    from .models import Counts, FailureMode, Kind, Mode, Rule, parse_alert_thresholds
+_RULE_FIELDS = ("id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s", "burst",
+                "mode", "on_redis_failure", "counts", "lease", "calendar_period", "kind",
+                "alert_thresholds", "debt")
+_by_id = operator.attrgetter("id")
+
+
+def _compiled_rules(queryset, pause_s=0.0):
+    """Return the enabled rules of ``queryset`` as CompiledRules."""
+    from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds
 
     fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
-    rules = tuple(
+    return [
         CompiledRule(
             id=r.id, name=r.name, scope=r.scope, plan=r.plan__slug,
             endpoint=r.endpoint, rate=r.rate, period_s=r.period_s, burst=r.burst,
@@ -172,11 +245,12 @@ def _read_rules(moment, pause_s):
             credits=r.kind == Kind.CREDITS,
             refill=r.calendar_period if r.kind == Kind.CREDITS else "",
         )
-        for r in _rows(Rule.objects.filter(enabled=True).order_by("id"),
-                       "id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s",
-                       "burst", "mode", "on_redis_failure", "counts", "lease", "calendar_period",
-                       "kind", "alert_thresholds", "debt", pause_s=pause_s)
-    )
+        for r in _rows(queryset.filter(enabled=True), *_RULE_FIELDS, pause_s=pause_s)
+    ]
+
+
+def _rule_fields(rules):
+    """The Snapshot fields of ``rules`` (a tuple ordered by id)."""
     return {
         "rules": rules,
         "failed_auth_rules": tuple(r for r in rules if r.failed_auth),
@@ -184,42 +258,114 @@ def _read_rules(moment, pause_s):
         # request path's, see business/credits/alerts.py)
         "has_alerts": any(r.alerts and not r.credits for r in rules),
         "_rules_for": {},  # the memo of rules_for starts afresh with new rules
-    }, math.inf
+    }
+
+
+# (the rules need no RowIndex: a rule is its own entry, found in ``base.rules`` by its id)
+def _read_rules(moment, pause_s):
+    from .models import Rule
+
+    return _rule_fields(tuple(_compiled_rules(Rule.objects.order_by("id"), pause_s))), None
+
+
+def _patch_rules(base, ids, moment):
+    from .models import Rule
+
+    rules = [rule for rule in base.rules if rule.id not in ids]
+    for rule in _compiled_rules(Rule.objects.filter(id__in=ids)):
+        bisect.insort(rules, rule, key=_by_id)  # (a few rows: quicker than a merge)
+    return _rule_fields(tuple(rules)), None
+
+
+_ASSIGNMENT_FIELDS = ("id", "user_id", "plan__slug", "tenant", "starts_at", "ends_at")
+
+
+def _assignment_user(row):
+    return str(row.user_id)
+
+
+def _active_assignments(rows, moment):
+    from .models import active_at
+
+    return {_assignment_user(a): (a.plan__slug, a.tenant)
+            for a in rows if active_at(a.starts_at, a.ends_at, moment)}
 
 
 def _read_assignments(moment, pause_s):
-    from .models import PlanAssignment, active_at
+    from .models import PlanAssignment
 
-    rows = _rows(PlanAssignment.objects.all(), "user_id", "plan__slug", "tenant", "starts_at",
-                 "ends_at", pause_s=pause_s)
-    assignments = {str(a.user_id): (a.plan__slug, a.tenant)
-                   for a in rows if active_at(a.starts_at, a.ends_at, moment)}
-    return {"assignments": assignments}, _next_change(rows, moment)
+    rows = _rows(PlanAssignment.objects.all(), *_ASSIGNMENT_FIELDS, pause_s=pause_s)
+    return ({"assignments": _active_assignments(rows, moment)},
+            RowIndex.of(rows, _assignment_user))
 
 
-def _read_api_keys(moment, pause_s):
-    from .models import ApiKey, active_at
+def _patch_assignments(base, ids, moment):
+    from .models import PlanAssignment
 
-    rows = _rows(ApiKey.objects.filter(active=True), "id", "digest", "prefix", "user_id",
-                 "plan_id", "plan__slug", "tenant", "starts_at", "ends_at", pause_s=pause_s)
+    rows = _rows(PlanAssignment.objects.filter(id__in=ids), *_ASSIGNMENT_FIELDS)
+    index = base.part_rows["planassignment"]
+    assignments = _without(base.assignments, index, ids)
+    assignments.update(_active_assignments(rows, moment))
+    return {"assignments": assignments}, index.patched(ids, RowIndex.of(rows, _assignment_user))
+
+
+def _without(mapping, index, ids):
+    """Return a copy of a part's ``mapping`` without the entries the rows ``ids`` made."""
+    mapping = dict(mapping)
+    for row_id in ids:
+        mapping.pop(index.entries.get(row_id), None)
+    return mapping
+
+
+_API_KEY_FIELDS = ("id", "digest", "prefix", "user_id", "plan_id", "plan__slug", "tenant",
+                   "starts_at", "ends_at")
+_digest_of = operator.attrgetter("digest")
+
+
+def _api_key_entries(rows, moment):
+    from .models import active_at
+
     # a key's plan outside its dates is None: the key is on its user's plan meanwhile
-    api_keys = {
+    return {
         k.digest: ApiKeyEntry(k.id, k.prefix, str(k.user_id),
                               k.plan__slug if k.plan_id and active_at(k.starts_at, k.ends_at,
                                                                       moment) else None,
                               k.tenant)
         for k in rows
     }
-    return {"api_keys": api_keys}, _next_change([k for k in rows if k.plan_id], moment)
 
 
-def _read_overrides(moment, pause_s):
+def _api_key_index(rows):
+    # only a key's plan has dates: a key without a plan changes nothing at them
+    return RowIndex.of(rows, _digest_of, dated=operator.attrgetter("plan_id"))
+
+
+def _read_api_keys(moment, pause_s):
+    from .models import ApiKey
+
+    rows = _rows(ApiKey.objects.filter(active=True), *_API_KEY_FIELDS, pause_s=pause_s)
+    return {"api_keys": _api_key_entries(rows, moment)}, _api_key_index(rows)
+
+
+def _patch_api_keys(base, ids, moment):
+    from .models import ApiKey
+
+    rows = _rows(ApiKey.objects.filter(active=True, id__in=ids), *_API_KEY_FIELDS)
+    index = base.part_rows["apikey"]
+    api_keys = _without(base.api_keys, index, ids)
+    api_keys.update(_api_key_entries(rows, moment))
+    return {"api_keys": api_keys}, index.patched(ids, _api_key_index(rows))
+
+
+_OVERRIDE_FIELDS = ("id", "user_id", "api_key_id", "ip", "exempt", "rule_id", "rate",
+                    "period_s", "burst", "starts_at", "ends_at")
+
+
+def _active_overrides(rows, moment):
+    """Return the overrides of ``rows`` (ordered by id) active at ``moment``, by identity."""
     from ..decision.identity import limited_ip
-    from .models import IdentityOverride, active_at
+    from .models import active_at
 
-    rows = _rows(IdentityOverride.objects.order_by("id"), "user_id", "api_key_id", "ip",
-                 "exempt", "rule_id", "rate", "period_s", "burst", "starts_at", "ends_at",
-                 pause_s=pause_s)
     overrides = {}
     # the dated ones after the permanent ones: the engine applies them in order, the last wins
     active = sorted((o for o in rows if active_at(o.starts_at, o.ends_at, moment)),
@@ -233,8 +379,25 @@ def _read_overrides(moment, pause_s):
             who = ("ip", limited_ip(o.ip))  # as identify() sees it: an IPv6 client is its /64
         overrides.setdefault(who, []).append(
             OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
-    return {"overrides": {k: tuple(v) for k, v in overrides.items()}}, \
-        _next_change(rows, moment)
+    return {k: tuple(v) for k, v in overrides.items()}
+
+
+# (several overrides may make one identity's entry, in an order: the index keeps the rows
+# themselves, few beside the other tables, and a patch builds the overrides from them again)
+def _read_overrides(moment, pause_s):
+    from .models import IdentityOverride
+
+    rows = _rows(IdentityOverride.objects.order_by("id"), *_OVERRIDE_FIELDS, pause_s=pause_s)
+    return {"overrides": _active_overrides(rows, moment)}, RowIndex.of(rows, lambda row: row)
+
+
+def _patch_overrides(base, ids, moment):
+    from .models import IdentityOverride
+
+    fresh = _rows(IdentityOverride.objects.filter(id__in=ids), *_OVERRIDE_FIELDS)
+    index = base.part_rows["identityoverride"].patched(ids, RowIndex.of(fresh, lambda row: row))
+    rows = sorted(index.entries.values(), key=_by_id)
+    return {"overrides": _active_overrides(rows, moment)}, index
 
 
 def _read_costs(moment, pause_s):
@@ -247,9 +410,10 @@ def _read_costs(moment, pause_s):
     # so a plan's own unmetered row hides a metered row for every plan, as it does its cost
     metering = {(c.endpoint, c.method, c.plan__slug): c.minimum if c.metered else None
                 for c in rows} if any(c.metered for c in rows) else {}
-    return {"costs": costs, "metering": metering}, math.inf
+    return {"costs": costs, "metering": metering}, None
 
 
+# part -> reader(moment, pause_s): (Snapshot fields, RowIndex or None) of the whole table
 _PART_READERS = {
     "plan": _read_plans,
     "rule": _read_rules,
@@ -257,6 +421,13 @@ _PART_READERS = {
     "apikey": _read_api_keys,
     "identityoverride": _read_overrides,
     "endpointcost": _read_costs,
+}
+# part -> patcher(base, ids, moment): the same, from ``base``'s part and the rows ``ids``
+_PART_PATCHERS = {
+    "rule": _patch_rules,
+    "planassignment": _patch_assignments,
+    "apikey": _patch_api_keys,
+    "identityoverride": _patch_overrides,
 }
 
 

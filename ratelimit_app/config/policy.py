@@ -29,7 +29,7 @@ import time
 from ..process.background import WorkerThread
 from ..stores.base import StoreUnavailable
 from .compiler import RELOAD_PAUSE_S, compile_snapshot
-from .fingerprint import COMPARISON_PAUSE_S, config_fingerprint
+from .fingerprint import COMPARISON_PAUSE_S, changed_rows, config_fingerprint
 from .snapshot import Snapshot
 from .versions import PUBLICATION_WAIT_S, published_ms
 
@@ -90,7 +90,7 @@ class PolicyCache:
     With ``reload_interval_s`` (None: off), the rows are compared with those the snapshot was
     compiled from through ``fingerprint`` (a digest, one query), for edits that send no signal
     (a queryset's ``update()``, raw SQL), one digest per table. On a difference
-    ``announce(version, parts)`` writes a new version naming the tables that differ for every
+    ``announce(version, parts)`` writes a new version naming the rows that differ for every
     worker, unless another worker has announced this very change (it returns False then), and
     the worker whose announcement it was calls ``noticed`` (the audit trail's record): one
     record per change.
@@ -151,7 +151,7 @@ class PolicyCache:
     def _load(self, version, pause_s=0.0, at=None, base=None, changed=None):
         """Compile the rows into a snapshot of ``version`` as they apply at ``at`` (epoch s;
         default: now), pausing ``pause_s`` between chunks of rows; with ``base``, reading only
-        the parts the tables ``changed`` feed (see compile_snapshot)."""
+        what ``changed`` names (see compile_snapshot)."""
         if self._given_load is not None:
             return self._given_load(version) if at is None else self._given_load(version, at=at)
         return compile_snapshot(version, self._wall_clock() if at is None else at, pause_s,
@@ -159,12 +159,14 @@ class PolicyCache:
 
     def _digest(self, pause_s=0.0, parts=None):
         """Return the digests of the rows (``config_fingerprint``), pausing as ``_load`` does:
-        of every table, or of ``parts`` merged into the current ones."""
+        of every table, or of the changes ``parts`` (tables, rows) patched into the current
+        ones."""
         if self._given_fingerprint is not None:
             return self._given_fingerprint()
         if parts is None or not isinstance(self.fingerprint, dict):
             return config_fingerprint(pause_s=pause_s)
-        return {**self.fingerprint, **config_fingerprint(pause_s=pause_s, parts=parts)}
+        return {**self.fingerprint,
+                **config_fingerprint(pause_s=pause_s, parts=parts, base=self.fingerprint)}
 
     @property
     def watching(self):
@@ -185,14 +187,14 @@ class PolicyCache:
 
     def invalidate(self, parts=None):
         """Reload at the next request (in the request, also with ``in_threads``), keeping the
-        current rules if the reload fails. ``parts``: the model names of the tables the edit
-        changed (None: unknown)."""
+        current rules if the reload fails. ``parts``: what the edit changed, tables or rows as
+        ``changes.py`` writes them (None: unknown)."""
         self._note_changed(parts)
         self._edits_here += 1
         self.stale = True
 
     def _note_changed(self, parts):
-        """Remember that the tables of ``parts`` (None: unknown ones) changed."""
+        """Remember that the tables or rows of ``parts`` (None: unknown ones) changed."""
         if parts is None or self._pending_parts is None:
             self._pending_parts = None
         else:
@@ -470,7 +472,7 @@ class PolicyCache:
             return
         if fingerprint == expected or snapshot is not self.snapshot:
             return  # unchanged, or reloaded meanwhile (from rows at least as new)
-        parts = _changed_parts(expected, fingerprint)
+        parts = changed_rows(expected, fingerprint)
         if self._watcher is not None and self._published_meanwhile(snapshot):
             # the rows of an edit made through save(), whose own announcement follows its
             # commit: not an outside change (the watcher's next round compiles what the
@@ -505,7 +507,7 @@ class PolicyCache:
             pause.wait(ANNOUNCE_GRACE_POLL_S)
 
     def _announce_change(self, snapshot, parts):
-        """Announce that the rows of ``snapshot`` changed (in the tables of ``parts``; None:
+        """Announce that the rows of ``snapshot`` changed (those of ``parts``; None:
         unknown), unless another worker has (or the store cannot say); before the snapshot is
         marked stale, so that this worker's reload reads the new version, not the old one it
         would reload again at the next poll."""
@@ -583,7 +585,8 @@ class PolicyCache:
         return snapshot
 
     def _changed_since(self, base, pending, version):
-        """Return the model names of the tables changed since ``base`` was compiled, up to
+        """Return what changed since ``base`` was compiled (tables and rows, as ``changes.py``
+        writes them), up to
         ``version`` (what the published versions say, and ``pending``), or None when that
         cannot be known: no ``base``, a store that cannot say, a version older than its record
         of changes or not in it."""
@@ -598,11 +601,3 @@ class PolicyCache:
             return None
         return None if logged is None else logged | pending
 
-
-def _changed_parts(expected, found):
-    """Return the model names whose digests differ between two fingerprints, or None when they
-    cannot be compared table by table."""
-    if not (isinstance(expected, dict) and isinstance(found, dict)):
-        return None
-    return {part for part in expected.keys() | found.keys()
-            if expected.get(part) != found.get(part)}

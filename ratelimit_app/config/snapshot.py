@@ -107,6 +107,8 @@ class Snapshot:
     # the next start or end among each dated part's rows (see PARTS): kept for a later compile
     # that reads only other parts
     part_moments: dict = field(default_factory=dict, repr=False)
+    # each patchable part's compiler.RowIndex: what a compile of a few of its rows needs
+    part_rows: dict = field(default_factory=dict, repr=False)
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)

@@ -5,8 +5,8 @@ A version is a value never used before: the publication time in ms (readable whe
 and the order in which a Cluster's copies are told apart) plus 64 random bits. A counter is not
 enough: after FLUSHALL, a restore or a failover to a replica that missed the last publication,
 counting on from an older value can land on a number a worker already holds. Each publication
-also records which tables it changed (``changes_key``, the newest CHANGE_LOG_LENGTH), so that
-workers compile only those (policy.PolicyCache).
+also records which tables or rows it changed (``changes_key``, the newest CHANGE_LOG_LENGTH;
+``changes.py``), so that workers compile only those (policy.PolicyCache).
 
 On a Redis Cluster a script may read only keys of its own slot, so the version is copied into
 every slot, each copy written before the version key (stores/cluster.py). A copy that differs
@@ -67,16 +67,16 @@ class ConfigVersions:
         return self.store.read_version(self.key)
 
     def publish(self, parts=None):
-        """Write a new version, recording the tables it changed (``parts``: model names; None:
-        unknown); return it. Raises StoreUnavailable."""
+        """Write a new version, recording what it changed (``parts``: model names and rows, see
+        ``changes.py``; None: unknown); return it. Raises StoreUnavailable."""
         version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
         entry = f"{version} {'*' if parts is None else ','.join(sorted(parts))}"
         self._guarded(self.store.write_version, self.key, version, (self.changes_key, entry))
         return version
 
     def changes_since(self, version, newest):
-        """Return the model names of the tables changed by the versions published after
-        ``version`` up to ``newest`` (a set), or None when the record cannot say: ``newest`` is
+        """Return what the versions published after ``version`` up to ``newest`` changed (a set
+        of model names and rows, see ``changes.py``), or None when the record cannot say: ``newest`` is
         not in it, ``version`` is older than it (or was never recorded), or a version changed
         tables it did not name. Raises StoreUnavailable."""
         changed, newest_seen = set(), False

@@ -17,6 +17,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.db.models.signals import post_delete, post_migrate, post_save
 
 from ..config import audit
+from ..config.changes import add_row
 from ..config.commit_hooks import on_commit_once, waiting_for_commit
 from ..config.compiler import config_models
 from ..stores import StoreUnavailable
@@ -31,7 +32,7 @@ WATCHED_MODELS = config_models()
 
 def bump_config_version(parts=None):
     """Tell every worker to reload (logged, not raised, if Redis is down: workers poll again).
-    ``parts``: the model names of the tables changed (None: unknown).
+    ``parts``: the tables or rows changed, as ``config/changes.py`` writes them (None: unknown).
 
     This process reloads at once; the others within CONFIG_WATCH_INTERVAL_S, and no debit is
     made on the old rules meanwhile (the fence, see config/policy.py).
@@ -44,12 +45,12 @@ def bump_config_version(parts=None):
 
 
 class _Announcement:
-    """The commit callback of one transaction: a new version naming the tables it changed (the
-    model names; each worker then reads those tables alone). Dropped with its transaction when
-    that rolls back, like any commit callback."""
+    """The commit callback of one transaction: a new version naming the rows it changed (each
+    worker then reads those rows alone; a table whose rows are too many to name, whole).
+    Dropped with its transaction when that rolls back, like any commit callback."""
 
-    def __init__(self, part):
-        self.parts = {part}
+    def __init__(self):
+        self.parts = set()
 
     def __call__(self):
         bump_config_version(self.parts)
@@ -59,12 +60,14 @@ def _on_change(sender, using=None, **kwargs):
     # once per transaction, however many rows it changed (an admin save with its inlines, an
     # import, loaddata of a whole fixture): one audit entry and one new version at the commit
     audit.note_change(using)
-    part = sender._meta.model_name
+    row = (sender._meta.model_name, getattr(kwargs.get("instance"), "pk", None))
     waiting = waiting_for_commit("config-version", using)
     if waiting is not None:
-        waiting.parts.add(part)
+        add_row(waiting.parts, *row)
     else:
-        on_commit_once("config-version", _Announcement(part), using=using)
+        announcement = _Announcement()
+        add_row(announcement.parts, *row)  # before: outside a transaction it runs at once
+        on_commit_once("config-version", announcement, using=using)
 
 
 for model in WATCHED_MODELS:

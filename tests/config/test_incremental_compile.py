@@ -2,7 +2,8 @@
 
 Each published version records which tables it changed (``rl:config:changes``); a worker reads
 again only the parts of its snapshot those tables feed, and takes the others from the snapshot
-it holds. What it compiles must equal a compile of everything.
+it holds. What it compiles must equal a compile of everything. (The rows an edit names, read
+alone and patched in: test_row_compile.py.)
 """
 
 import dataclasses
@@ -34,7 +35,8 @@ CHANGES_KEY = keys.config_changes_key("rl")
 def compared(snapshot):
     """What a snapshot holds, without its memos and labels."""
     fields = dataclasses.asdict(snapshot)
-    for name in ("version", "compiled_at", "_rules_for", "part_moments", "buckets_memo"):
+    for name in ("version", "compiled_at", "_rules_for", "part_moments", "part_rows",
+                 "buckets_memo"):
         fields.pop(name)
     return fields
 
@@ -77,13 +79,22 @@ def test_no_table_changed_reads_nothing():
 
 def test_which_parts_a_compile_reads():
     base = compile_snapshot("v1", NOW)
-    assert parts_to_read(None, {"rule"}, NOW) == set(PARTS)          # nothing to build on
-    assert parts_to_read(base, None, NOW) == set(PARTS)              # changes unknown
-    assert parts_to_read(base, {"plan"}, NOW) == set(PARTS)          # slugs read everywhere
-    assert parts_to_read(base, {"rule", "apikey"}, NOW) == {"rule", "apikey"}
+    everything = dict.fromkeys(PARTS)  # each part read whole
+    assert parts_to_read(None, {"rule"}, NOW) == everything          # nothing to build on
+    assert parts_to_read(base, None, NOW) == everything              # changes unknown
+    assert parts_to_read(base, {"plan"}, NOW) == everything          # slugs read everywhere
+    assert parts_to_read(base, {"plan:3", "rule:1"}, NOW) == everything
+    assert parts_to_read(base, {"rule", "apikey"}, NOW) == {"rule": None, "apikey": None}
+    # rows: read alone and patched in; a table named whole as well is read whole
+    assert parts_to_read(base, {"rule:1", "rule:12", "apikey:4"}, NOW) == \
+        {"rule": {1, 12}, "apikey": {4}}
+    assert parts_to_read(base, {"rule:1", "rule"}, NOW) == {"rule": None}
+    # the endpoint costs are read whole (a row per priced endpoint)
+    assert parts_to_read(base, {"endpointcost:2"}, NOW) == {"endpointcost": None}
     dated = dataclasses.replace(base, next_change_at=NOW + 5)
-    assert parts_to_read(dated, {"rule"}, NOW + 5) == {"rule"} | DATED_PARTS  # a moment passed
-    assert parts_to_read(dated, {"rule"}, NOW + 4) == {"rule"}
+    assert parts_to_read(dated, {"rule:1"}, NOW + 5) == \
+        {"rule": {1}, **dict.fromkeys(DATED_PARTS)}  # a moment passed: the dated parts whole
+    assert parts_to_read(dated, {"rule"}, NOW + 4) == {"rule": None}
 
 
 def test_a_partial_compile_after_a_moment_reads_the_dated_rows_at_that_moment(rows):
@@ -203,5 +214,7 @@ def test_a_save_publishes_the_tables_of_its_transaction(redis_client):
     plan = Plan.objects.create(slug="pro", name="Pro")
     Rule.objects.create(name="pro-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60, burst=5)
     newest, before = [entry.decode().split(" ") for entry in redis_client.lrange(CHANGES_KEY, 0, 1)]
-    assert newest == [limiter().read_version(), "rule"]  # each commit names its own tables
-    assert before[1] == "plan"
+    rule = Rule.objects.get(name="pro-ip")
+    # each commit names its own rows
+    assert newest == [limiter().read_version(), f"rule:{rule.pk}"]
+    assert before[1] == f"plan:{plan.pk}"

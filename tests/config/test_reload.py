@@ -622,7 +622,7 @@ def test_the_comparison_threads_digest_in_chunks_is_the_same_digest(plan, monkey
     whole = config_fingerprint()
     assert pauses == []  # the request path's digest never sleeps
     assert config_fingerprint(pause_s=0.001) == whole
-    assert len(pauses) >= 2 * 3 and set(pauses) == {0.001}  # >= 3 chunks read, 3 hashed
+    assert len(pauses) >= 3 and set(pauses) == {0.001}  # >= 3 chunks, each read and hashed
     last = Rule.objects.order_by("pk").last()
     Rule.objects.filter(pk=last.pk).update(burst=9)
     assert config_fingerprint(pause_s=0.001) == config_fingerprint() != whole
