@@ -55,9 +55,10 @@ def _fingerprint_query(using, vendor, parts):
 
 
 def config_fingerprint(pause_s=0.0, parts=None, base=None):
-    """Return a digest of the rows of each config table, ``{model name: {primary key: hash}}``,
-    in one database query (``parts``: the changes to read, model names or rows as
-    ``changes.py`` writes them; default: every table).
+    """Return a digest of the rows of each config table, ``{model name: {primary key: hash}}``
+    (``parts``: the changes to read, model names or rows as ``changes.py`` writes them;
+    default: every table): one database query for the tables read whole, and one per table of
+    which rows are read (see ``base``).
 
     Any change to those rows changes it: a ``save()``, but also what sends no signal (a
     queryset's ``update()``, ``bulk_create``, a data migration, raw SQL) and a ``delete()`` of a
