@@ -13,27 +13,22 @@ from datetime import datetime, timezone
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection, transaction
-from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 from ratelimit_app.config.changes import MAX_ROWS_NAMED, add_row, by_table
 from ratelimit_app.config.compiler import compile_snapshot, config_models
 from ratelimit_app.config.fingerprint import changed_rows, config_fingerprint
-from ratelimit_app.decision import keys
 from ratelimit_app.models import (ApiKey, IdentityOverride, Plan, PlanAssignment, Rule, Scope)
-from ratelimit_app.runtime.limiter import Limiter
 
-from ..helpers import FakeClock, limiter
+from ..helpers import limiter
+from .test_incremental_compile import CHANGES_KEY, NOW, T0, ip_request, worker
 
 pytestmark = pytest.mark.django_db
 
-T0 = 1_700_000_000_000
-NOW = T0 / 1000
-CHANGES_KEY = keys.config_changes_key("rl")
-
 
 def compared(snapshot):
-    """What a snapshot holds, without its memos and labels."""
+    """What a snapshot holds, without its memos and labels (its RowIndexes and moments kept:
+    a patch must leave them as a compile of everything makes them)."""
     fields = dataclasses.asdict(snapshot)
     for name in ("version", "compiled_at", "_rules_for", "buckets_memo"):
         fields.pop(name)
@@ -190,14 +185,6 @@ def test_changes_name_rows_until_there_are_too_many():
 
 
 # --- through the workers ----------------------------------------------------------------------
-
-def worker():
-    return Limiter.from_settings(FakeClock(T0), metrics_autostart=False)
-
-
-def ip_request():
-    return RequestFactory().get("/hello/", REMOTE_ADDR="192.0.2.7")
-
 
 @pytest.mark.django_db(transaction=True)
 def test_a_save_of_one_rule_makes_every_worker_read_that_rule_alone(rows, redis_client):
