@@ -25,6 +25,8 @@ edits: the bare throttle has no configuration to edit).
 """
 
 import contextlib
+import json
+import select
 import subprocess
 import sys
 
@@ -70,27 +72,33 @@ def percentile(values, share):
 
 
 @contextlib.contextmanager
-def config_edits(every_s):
+def config_edits(every_s, ready_timeout_s=120):
     """Save a rule about every ``every_s`` seconds while the block runs, as an operator's save
     in the admin does (a noise rule, its rate toggled by one: the version each commit publishes
     names that row, and each worker reads it alone); yield a list that ends up holding how
     many were saved.
 
-    The saves run in an editor process of their own (bench/propagation.py's): a save takes a
-    few hundred ms of CPU (the audit trail exports the whole configuration), which, in this
-    process, would hold the GIL from the load generator's threads and be measured as the
-    servers' latency."""
+    The saves run in an editor process of their own (bench/propagation.py's): in this process,
+    a save would hold the GIL from the load generator's threads and be measured as the servers'
+    latency. The block starts once the editor is ready: its start (Django's imports, about a
+    second of CPU) and its first save (the audit trail's first entry in a process is a whole
+    export) are not what an edit costs the servers."""
     editor = subprocess.Popen(
-        [sys.executable, "-m", "bench.propagation", "--edit", EDITED_RULE,
+        [sys.executable, "-m", "bench.propagation", "--edit", EDITED_RULE, "--warm-up",
          "--count", "1000000", "--every-s", str(every_s)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    written = [0]
+    written, ready = [0], False
     try:
-        yield written
+        if select.select([editor.stdout], [], [], ready_timeout_s)[0]:
+            ready = json.loads(editor.stdout.readline() or "{}") == {"ready": True}
+        if ready:
+            yield written
     finally:
         editor.terminate()
         output, errors = editor.communicate(timeout=30)
         written[0] = sum(1 for line in output.splitlines() if line.strip())
+    if not ready:
+        raise RuntimeError(f"the editor did not get ready:\n{errors[-2000:]}")
     if not written[0]:  # a row "with edits" measured without any would pass for what it is not
         raise RuntimeError(f"the editor saved nothing:\n{errors[-2000:]}")
 

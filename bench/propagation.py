@@ -387,7 +387,7 @@ def report(phases, cpu, watch_interval_s, edits, load_average=None):
 
 # --- the editor process -----------------------------------------------------------------------
 
-def edit(rule_name, count, every_s):
+def edit(rule_name, count, every_s, warm_up=False):
     """Save rule ``rule_name`` ``count`` times (its rate toggled by one, so every request stays
     allowed), each save starting ``every_s`` after the previous one returned; print one JSON
     line per edit: its publication (the monotonic second the save returned), the version it
@@ -397,7 +397,11 @@ def edit(rule_name, count, every_s):
     (the audit trail exports the whole configuration) and more on a busy machine, and a save
     overlapping the workers' compile of the previous edit holds that compile up (its CPU, and
     SQLite's write lock keeping the compile's reads waiting: up to ~1.5 s under load), which
-    would be measured as the previous edit's delay."""
+    would be measured as the previous edit's delay.
+
+    ``warm_up``: first save once, unreported, and print ``{"ready": true}``: the process's
+    start (Django's imports) and its first save (the audit trail's first entry in a process
+    exports the configuration whole) then come before whatever the caller measures."""
     import django
 
     django.setup()
@@ -408,13 +412,20 @@ def edit(rule_name, count, every_s):
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     key = version_key()
     rule = Rule.objects.get(name=rule_name)
+
+    def save():
+        rule.rate = rule.rate - 1 if rule.rate % 2 == 0 else rule.rate + 1
+        rule.save()
+
+    if warm_up:
+        save()
+        print(json.dumps({"ready": True}), flush=True)
     previous = client.get(key)
     next_at = time.monotonic() + every_s
     for _ in range(count):
         time.sleep(max(next_at - time.monotonic(), 0))  # the edit's moment
-        rule.rate = rule.rate - 1 if rule.rate % 2 == 0 else rule.rate + 1
         saving = time.monotonic()
-        rule.save()
+        save()
         published_at = time.monotonic()
         version = client.get(key)
         if version is None or version == previous:
@@ -429,5 +440,7 @@ if __name__ == "__main__":
     parser.add_argument("--edit", required=True, help="the name of the rule to save")
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--every-s", type=float, default=EDIT_EVERY_S)
+    parser.add_argument("--warm-up", action="store_true",
+                        help="save once first, unreported, then print a ready line")
     options = parser.parse_args()
-    edit(options.edit, options.count, options.every_s)
+    edit(options.edit, options.count, options.every_s, options.warm_up)

@@ -93,11 +93,19 @@ class AuditEntryAdmin(ReadOnlyAdmin):
         return format_html("<pre class=\"ratelimit-audit-diff\">{}</pre>",
                            "\n".join(audit.describe(entry.diff)) or "(the first entry)")
 
+    def get_queryset(self, request):
+        # the whole configuration, in checkpoints only, is read where it is shown
+        return super().get_queryset(request).defer("snapshot")
+
     @admin.display(description="configuration after the change")
     def configuration(self, entry):
         from ..config.quotas_as_code import dumps
 
-        return format_html("<pre>{}</pre>", dumps(entry.snapshot))
+        try:
+            document = audit.document_of(entry)
+        except audit.AuditTrailGap as exc:
+            return f"Cannot be rebuilt: {exc}."
+        return format_html("<pre>{}</pre>", dumps(document))
 
     @admin.display(description="restore")
     def restore_link(self, entry):

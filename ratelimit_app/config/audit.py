@@ -7,12 +7,13 @@ its inlines, an import of many rows or a restore is one entry, and a rolled-back
 Rows changed without a signal (a queryset's ``update()``, raw SQL) are recorded when a worker
 notices them (``policy.PolicyCache``'s comparison of the rows calls ``record_outside_change``).
 
-What an entry holds: the whole configuration after the change, in the quotas-as-code format
-(``quotas_as_code.export_document``, plus the API keys' plan, its dates, and tenant, which
-that format leaves out), and its field-by-field diff against the previous entry. Because every
-entry holds a whole document, restoring one is an import of it (``restore_plan`` /
-``restore``): a dry-run diff first, then one transaction and one version bump, recorded like
-any import.
+What an entry holds: its field-by-field diff against the previous entry and, every so often,
+the whole configuration after it (``audit_documents.py``: the quotas-as-code format plus the API
+keys' plan, its dates, and tenant). A save costs in proportion to the rows it changed: the
+recorder (``Recorder``) keeps the configuration of the last entry and reads only the rows a
+commit names. Any entry's configuration can be rebuilt, so restoring one is an import of it
+(``restore_plan`` / ``restore``): a dry-run diff first, then one transaction and one version
+bump, recorded like any import.
 
 Who: ``acting_as`` names the actor for the changes made inside it (the admin: the signed-in
 user; ``manage.py ratelimit import``: the command); any other save is "application code".
@@ -21,26 +22,29 @@ user; ``manage.py ratelimit import``: the command); any other save is "applicati
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import json
 import logging
+import threading
 
 from django.db import IntegrityError, transaction
 
-from .commit_hooks import on_commit_once
+from . import audit_documents
+from .audit_documents import (
+    API_KEYS,
+    AuditTrailGap,
+    audit_document,
+    diff_documents,
+    document_at,
+    empty_document,
+)
+from .changes import add_row, by_table
+from .commit_hooks import on_commit_once, waiting_for_commit
 
-__all__ = ["Actor", "acting_as", "note_change", "record", "record_outside_change",
-           "audit_document", "diff_documents", "describe", "object_token", "restore_plan",
-           "restore"]
+__all__ = ["Actor", "AuditTrailGap", "Recorder", "acting_as", "note_change", "record",
+           "record_outside_change", "audit_document", "diff_documents", "describe",
+           "document_of", "object_token", "restore_plan", "restore", "API_KEYS"]
 
 logger = logging.getLogger("ratelimit_app")
-
-# The extra list an audit snapshot holds beside the quotas-as-code sections (never imported:
-# keys are issued in the admin, see quotas_as_code's docstring).
-API_KEYS = "api_keys"
-API_KEY_FIELDS = ("prefix", "user", "name", "plan", "tenant", "active", "starts_at", "ends_at",
-                  "reason")
-API_KEY_KEY = ("prefix", "user", "name")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,18 +77,40 @@ def acting_as(actor):
         _actor.reset(token)
 
 
-def note_change(using=None):
-    """Note that a quota row changed: record an entry when the surrounding transaction commits
-    (at once outside a transaction), one per transaction however many rows it changed."""
-    actor = _actor.get() or _default_actor()
-    on_commit_once("audit", functools.partial(_record_after_commit, actor), using=using)
+class _EntryAtCommit:
+    """The commit callback of one transaction: one entry, by the actor of its first change, for
+    the rows it changed (``changes.py``'s strings; ``whole``: a change that named no row).
+    Dropped with its transaction when that rolls back, like any commit callback."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self.parts = set()
+        self.whole = False
+
+    def add(self, model_name, pk):
+        if model_name is None:
+            self.whole = True
+        else:
+            add_row(self.parts, model_name, pk)
+
+    def __call__(self):
+        try:
+            record(self.actor, changes=None if self.whole else by_table(self.parts))
+        except Exception:  # the change itself is committed; the trail must not make it a 500
+            logger.exception("ratelimit_app: could not record a quota change in the audit trail")
 
 
-def _record_after_commit(actor):
-    try:
-        record(actor)
-    except Exception:  # the change itself is committed; the trail must not turn it into a 500
-        logger.exception("ratelimit_app: could not record a quota change in the audit trail")
+def note_change(using=None, model_name=None, pk=None):
+    """Note that a quota row (``model_name``, ``pk``; None: not named) changed: record an entry
+    when the surrounding transaction commits (at once outside a transaction), one per
+    transaction however many rows it changed."""
+    waiting = waiting_for_commit("audit", using)
+    if waiting is not None:
+        waiting.add(model_name, pk)
+        return
+    waiting = _EntryAtCommit(_actor.get() or _default_actor())
+    waiting.add(model_name, pk)  # before: outside a transaction it runs at once
+    on_commit_once("audit", waiting, using=using)
 
 
 def record_outside_change():
@@ -100,117 +126,129 @@ def record_outside_change():
         return None
 
 
-def record(actor, *, baseline=False):
-    """Record the current configuration as changed by ``actor``; return the AuditEntry, or None
-    when nothing changed since the previous entry (unless ``baseline``: the first entry of an
-    empty trail, recorded even without a change)."""
-    from .models import AuditEntry
+class Recorder:
+    """Records entries, keeping the configuration of the last entry this process knows (an
+    ``audit_documents.DocumentState``): an entry for a commit that named its rows reads those
+    rows alone (about 100 B of memory per quota row, in the processes that record)."""
 
-    for _ in range(5):
-        previous = AuditEntry.objects.order_by("-id").first()
-        if baseline and previous is not None:
-            return None
-        document = audit_document()
-        old = previous.snapshot if previous else empty_document()
-        diff = diff_documents(old, document)
+    def __init__(self):
+        self._lock = threading.Lock()  # one recording at a time: they share the state
+        self._state = None
+
+    def record(self, actor, *, baseline=False, changes=None):
+        from .models import AuditEntry
+
+        with self._lock:
+            for _ in range(5):
+                previous = AuditEntry.objects.order_by("-id").values("id", "created").first()
+                if baseline and previous is not None:
+                    return None
+                entry, state = self._entry(actor, previous, changes, baseline)
+                if entry is None:
+                    return None
+                try:
+                    with transaction.atomic():  # a savepoint: PostgreSQL goes on after it
+                        entry.save()
+                except IntegrityError:
+                    # another process recorded after the same entry (or the first entry of an
+                    # empty trail): diff against its entry
+                    continue
+                state.entry = (entry.pk, entry.created)
+                if entry.snapshot is not None:
+                    state.checkpoint_id = entry.pk
+                self._state = state
+                return entry
+        logger.error("ratelimit_app: the audit trail kept changing while recording; gave up")
+        return None
+
+    def _entry(self, actor, previous, changes, baseline):
+        """Return ``(entry, state)``: the unsaved AuditEntry after ``previous`` (its ``id`` and
+        ``created``, or None) and the configuration it records; ``(None, None)`` when nothing
+        changed (unless ``baseline``)."""
+        from .models import AuditEntry
+
+        base = self._state_at(previous)
+        found = None
+        if base is not None and base.rows is not None and changes is not None:
+            found = audit_documents.patched(base, changes)
+        if found is None:  # a whole export, stored whole: the next entries' checkpoint
+            state = audit_documents.export_state()
+            snapshot = state.as_document()
+            diff = diff_documents(base.as_document() if base else empty_document(), snapshot,
+                                  state.rows)
+        else:
+            state, diff = found
+            # a checkpoint every CHECKPOINT_EVERY entries, and after an entry gone: the next
+            # entries' documents are rebuilt from it
+            due = base.checkpoint_id is None or \
+                previous["id"] + 1 - base.checkpoint_id >= audit_documents.CHECKPOINT_EVERY or \
+                not audit_documents.chain_intact(base.checkpoint_id, previous["id"])
+            snapshot = state.as_document() if due and diff else None
         if not diff and not baseline:
-            return None
+            return None, None
         summary = summarize(diff)
         if actor.restored_from is not None:
             summary = f"restored entry #{actor.restored_from.pk}: {summary}"
         entry = AuditEntry(
             user=actor.user, actor=actor.name[:150], source=actor.source,
-            summary=summary[:300], diff=diff, snapshot=document,
+            summary=summary[:300], diff=diff, snapshot=snapshot,
             touched="".join(f"\n{change['token']}" for change in diff) + "\n" if diff else "",
-            previous=previous, opens_trail=previous is None, restored_from=actor.restored_from)
+            previous_id=None if previous is None else previous["id"],
+            opens_trail=previous is None, restored_from=actor.restored_from)
+        return entry, state
+
+    def _state_at(self, previous):
+        """The configuration of entry ``previous`` (None: an empty trail, no configuration):
+        the one held, brought up to it with the diffs of the entries recorded since; or, when
+        those cannot be followed, rebuilt from its checkpoint (its rows then unknown)."""
+        from .models import AuditEntry
+
+        if previous is None:
+            return None
+        held = self._state
+        target = (previous["id"], previous["created"])
+        if held is not None and held.entry is not None and held.entry[0] <= target[0]:
+            if held.entry == target:
+                return held
+            entries = list(AuditEntry.objects.filter(id__gte=held.entry[0], id__lte=target[0])
+                           .order_by("id").values("id", "created", "previous_id", "diff"))
+            # the held entry still there (not rolled back, its id then given to another)
+            if entries and (entries[0]["id"], entries[0]["created"]) == held.entry:
+                state = held.copy()
+                try:
+                    audit_documents.follow(state, entries[1:], target[0])
+                    if state.entry == target:
+                        return state
+                except AuditTrailGap:
+                    pass
         try:
-            with transaction.atomic():  # a savepoint: PostgreSQL goes on after the conflict
-                entry.save()
-            return entry
-        except IntegrityError:
-            # another process recorded after the same entry (or the first entry of an empty
-            # trail): diff against its entry
-            continue
-    logger.error("ratelimit_app: the audit trail kept changing while recording; gave up")
-    return None
+            return document_at(target[0])
+        except AuditTrailGap:
+            logger.warning("ratelimit_app: the audit trail's configuration before entry #%s "
+                           "cannot be rebuilt; its diff is against an empty one", target[0] + 1)
+            return None
 
 
-# --- the document and its diff ---------------------------------------------------------------
-
-def empty_document():
-    """Return the document of an empty configuration."""
-    from .quotas_as_code import FORMAT, SECTIONS
-
-    return {"format": FORMAT, **{section.name: [] for section in SECTIONS}, API_KEYS: []}
+_recorder = Recorder()
 
 
-def _api_key_item(key):
-    from .quotas_as_code import _json_value
-
-    # the dates of the key's plan as the export writes a plan assignment's; an empty reason is
-    # null, as entries recorded before keys had one read it, so they show no change
-    return {"prefix": key.prefix, "user": key.user.get_username(), "name": key.name,
-            "plan": key.plan.slug if key.plan_id else None, "tenant": key.tenant,
-            "active": key.active, "starts_at": _json_value(key.starts_at),
-            "ends_at": _json_value(key.ends_at), "reason": key.reason or None}
+def record(actor, *, baseline=False, changes=None):
+    """Record the current configuration as changed by ``actor``; return the AuditEntry, or None
+    when nothing changed since the previous entry (unless ``baseline``: the first entry of an
+    empty trail, recorded even without a change). ``changes``: the rows the change named
+    (``changes.by_table``), read alone when they can be (None: compare everything)."""
+    return _recorder.record(actor, baseline=baseline, changes=changes)
 
 
-def audit_document():
-    """Return the configuration as an entry stores it: the quotas-as-code export, plus the API
-    keys' plan, tenant and state (``api_keys``, never imported)."""
-    from .models import ApiKey
-    from .quotas_as_code import export_document
-
-    document = export_document()
-    keys = ApiKey.objects.select_related("user", "plan").order_by("pk")
-    document[API_KEYS] = sorted((_api_key_item(key) for key in keys),
-                                key=lambda item: json.dumps(item, sort_keys=True))
-    return document
+def document_of(entry):
+    """Return the configuration as it was after ``entry`` (an AuditEntry), as a document.
+    Raises AuditTrailGap when it cannot be rebuilt (an entry before it deleted)."""
+    if entry.snapshot is not None:
+        return entry.snapshot
+    return document_at(entry.pk).as_document()
 
 
-def _sections():
-    """Return ``(name, key fields, noun)`` of every list an audit document holds."""
-    from .quotas_as_code import SECTIONS
-
-    return [(s.name, s.key, s.noun) for s in SECTIONS] + [(API_KEYS, API_KEY_KEY, "API key")]
-
-
-def _token(section_name, key):
-    return section_name + "|" + "|".join("" if value is None else str(value) for value in key)
-
-
-def _label(noun, key_fields, item):
-    if len(key_fields) == 1:
-        return f"{noun} “{item[key_fields[0]]}”"
-    parts = [f"{name} {item[name]}" for name in key_fields if item.get(name) not in (None, "")]
-    return f"{noun} ({', '.join(parts)})"
-
-
-def diff_documents(old, new):
-    """Return the changes from document ``old`` to ``new``: one dict per item added, changed or
-    removed (``action``, ``section``, ``label``, ``token``; ``fields``: {name: [old, new]} for
-    a change; ``item`` for an add or a removal), in section order."""
-    changes = []
-    for name, key_fields, noun in _sections():
-        def keyed(items):
-            return {tuple(item.get(field) for field in key_fields): item for item in items}
-        before, after = keyed(old.get(name, [])), keyed(new.get(name, []))
-        for key, item in after.items():
-            base = {"section": name, "label": _label(noun, key_fields, item),
-                    "token": _token(name, key)}
-            if key not in before:
-                changes.append({"action": "add", **base, "item": item})
-                continue
-            fields = {field: [before[key].get(field), value] for field, value in item.items()
-                      if before[key].get(field) != value}
-            if fields:
-                changes.append({"action": "change", **base, "fields": fields})
-        changes += [{"action": "remove", "section": name,
-                     "label": _label(noun, key_fields, item), "token": _token(name, key),
-                     "item": item}
-                    for key, item in before.items() if key not in after]
-    return changes
-
+# --- reading a diff ----------------------------------------------------------------------
 
 def describe(diff):
     """Return the lines an operator reads for ``diff``, as the import's dry run writes them:
@@ -218,7 +256,7 @@ def describe(diff):
     def text(value):
         return json.dumps(value, ensure_ascii=False)
 
-    keys = {name: key_fields for name, key_fields, _ in _sections()}
+    keys = {section.name: section.key for section in audit_documents.sections()}
     lines = []
     for change in diff:
         if change["action"] == "add":
@@ -252,15 +290,9 @@ def summarize(diff):
 def object_token(obj):
     """Return the token entries that touched ``obj`` (a quota row or an API key) carry in
     ``AuditEntry.touched``, or None for another model."""
-    from .models import ApiKey
-    from .quotas_as_code import SECTIONS, _item, _key_of
-
-    if isinstance(obj, ApiKey):
-        item = _api_key_item(obj)
-        return _token(API_KEYS, tuple(item[field] for field in API_KEY_KEY))
-    for section in SECTIONS:
+    for section in audit_documents.sections():
         if isinstance(obj, section.model):
-            return _token(section.name, _key_of(section, _item(section, obj)))
+            return audit_documents.token(section.name, section.key_of(section.item(obj)))
     return None
 
 
@@ -269,10 +301,15 @@ def object_token(obj):
 def restore_plan(entry):
     """Return the ImportPlan that makes the configuration what it was at ``entry`` (its
     quotas-as-code part; API keys are left as they are). Raises QuotaFileError when it cannot
-    be imported any more (a user or an API key it names is gone)."""
-    from .quotas_as_code import plan_import
+    be imported any more (a user or an API key it names is gone, or the trail before it)."""
+    from .quotas_as_code import QuotaFileError, plan_import
 
-    document = {name: value for name, value in entry.snapshot.items() if name != API_KEYS}
+    try:
+        snapshot = document_of(entry)
+    except AuditTrailGap as exc:
+        raise QuotaFileError([f"The configuration of entry #{entry.pk} cannot be rebuilt: "
+                              f"{exc}."]) from exc
+    document = {name: value for name, value in snapshot.items() if name != API_KEYS}
     return plan_import(document)
 
 

@@ -709,8 +709,10 @@ class AuditSource(models.TextChoices):
 
 class AuditEntry(models.Model):
     """One recorded change of the quota configuration (see ``audit.py``): who made it, when, the
-    field-by-field ``diff`` against the previous entry, and the whole configuration after it
-    (``snapshot``, the quotas-as-code document) so that any entry can be restored."""
+    field-by-field ``diff`` against the previous entry and, in a checkpoint, the whole
+    configuration after it (``snapshot``, the quotas-as-code document; the others' is rebuilt
+    from their checkpoint and the diffs after it, ``audit_documents.py``), so that any entry can
+    be restored."""
 
     created = models.DateTimeField(default=timezone.now, db_index=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
@@ -720,7 +722,7 @@ class AuditEntry(models.Model):
     source = models.CharField(max_length=10, choices=AuditSource.choices)
     summary = models.CharField(max_length=300)
     diff = models.JSONField(default=list)
-    snapshot = models.JSONField()
+    snapshot = models.JSONField(null=True, blank=True)
     # one "\n<section>|<key>\n" line per item the change touched: per-object history
     touched = models.TextField(blank=True, editable=False)
     # the entry this one's diff is against; unique, so two processes recording at once cannot

@@ -59,8 +59,8 @@ class _Announcement:
 def _on_change(sender, using=None, **kwargs):
     # once per transaction, however many rows it changed (an admin save with its inlines, an
     # import, loaddata of a whole fixture): one audit entry and one new version at the commit
-    audit.note_change(using)
     row = (sender._meta.model_name, getattr(kwargs.get("instance"), "pk", None))
+    audit.note_change(using, *row)
     waiting = waiting_for_commit("config-version", using)
     if waiting is not None:
         add_row(waiting.parts, *row)

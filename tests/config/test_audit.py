@@ -85,7 +85,7 @@ def test_every_save_by_code_is_recorded_against_the_previous_entry(config):
     assert entry.summary == "added plan assignment “carol”"
     assert entry.diff[0]["item"] == {"user": "carol", "plan": "free", "tenant": "acme",
                                      "starts_at": None, "ends_at": None, "reason": ""}
-    assert entry.snapshot == audit.audit_document()
+    assert audit.document_of(entry) == audit.audit_document()
     assert entry.previous.summary == "added endpoint cost (endpoint api:search, method GET)"
 
 
@@ -99,10 +99,10 @@ def test_an_admin_edit_records_one_entry_with_its_diff_and_user(config, admin_cl
     entry = latest()
     assert (entry.actor, entry.user.username, entry.source) == ("admin", "admin", "admin")
     assert entry.diff == [{"action": "change", "section": "rules", "label": "rule “free-user”",
-                           "token": "rules|free-user",
+                           "token": "rules|free-user", "key": ["free-user"], "row": rule.pk,
                            "fields": {"rate": [60, 120], "burst": [30, 40]}}]
     assert entry.summary == "rule “free-user”: rate 60 → 120; burst 30 → 40"
-    assert entry.snapshot == audit.audit_document()
+    assert audit.document_of(entry) == audit.audit_document()
 
     # the change page links to the object's history, which lists the entry
     page = admin_client.get(url).content.decode()
@@ -186,6 +186,7 @@ def test_an_update_is_recorded_once_by_the_worker_that_notices_it(config, settin
         assert (entry.actor, entry.source, entry.user) == ("outside the app", "outside", None)
         assert entry.diff == [{"action": "change", "section": "rules",
                                "label": "rule “free-ip”", "token": "rules|free-ip",
+                               "key": ["free-ip"], "row": Rule.objects.get(name="free-ip").pk,
                                "fields": {"burst": [1000, 9]}}]
         decide(other)  # the other worker reloads on the announced version: no second entry
         assert decide(other) == {"free-ip": 9}
@@ -217,7 +218,7 @@ def test_a_restore_brings_back_the_old_export_with_one_version_bump(config, admi
     restored = latest()
     assert (restored.source, restored.actor, restored.restored_from) == ("restore", "admin", old)
     assert restored.summary.startswith(f"restored entry #{old.pk}: ")
-    assert restored.snapshot == old.snapshot
+    assert audit.document_of(restored) == audit.document_of(old)
 
 
 def test_a_restore_that_names_a_deleted_user_says_so_and_changes_nothing(config, admin_client):

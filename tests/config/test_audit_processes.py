@@ -37,8 +37,10 @@ django.setup()
 import json
 from ratelimit_app.config import audit
 from ratelimit_app.models import AuditEntry, Rule
-entries = list(AuditEntry.objects.order_by("id").values("id", "previous_id", "diff", "snapshot",
+entries = list(AuditEntry.objects.order_by("id").values("id", "previous_id", "diff",
                                                          "source", "restored_from_id"))
+for entry in entries:  # the configuration after each, rebuilt from its checkpoint
+    entry["snapshot"] = audit.document_of(AuditEntry.objects.get(id=entry["id"]))
 print(json.dumps({
     "entries": entries,
     "current": audit.audit_document(),
@@ -181,8 +183,10 @@ def assert_one_chain_adding(got, names):
     # one chain: each entry follows the one recorded just before it, none is followed twice
     assert entries[0]["previous_id"] is None
     assert [e["previous_id"] for e in entries[1:]] == [e["id"] for e in entries[:-1]]
-    # each diff is against the entry it follows, and the last entry is the configuration now
-    assert [e["diff"] for e in entries[1:]] == got["rediffs"]
+    # each diff is against the entry it follows (the row each item is in now aside: a diff
+    # of documents cannot know it), and the last entry is the configuration now
+    assert [[{name: value for name, value in change.items() if name != "row"}
+             for change in e["diff"]] for e in entries[1:]] == got["rediffs"]
     assert entries[-1]["snapshot"] == got["current"]
     # every rule created is in the trail exactly once, as an addition
     added = [change["label"] for entry in entries for change in entry["diff"]

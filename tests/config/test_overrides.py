@@ -313,7 +313,8 @@ def test_the_dashboard_lists_a_key_while_its_dated_plan_applies(dated_key, clock
 @pytest.mark.django_db(transaction=True)  # real commits: each save is recorded at its commit
 def test_the_audit_trail_records_the_dates_of_a_keys_plan(dated_key, clock):
     entry = AuditEntry.objects.order_by("-id").first()
-    item = next(item for item in entry.snapshot[audit.API_KEYS] if item["prefix"] == "rk_acme_")
+    item = next(item for item in audit.document_of(entry)[audit.API_KEYS]
+                if item["prefix"] == "rk_acme_")
     assert item["plan"] == "pro" and item["reason"] == "trial of pro"
     assert item["starts_at"] == str(dated_key.starts_at)
 
