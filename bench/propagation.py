@@ -393,8 +393,8 @@ def edit(rule_name, count, every_s, warm_up=False):
     line per edit: its publication (the monotonic second the save returned), the version it
     published and how long the save took.
 
-    Timed from the previous publication, not on a fixed clock: a save takes a few hundred ms
-    (the audit trail exports the whole configuration) and more on a busy machine, and a save
+    Timed from the previous publication, not on a fixed clock: a save takes some ms, more on a
+    busy machine (and a process's first, its audit entry a whole export, a few hundred), and a save
     overlapping the workers' compile of the previous edit holds that compile up (its CPU, and
     SQLite's write lock keeping the compile's reads waiting: up to ~1.5 s under load), which
     would be measured as the previous edit's delay.
