@@ -129,7 +129,8 @@ def record_outside_change():
 class Recorder:
     """Records entries, keeping the configuration of the last entry this process knows (an
     ``audit_documents.DocumentState``): an entry for a commit that named its rows reads those
-    rows alone (about 100 B of memory per quota row, in the processes that record)."""
+    rows alone. The cost is memory in the processes that record: about 0.8 kB per quota row
+    (1.6 MB for the bench's 1,961 rows)."""
 
     def __init__(self):
         self._lock = threading.Lock()  # one recording at a time: they share the state

@@ -23,6 +23,8 @@ from ratelimit_app.models import (
     Scope,
 )
 
+from .test_audit import latest
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RULES = 30
@@ -38,10 +40,6 @@ def rules():
     PlanAssignment.objects.create(user=carol, plan=plan)
     IdentityOverride.objects.create(user=carol, rule=made[0], burst=99)
     return made
-
-
-def latest():
-    return AuditEntry.objects.order_by("-id").first()
 
 
 def rule_reads(queries):
