@@ -30,6 +30,7 @@ natural key (which the admin's validation refuses) are one item.
 """
 
 import dataclasses
+import functools
 import json
 
 __all__ = ["API_KEYS", "CHECKPOINT_EVERY", "AuditTrailGap", "DocumentState", "sections",
@@ -87,8 +88,10 @@ def _api_key_rows():
     return ApiKey.objects.select_related("user", "plan").order_by("pk")
 
 
+@functools.cache
 def sections():
-    """Return the AuditSections of a document, in the quotas-as-code order, API keys last."""
+    """Return the AuditSections of a document, in the quotas-as-code order, API keys last (built
+    once: a record asks for them several times, and they follow from the models alone)."""
     from . import quotas_as_code
     from .models import ApiKey
 
@@ -100,7 +103,7 @@ def sections():
     found.append(AuditSection(API_KEYS, ApiKey, API_KEY_KEY, "API key", rows=_api_key_rows,
                               item=_api_key_item,
                               sort_key=lambda item: json.dumps(item, sort_keys=True)))
-    return found
+    return tuple(found)
 
 
 def empty_document():
