@@ -69,6 +69,11 @@ DEFAULTS = {
     # How often each worker's watcher thread reads the config version (one GET), to compile
     # the rules of a new version before a request needs them.
     "CONFIG_WATCH_INTERVAL_S": 0.05,
+    # How long before its version is published an edit's record of changed rows is written:
+    # each worker's watcher compiles the new rules meanwhile, and installs them when the version
+    # comes (instead of compiling them in the first request the new version fences). An admin
+    # save takes this much longer. At least twice CONFIG_WATCH_INTERVAL_S to be of use; 0: off.
+    "CONFIG_PUBLISH_LEAD_S": 0.1,
     # Tests and benchmarks: each limited response says which config version decided it
     # (RateLimit-Config-Version) and which worker process (RateLimit-Worker). Off in production.
     "EXPOSE_CONFIG_VERSION": False,
@@ -193,6 +198,24 @@ def watch_interval_s(config):
     if watch_interval_problem(value):
         value = DEFAULTS["CONFIG_WATCH_INTERVAL_S"]
     return float(value)
+
+
+def publish_lead_s(config):
+    """Return CONFIG_PUBLISH_LEAD_S of ``config`` in seconds; a value ``publish_lead_problem``
+    refuses counts as the default (check E012 reports it)."""
+    value = config["CONFIG_PUBLISH_LEAD_S"]
+    if publish_lead_problem(value):
+        value = DEFAULTS["CONFIG_PUBLISH_LEAD_S"]
+    return float(value)
+
+
+def publish_lead_problem(value):
+    """Return what is wrong with a CONFIG_PUBLISH_LEAD_S value, or "" if it is valid."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {value!r}, not a number of seconds"
+    if not 0 <= value <= 1:  # (False for NaN too)
+        return f"is {value!r}: each admin save would wait that long to publish its edit"
+    return ""
 
 
 def watch_interval_problem(value):

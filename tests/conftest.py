@@ -27,6 +27,10 @@ def pytest_configure(config):
     databases = databases_from_env()
     config.stash[DATABASES] = databases
     databases.configure_django(settings.DATABASES)
+    # In this process an edit is published without its lead: no other worker of it compiles
+    # ahead, and each save would wait 0.1 s. The servers the tests start (subprocesses) keep
+    # the default; tests of the lead give their own.
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CONFIG_PUBLISH_LEAD_S": 0.0}
 
 
 def pytest_unconfigure(config):

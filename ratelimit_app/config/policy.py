@@ -8,7 +8,11 @@ publishes a new config version in Redis (``runtime/signals.py``). From then on:
   compiled from, debits nothing when the store holds another, and the decision is made again
   on fresh rules (``Limiter``; on a Cluster the version is copied into every slot);
 - each worker's watcher thread reads the version every ``CONFIG_WATCH_INTERVAL_S`` (one GET)
-  and compiles the new rules off the request path (``PolicyCache``), so the fence seldom fires.
+  and compiles the new rules off the request path (``PolicyCache``), so the fence seldom fires;
+- an edit's record of changes precedes its version by ``CONFIG_PUBLISH_LEAD_S``
+  (``versions.py``): the watcher, which reads the newest record too, compiles the rules of
+  that version ahead and installs them when the version key reaches it, so a request the new
+  version fences finds them compiled instead of compiling them.
 
 Rows changed without a signal (a queryset's ``update()``, ``bulk_create``, raw SQL, a data
 migration) announce nothing: for them the watcher compares a digest of the rows with its
@@ -25,6 +29,7 @@ import math
 import os
 import threading
 import time
+from typing import NamedTuple
 
 from ..process.background import WorkerThread
 from ..stores.base import StoreUnavailable
@@ -56,6 +61,16 @@ SCHEDULE_RECHECK_S = 60.0
 UPCOMING_LEAD_S = 2.0
 
 
+class _Prepared(NamedTuple):
+    """The rules of a version recorded ahead of its publication (see PolicyCache): compiled
+    from ``base`` and the rows ``changed`` named, with the digests of those rows."""
+
+    base: Snapshot
+    snapshot: Snapshot
+    fingerprint: object
+    changed: set
+
+
 class PolicyCache:
     """A process's current snapshot, and how it stays fresh. The Limiter owns one.
 
@@ -76,6 +91,11 @@ class PolicyCache:
       ``reload_interval_s``, none of it waiting for a request. So the fence seldom fires, and a
       request seldom waits for a compile. A compile reads only the tables the versions since
       the snapshot's changed (``changes_since``, the store's record; see compile_snapshot).
+    - Publications ahead (``newest_recorded``: the version of the newest record of changes,
+      which an edit writes CONFIG_PUBLISH_LEAD_S before its version): the watcher compiles a
+      recorded version's rules from the snapshot and the rows it names (``prepared``), and the
+      reload that finds the version key at it installs them, a pointer swap. Decisions stay on
+      the snapshot until then: their debits are fenced on the version key alone.
     - Dated rows: a snapshot holds the rows active at its ``compiled_at`` and the next moment
       one starts or ends (``next_change_at``). The snapshot of that moment (``upcoming``) is
       compiled ahead, and swapped in by the first request at or after the moment or by the
@@ -100,8 +120,10 @@ class PolicyCache:
                  load=None, reload_interval_s=None, fingerprint=None, announce=None,
                  wall_clock=time.time, noticed=None, in_threads=False,
                  watch_interval_s=0.05, poll_version=None, changes_since=None,
-                 superseded=None):
+                 superseded=None, newest_recorded=None):
         self._read_version = read_version
+        # the version of the newest record of changes (None: no record), for the watcher
+        self._newest_recorded = newest_recorded
         # the watcher's read: straight to the store (its failures are not the requests')
         self._poll_store = poll_version or read_version
         self._poll_failed = False
@@ -132,8 +154,10 @@ class PolicyCache:
         self._compare_lock = threading.Lock()  # one comparison at a time
         self.snapshot = None
         self.upcoming = None     # the snapshot of snapshot.next_change_at, compiled ahead
+        self.prepared = None     # a _Prepared: the rules of a publication under way
         self.fingerprint = None  # digests of the rows the snapshot was compiled from
         self.last_compile = ""   # what the last compile read: "everything", or its parts
+        self.prepared_installs = 0  # reloads that installed rules compiled ahead (prepared)
         self.stale = True
         self.checked_at = 0.0  # clock time the version was last confirmed
         self.retry_at = 0.0    # after a failed load: clock time the DB may be tried again
@@ -210,7 +234,7 @@ class PolicyCache:
     def reset(self):
         """Drop the snapshot; the next request compiles a new one."""
         with self._lock:
-            self.snapshot = self.upcoming = None
+            self.snapshot = self.upcoming = self.prepared = None
             self.fingerprint = None
             self.stale = True
             self.retry_at = 0.0
@@ -350,6 +374,7 @@ class PolicyCache:
             if self.stale:
                 self._reload()
         self._prepare_upcoming(self.snapshot)
+        self._prepare_published(self.snapshot)
         if self.reload_interval_s and now >= self.compare_at and not self.stale:
             with self._compare_lock:
                 self.compare_at = now + self.reload_interval_s
@@ -377,6 +402,51 @@ class PolicyCache:
             return
         upcoming.compiled_at = moment
         self.upcoming = upcoming
+
+    def _prepare_published(self, snapshot):
+        """Compile the rules of a version recorded ahead of its publication (its lead, see
+        versions.py) from ``snapshot`` and the rows the record says it changed; kept in
+        ``prepared`` until a reload finds the version key at that version. Nothing when the
+        record cannot say what changed: that version is compiled when it is published."""
+        if self._newest_recorded is None or snapshot is None or self.stale:
+            return
+        try:
+            newest = self._newest_recorded()
+        except StoreUnavailable:
+            return
+        prepared = self.prepared
+        if newest is None or newest == snapshot.version or (
+                prepared is not None and prepared.base is snapshot
+                and prepared.snapshot.version == newest):
+            return
+        try:
+            changed = self._changed_since(snapshot, set(), newest)
+        except StoreUnavailable:
+            return
+        if changed is None:
+            return
+        with self._lock:  # a fenced request meanwhile waits for it, and then installs it
+            if self.snapshot is not snapshot or self.stale:
+                return
+            try:
+                fingerprint = self._digest(0.0, changed) if self.reload_interval_s else None
+                compiled = self._load(newest, base=snapshot, changed=changed)
+            except Exception:  # a DB outage: the version is compiled when it is published
+                logger.exception("ratelimit_app: could not compile the rules of a publication "
+                                 "under way ahead of it")
+                return
+            self.prepared = _Prepared(snapshot, compiled, fingerprint, changed)
+
+    def _take_prepared(self, version, pending):
+        """Return the ``prepared`` rules if they are those of ``version`` on the current
+        snapshot, with nothing else noted as changed (``pending``) and no dated moment passed
+        since they were compiled; None otherwise. Either way ``prepared`` is emptied."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is None or prepared.snapshot.version != version or pending or \
+                prepared.base is not self.snapshot or \
+                prepared.snapshot.next_change_at <= self._wall_clock():
+            return None
+        return prepared
 
     # --- dated rows --------------------------------------------------------------------------
 
@@ -550,12 +620,19 @@ class PolicyCache:
             version = self._version_or("unknown")
         base = self.snapshot if self.fingerprint is not None or not self.reload_interval_s \
             else None  # (no fingerprint: no snapshot yet, or one of a failed load)
-        changed = self._changed_since(base, pending, version)
+        prepared = self._take_prepared(version, pending) if base is not None else None
+        if prepared is not None:  # compiled ahead of the publication: a pointer swap
+            snapshot, fingerprint, changed = prepared.snapshot, prepared.fingerprint, \
+                prepared.changed
+        else:
+            changed = self._changed_since(base, pending, version)
         try:
-            # the digest before the rows: a change landing between the two then makes the
-            # next comparison reload once more, rather than hide behind a newer digest
-            fingerprint = self._digest(pause_s, changed) if self.reload_interval_s else None
-            snapshot = self._load(version, pause_s, base=base, changed=changed)
+            if prepared is None:
+                # the digest before the rows: a change landing between the two then makes the
+                # next comparison reload once more, rather than hide behind a newer digest
+                fingerprint = self._digest(pause_s, changed) if self.reload_interval_s \
+                    else None
+                snapshot = self._load(version, pause_s, base=base, changed=changed)
         except Exception:  # a DB outage must not turn into 500s: keep the old rules
             logger.exception("ratelimit_app: could not load the quota configuration")
             self._note_changed(pending)
@@ -571,6 +648,7 @@ class PolicyCache:
         with self._swap_lock:
             self.snapshot, self.fingerprint = snapshot, fingerprint
             self.last_compile = "everything" if changed is None else sorted(changed)
+            self.prepared_installs += prepared is not None
             if self.upcoming is not None and self.upcoming.version != version:
                 self.upcoming = None
             self._edits_reloaded = edits_seen

@@ -8,6 +8,14 @@ counting on from an older value can land on a number a worker already holds. Eac
 also records which tables or rows it changed (``changes_key``, the newest CHANGE_LOG_LENGTH;
 ``changes.py``), so that workers compile only those (policy.PolicyCache).
 
+A publication of changed rows has a lead (CONFIG_PUBLISH_LEAD_S): its record is written first,
+the version key that lead later. Each worker's watcher reads the newest record with the version
+and compiles the rules of a version recorded but not yet published ahead of it (its rows are
+committed: publications follow the commit), and installs them, a pointer swap, when the version
+key reaches it. Every debit is fenced on the version key alone, so the lead changes nothing of
+what is guaranteed from the publication on: it only lets a worker hold the new rules when the
+publication comes, instead of compiling them in the first request the fence refuses.
+
 On a Redis Cluster a script may read only keys of its own slot, so the version is copied into
 every slot, each copy written before the version key (stores/cluster.py). A copy that differs
 from the version key is either a publication under way (newer: its rows are committed, so the
@@ -22,6 +30,7 @@ import time
 
 from ..decision import keys
 from ..stores import StoreUnavailable
+from ..stores.base import CHANGE_LOG_LENGTH
 
 __all__ = ["ConfigVersions", "published_ms"]
 
@@ -51,11 +60,13 @@ class ConfigVersions:
     """The config version of ``store`` under ``prefix``. ``guarded(operation, *args)`` runs a
     store call of the request path through the Limiter's breaker."""
 
-    def __init__(self, store, prefix, guarded):
+    def __init__(self, store, prefix, guarded, lead_s=0.0, sleep=time.sleep):
         self.store = store
         self.key = keys.config_version_key(prefix)
         self.changes_key = keys.config_changes_key(prefix)
         self._guarded = guarded
+        self.lead_s = lead_s
+        self._sleep = sleep
 
     def read(self):
         """Return the version ("0" when unset). Raises StoreUnavailable."""
@@ -66,21 +77,38 @@ class ConfigVersions:
         calls. Raises StoreUnavailable."""
         return self.store.read_version(self.key)
 
-    def publish(self, parts=None):
+    def publish(self, parts=None, lead=True):
         """Write a new version, recording what it changed (``parts``: model names and rows, see
-        ``changes.py``; None: unknown); return it. Raises StoreUnavailable."""
+        ``changes.py``; None: unknown); return it. Rows changed (``parts`` not empty) and
+        ``lead``: the record is written ``lead_s`` before the version (see the module's
+        docstring). Raises StoreUnavailable."""
         version = f"{int(time.time() * 1000)}-{secrets.token_hex(8)}"
         entry = f"{version} {'*' if parts is None else ','.join(sorted(parts))}"
-        self._guarded(self.store.write_version, self.key, version, (self.changes_key, entry))
+        if not (lead and self.lead_s > 0 and (parts is None or parts)):
+            self._guarded(self.store.write_version, self.key, version, (self.changes_key, entry))
+            return version
+        self._guarded(self.store.record_change, self.changes_key, entry)
+        self._sleep(self.lead_s)  # the workers' watchers compile the rules meanwhile
+        self._guarded(self.store.write_version, self.key, version)
         return version
+
+    def newest_recorded(self):
+        """Return the version of the newest record of changes, or None when there is none: a
+        version ahead of the version key is a publication under way (its lead). For the
+        watcher: not through the breaker. Raises StoreUnavailable."""
+        entry = self.store.newest_change(self.changes_key)
+        return None if entry is None else entry.partition(" ")[0]
 
     def changes_since(self, version, newest):
         """Return what the versions published after ``version`` up to ``newest`` changed (a set
         of model names and rows, see ``changes.py``), or None when the record cannot say: ``newest`` is
         not in it, ``version`` is older than it (or was never recorded), or a version changed
-        tables it did not name. Raises StoreUnavailable."""
+        tables it did not name. ``version`` "0" (no version key when it was compiled: a new or
+        flushed Redis) is older than every entry of a record that was never trimmed. Raises
+        StoreUnavailable."""
         changed, newest_seen = set(), False
-        for entry in self._guarded(self.store.read_changes, self.changes_key):
+        entries = self._guarded(self.store.read_changes, self.changes_key)
+        for entry in entries:
             recorded, _, parts = entry.partition(" ")
             newest_seen = newest_seen or recorded == newest
             if recorded == version:
@@ -88,6 +116,10 @@ class ConfigVersions:
             if parts == "*":
                 return None
             changed.update(part for part in parts.split(",") if part)
+        if version == "0" and newest_seen and len(entries) < CHANGE_LOG_LENGTH:
+            # every version published since the key was unset is in the record (more entries
+            # than that, older ones, only add parts to compile: never fewer)
+            return changed
         return None
 
     def claim_change(self, superseded):

@@ -11,7 +11,13 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
-from ..conf import get_config, reload_interval_problem, unknown_keys, watch_interval_problem
+from ..conf import (
+    get_config,
+    publish_lead_problem,
+    reload_interval_problem,
+    unknown_keys,
+    watch_interval_problem,
+)
 from ..decision.periods import valid_time_zone
 from . import support
 
@@ -267,3 +273,17 @@ def check_watch_interval(app_configs=None, **kwargs):
         hint="Give the seconds (0.01 to 10, e.g. 0.05) between two reads of the config version "
              "by each worker's watcher thread. Until then the default (0.05) applies.",
         id="ratelimit_app.E011")]
+
+
+@register(TAG)
+def check_publish_lead(app_configs=None, **kwargs):
+    """E012 when CONFIG_PUBLISH_LEAD_S is not a valid lead (the default applies then)."""
+    problem = publish_lead_problem(get_config()["CONFIG_PUBLISH_LEAD_S"])
+    if not problem:
+        return []
+    return [Error(
+        f"RATELIMIT_APP['CONFIG_PUBLISH_LEAD_S'] {problem}.",
+        hint="Give the seconds (0 to 1, e.g. 0.1) by which an edit's record of changed rows "
+             "precedes its version, for the workers to compile the new rules ahead of it. "
+             "Until then the default (0.1) applies.",
+        id="ratelimit_app.E012")]

@@ -21,7 +21,13 @@ from asgiref.sync import sync_to_async
 
 from .. import metrics
 from ..business.alerts.crossings import AlertQueue
-from ..conf import get_config, quota_middleware_installed, reload_interval_s, watch_interval_s
+from ..conf import (
+    get_config,
+    publish_lead_s,
+    quota_middleware_installed,
+    reload_interval_s,
+    watch_interval_s,
+)
 from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
@@ -149,7 +155,8 @@ class Limiter:
         wall_time = time.time if type(self.clock) is SystemClock else self.clock.wall_time
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
-        self.versions = ConfigVersions(store, config["KEY_PREFIX"], self._guarded)
+        self.versions = ConfigVersions(store, config["KEY_PREFIX"], self._guarded,
+                                       lead_s=publish_lead_s(config))
         self.version_key = self.versions.key
         self.stats = LimiterStats()
         self.unexpected_log = UnexpectedErrorLog(clock=monotonic)
@@ -164,7 +171,8 @@ class Limiter:
                                     watch_interval_s=watch_interval_s(config),
                                     poll_version=self.versions.poll,
                                     changes_since=self.versions.changes_since,
-                                    superseded=self._forget_local_decisions)
+                                    superseded=self._forget_local_decisions,
+                                    newest_recorded=self.versions.newest_recorded)
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
         # metered costs are settled after the response, which only QuotaMiddleware sees:
@@ -685,7 +693,8 @@ class Limiter:
         comparison, which marks it stale for the watcher to compile."""
         if not self.versions.claim_change(superseded):
             return False
-        self.versions.publish(parts)
+        # (no lead: this worker holds its compile's lock meanwhile, see PolicyCache)
+        self.versions.publish(parts, lead=False)
         return True
 
     # --- the store, through the breaker ------------------------------------------------------

@@ -176,6 +176,15 @@ class Store:
         """Return the entries of the record of changes, newest first (str)."""
         raise NotImplementedError
 
+    def record_change(self, changes_key, entry):
+        """Push ``entry`` onto the record of changes (the newest CHANGE_LOG_LENGTH kept), ahead
+        of the version it names: a publication with a lead (config/versions.py)."""
+        raise NotImplementedError
+
+    def newest_change(self, changes_key):
+        """Return the newest entry of the record of changes (str), or None when it is empty."""
+        raise NotImplementedError
+
     #: True when fenced calls compare with copies of the version (a Cluster): a copy that a
     #: failover or a node restart lost is rewritten by ``write_version`` (see Limiter)
     versions_copied = False

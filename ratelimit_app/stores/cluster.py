@@ -436,6 +436,19 @@ class ClusterStore(Store):
         return [entry.decode() for entry in
                 self._call(lambda client: client.lrange(changes_key, 0, -1))]
 
+    def record_change(self, changes_key, entry):
+        def record(client):
+            pipeline = client.pipeline(transaction=False)  # one key: one MULTI-less batch
+            pipeline.lpush(changes_key, entry)
+            pipeline.ltrim(changes_key, 0, CHANGE_LOG_LENGTH - 1)
+            pipeline.execute()
+
+        self._call(record)
+
+    def newest_change(self, changes_key):
+        entry = self._call(lambda client: client.lindex(changes_key, 0))
+        return None if entry is None else entry.decode()
+
     def claim(self, key, ttl_ms):
         return bool(self._call(lambda client: client.set(key, b"1", nx=True, px=ttl_ms)))
 

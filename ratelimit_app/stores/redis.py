@@ -218,6 +218,19 @@ class RedisStore(Store):
     def read_changes(self, changes_key):
         return [entry.decode() for entry in self._call(self.client.lrange, changes_key, 0, -1)]
 
+    def record_change(self, changes_key, entry):
+        def record():
+            pipeline = self.client.pipeline(transaction=True)
+            pipeline.lpush(changes_key, entry)
+            pipeline.ltrim(changes_key, 0, CHANGE_LOG_LENGTH - 1)
+            pipeline.execute()
+
+        self._call(record)
+
+    def newest_change(self, changes_key):
+        entry = self._call(self.client.lindex, changes_key, 0)
+        return None if entry is None else entry.decode()
+
     def delete(self, keys):
         return self._call(self.client.delete, *keys) if keys else 0
 
