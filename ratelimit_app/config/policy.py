@@ -405,9 +405,9 @@ class PolicyCache:
 
     def _prepare_published(self, snapshot):
         """Compile the rules of a version recorded ahead of its publication (its lead, see
-        versions.py) from ``snapshot`` and the rows the record says it changed; kept in
-        ``prepared`` until a reload finds the version key at that version. Nothing when the
-        record cannot say what changed: that version is compiled when it is published."""
+        versions.py) from ``snapshot`` and the rows the record says it changed (everything,
+        paced, when it cannot say: ``ratelimit reload``, a worker far behind); kept in
+        ``prepared`` until a reload finds the version key at that version."""
         if self._newest_recorded is None or snapshot is None or self.stale:
             return
         try:
@@ -423,14 +423,15 @@ class PolicyCache:
             changed = self._changed_since(snapshot, set(), newest)
         except StoreUnavailable:
             return
-        if changed is None:
-            return
+        # (a few rows: milliseconds, unpaced; everything: paced, as a dated moment's compile)
+        pause_s = RELOAD_PAUSE_S if changed is None else 0.0
         with self._lock:  # a fenced request meanwhile waits for it, and then installs it
             if self.snapshot is not snapshot or self.stale:
                 return
             try:
-                fingerprint = self._digest(0.0, changed) if self.reload_interval_s else None
-                compiled = self._load(newest, base=snapshot, changed=changed)
+                fingerprint = self._digest(pause_s, changed) if self.reload_interval_s \
+                    else None
+                compiled = self._load(newest, pause_s, base=snapshot, changed=changed)
             except Exception:  # a DB outage: the version is compiled when it is published
                 logger.exception("ratelimit_app: could not compile the rules of a publication "
                                  "under way ahead of it")

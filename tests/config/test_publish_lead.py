@@ -102,6 +102,24 @@ def test_a_worker_compiles_the_rules_in_the_lead_and_installs_them_when_publishe
 
 
 @pytest.mark.usefixtures("rows")
+def test_a_publication_that_names_no_rows_is_compiled_whole_in_the_lead():
+    limiter().bump_config_version()
+    other = worker()
+    try:
+        held = other.snapshot()
+        versions, _ = publisher(lambda: other.policies._prepare_published(held))
+        Rule.objects.filter(name="r3").update(burst=66)
+        published = versions.publish(None)  # what `ratelimit reload` publishes: unknown rows
+        with CaptureQueriesContext(connection) as captured:
+            decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+        assert config_queries(captured) == [] and other.policies.prepared_installs == 1
+        assert other.policies.last_compile == "everything"
+        assert burst_of(decision, "r3") == 66 and other.snapshot().version == published
+    finally:
+        other.close()
+
+
+@pytest.mark.usefixtures("rows")
 def test_rules_prepared_on_an_older_snapshot_or_with_other_changes_noted_are_compiled():
     limiter().bump_config_version()
     other = worker()
