@@ -261,6 +261,13 @@ seen = {"allowed": [], "decisions": 0, "errors": []}
 
 def hammer(client):
     buckets = shared + clients[client]
+    # before the gate opens: the process's first call builds its Limiter and reads the
+    # Cluster's slots, each thread's opens its connections (on a loaded machine that took more
+    # than the gate's lead, and the full buckets lost refill to their cap meanwhile)
+    try:
+        default_limiter().take(buckets, debit=False)
+    finally:
+        warmed.wait()
     go.wait()
     give_up_at = time.monotonic() + 60
     decisions, allowed = 0, []
@@ -284,8 +291,10 @@ def hammer(client):
         seen["decisions"] += decisions
 
 threads = [threading.Thread(target=hammer, args=(client,)) for client in config["threads"]]
+warmed = threading.Barrier(len(threads) + 1)
 for thread in threads:
     thread.start()
+warmed.wait(60)
 print("ready", flush=True)
 assert sys.stdin.readline().strip() == "go"
 go.set()
