@@ -171,10 +171,15 @@ def reload_interval_s(config):
     A value ``reload_interval_problem`` refuses counts as the default: check E010 reports it,
     and edits are still applied meanwhile.
     """
-    value = config["CONFIG_RELOAD_INTERVAL_S"]
-    if reload_interval_problem(value):
-        value = DEFAULTS["CONFIG_RELOAD_INTERVAL_S"]
+    value = _valid_or_default(config, "CONFIG_RELOAD_INTERVAL_S", reload_interval_problem)
     return float(value) if value else None
+
+
+def _valid_or_default(config, name, problem_of):
+    """Return ``config[name]``, or its default when ``problem_of`` finds something wrong with
+    it (a system check reports it)."""
+    value = config[name]
+    return DEFAULTS[name] if problem_of(value) else value
 
 
 def reload_interval_problem(value):
@@ -194,19 +199,13 @@ def reload_interval_problem(value):
 def watch_interval_s(config):
     """Return CONFIG_WATCH_INTERVAL_S of ``config`` in seconds; a value
     ``watch_interval_problem`` refuses counts as the default (check E011 reports it)."""
-    value = config["CONFIG_WATCH_INTERVAL_S"]
-    if watch_interval_problem(value):
-        value = DEFAULTS["CONFIG_WATCH_INTERVAL_S"]
-    return float(value)
+    return float(_valid_or_default(config, "CONFIG_WATCH_INTERVAL_S", watch_interval_problem))
 
 
 def publish_lead_s(config):
     """Return CONFIG_PUBLISH_LEAD_S of ``config`` in seconds; a value ``publish_lead_problem``
     refuses counts as the default (check E012 reports it)."""
-    value = config["CONFIG_PUBLISH_LEAD_S"]
-    if publish_lead_problem(value):
-        value = DEFAULTS["CONFIG_PUBLISH_LEAD_S"]
-    return float(value)
+    return float(_valid_or_default(config, "CONFIG_PUBLISH_LEAD_S", publish_lead_problem))
 
 
 def publish_lead_problem(value):

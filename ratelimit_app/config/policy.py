@@ -429,9 +429,7 @@ class PolicyCache:
             if self.snapshot is not snapshot or self.stale:
                 return
             try:
-                fingerprint = self._digest(pause_s, changed) if self.reload_interval_s \
-                    else None
-                compiled = self._load(newest, pause_s, base=snapshot, changed=changed)
+                compiled, fingerprint = self._compile(newest, snapshot, changed, pause_s)
             except Exception:  # a DB outage: the version is compiled when it is published
                 logger.exception("ratelimit_app: could not compile the rules of a publication "
                                  "under way ahead of it")
@@ -622,18 +620,13 @@ class PolicyCache:
         base = self.snapshot if self.fingerprint is not None or not self.reload_interval_s \
             else None  # (no fingerprint: no snapshot yet, or one of a failed load)
         prepared = self._take_prepared(version, pending) if base is not None else None
-        if prepared is not None:  # compiled ahead of the publication: a pointer swap
-            snapshot, fingerprint, changed = prepared.snapshot, prepared.fingerprint, \
-                prepared.changed
-        else:
-            changed = self._changed_since(base, pending, version)
         try:
             if prepared is None:
-                # the digest before the rows: a change landing between the two then makes the
-                # next comparison reload once more, rather than hide behind a newer digest
-                fingerprint = self._digest(pause_s, changed) if self.reload_interval_s \
-                    else None
-                snapshot = self._load(version, pause_s, base=base, changed=changed)
+                changed = self._changed_since(base, pending, version)
+                snapshot, fingerprint = self._compile(version, base, changed, pause_s)
+            else:  # compiled ahead of the publication: a pointer swap
+                snapshot, fingerprint, changed = prepared.snapshot, prepared.fingerprint, \
+                    prepared.changed
         except Exception:  # a DB outage must not turn into 500s: keep the old rules
             logger.exception("ratelimit_app: could not load the quota configuration")
             self._note_changed(pending)
@@ -662,6 +655,14 @@ class PolicyCache:
         if self._watcher is not None:
             self._watcher.ensure_running()
         return snapshot
+
+    def _compile(self, version, base, changed, pause_s=0.0):
+        """Return the snapshot of ``version`` (``base`` with the parts ``changed`` names read
+        again; everything when None) and the digests of its rows."""
+        # the digest before the rows: a change landing between the two then makes the next
+        # comparison reload once more, rather than hide behind a newer digest
+        fingerprint = self._digest(pause_s, changed) if self.reload_interval_s else None
+        return self._load(version, pause_s, base=base, changed=changed), fingerprint
 
     def _changed_since(self, base, pending, version):
         """Return what changed since ``base`` was compiled (tables and rows, as ``changes.py``

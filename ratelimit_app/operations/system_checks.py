@@ -248,42 +248,42 @@ def _next_minor(version):
     return f"{major}.{minor + 1}"
 
 
+def _seconds_setting(name, problem_of, hint, check_id):
+    """The Error of setting ``name`` when ``problem_of`` finds its value wrong (the default
+    applies meanwhile), as a list; empty when it is right."""
+    problem = problem_of(get_config()[name])
+    if not problem:
+        return []
+    return [Error(f"RATELIMIT_APP['{name}'] {problem}.", hint=hint, id=check_id)]
+
+
 @register(TAG)
 def check_reload_interval(app_configs=None, **kwargs):
     """E010 when CONFIG_RELOAD_INTERVAL_S is not a valid interval (the default applies then)."""
-    problem = reload_interval_problem(get_config()["CONFIG_RELOAD_INTERVAL_S"])
-    if not problem:
-        return []
-    return [Error(
-        f"RATELIMIT_APP['CONFIG_RELOAD_INTERVAL_S'] {problem}.",
-        hint="Give the seconds (1 or more, e.g. 30) within which rows changed without a signal "
-             "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
-             "Until then the default (30) applies.",
-        id="ratelimit_app.E010")]
+    return _seconds_setting(
+        "CONFIG_RELOAD_INTERVAL_S", reload_interval_problem,
+        "Give the seconds (1 or more, e.g. 30) within which rows changed without a signal "
+        "(update(), bulk_create, raw SQL) are applied, or 0 or None to turn that off. "
+        "Until then the default (30) applies.",
+        "ratelimit_app.E010")
 
 
 @register(TAG)
 def check_watch_interval(app_configs=None, **kwargs):
     """E011 when CONFIG_WATCH_INTERVAL_S is not a valid interval (the default applies then)."""
-    problem = watch_interval_problem(get_config()["CONFIG_WATCH_INTERVAL_S"])
-    if not problem:
-        return []
-    return [Error(
-        f"RATELIMIT_APP['CONFIG_WATCH_INTERVAL_S'] {problem}.",
-        hint="Give the seconds (0.01 to 10, e.g. 0.05) between two reads of the config version "
-             "by each worker's watcher thread. Until then the default (0.05) applies.",
-        id="ratelimit_app.E011")]
+    return _seconds_setting(
+        "CONFIG_WATCH_INTERVAL_S", watch_interval_problem,
+        "Give the seconds (0.01 to 10, e.g. 0.05) between two reads of the config version "
+        "by each worker's watcher thread. Until then the default (0.05) applies.",
+        "ratelimit_app.E011")
 
 
 @register(TAG)
 def check_publish_lead(app_configs=None, **kwargs):
     """E012 when CONFIG_PUBLISH_LEAD_S is not a valid lead (the default applies then)."""
-    problem = publish_lead_problem(get_config()["CONFIG_PUBLISH_LEAD_S"])
-    if not problem:
-        return []
-    return [Error(
-        f"RATELIMIT_APP['CONFIG_PUBLISH_LEAD_S'] {problem}.",
-        hint="Give the seconds (0 to 1, e.g. 0.1) by which an edit's record of changed rows "
-             "precedes its version, for the workers to compile the new rules ahead of it. "
-             "Until then the default (0.1) applies.",
-        id="ratelimit_app.E012")]
+    return _seconds_setting(
+        "CONFIG_PUBLISH_LEAD_S", publish_lead_problem,
+        "Give the seconds (0 to 1, e.g. 0.1) by which an edit's record of changed rows "
+        "precedes its version, for the workers to compile the new rules ahead of it. "
+        "Until then the default (0.1) applies.",
+        "ratelimit_app.E012")

@@ -383,15 +383,11 @@ class ClusterStore(Store):
         then the version key: a call fenced by a copy finds what the version changed, and by
         the time the version is published, every fenced call compares with it."""
         def write(client):
-            if changes is not None:
-                changes_key, entry = changes
-                record = client.pipeline(transaction=False)  # one key: one MULTI-less batch
-                record.lpush(changes_key, entry)
-                record.ltrim(changes_key, 0, CHANGE_LOG_LENGTH - 1)
-                record.execute()
             self._write_copies(client, version_key, value)
             client.set(version_key, value)
 
+        if changes is not None:
+            self.record_change(*changes)
         self._call(write)
 
     def finish_publication(self, version_key, expected, value):

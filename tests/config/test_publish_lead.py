@@ -37,6 +37,16 @@ def publisher(during_lead, lead_s=0.1):
                           sleep=lead), seen
 
 
+@pytest.fixture
+def other(rows):  # noqa: F811 (the fixture imported above)
+    """Another worker of the deployment, holding the rules of a published version."""
+    limiter().bump_config_version()
+    another = worker()
+    another.snapshot()
+    yield another
+    another.close()
+
+
 def burst_of(decision, name):
     return {policy.name: policy.burst for policy in decision.policies}[name]
 
@@ -67,81 +77,63 @@ def test_no_lead_when_no_row_changed_or_none_is_asked():
     assert leads == [0.1]
 
 
-@pytest.mark.usefixtures("rows")
-def test_a_worker_compiles_the_rules_in_the_lead_and_installs_them_when_published():
-    limiter().bump_config_version()
-    other = worker()
-    try:
-        held = other.snapshot()
-        rule = Rule.objects.get(name="r0")
-        in_lead = []
+def test_a_worker_compiles_the_rules_in_the_lead_and_installs_them_when_published(other):
+    held = other.snapshot()
+    rule = Rule.objects.get(name="r0")
+    in_lead = []
 
-        def watcher_round():
-            # what the other worker's watcher does in its next round: the record is ahead
-            other.policies._prepare_published(held)
-            prepared = other.policies.prepared
-            # decisions meanwhile: the rules in force, debited (the version key is theirs)
-            decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-            in_lead.append((prepared.snapshot.version, burst_of(decision, "r0"),
-                            other.snapshot() is held))
-
-        versions, _ = publisher(watcher_round)
-        Rule.objects.filter(pk=rule.pk).update(burst=77)
-        published = versions.publish({f"rule:{rule.pk}"})
-        assert in_lead == [(published, 10, True)]
-
-        # the first request after the publication: fenced, it finds the rules compiled
-        with CaptureQueriesContext(connection) as captured:
-            decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-        assert config_queries(captured) == []
-        assert other.policies.prepared_installs == 1 and other.policies.prepared is None
-        assert burst_of(decision, "r0") == 77 and other.snapshot().version == published
-        assert compared(other.snapshot()) == compared(compile_snapshot("x", NOW))
-    finally:
-        other.close()
-
-
-@pytest.mark.usefixtures("rows")
-def test_a_publication_that_names_no_rows_is_compiled_whole_in_the_lead():
-    limiter().bump_config_version()
-    other = worker()
-    try:
-        held = other.snapshot()
-        versions, _ = publisher(lambda: other.policies._prepare_published(held))
-        Rule.objects.filter(name="r3").update(burst=66)
-        published = versions.publish(None)  # what `ratelimit reload` publishes: unknown rows
-        with CaptureQueriesContext(connection) as captured:
-            decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-        assert config_queries(captured) == [] and other.policies.prepared_installs == 1
-        assert other.policies.last_compile == "everything"
-        assert burst_of(decision, "r3") == 66 and other.snapshot().version == published
-    finally:
-        other.close()
-
-
-@pytest.mark.usefixtures("rows")
-def test_rules_prepared_on_an_older_snapshot_or_with_other_changes_noted_are_compiled():
-    limiter().bump_config_version()
-    other = worker()
-    try:
-        held = other.snapshot()
-        rule = Rule.objects.get(name="r1")
-
-        def prepare_then_note_another_change():
-            other.policies._prepare_published(held)
-            assert other.policies.prepared is not None
-            # this process saw another table change meanwhile (its own edit, a comparison)
-            other.policies.invalidate({"endpointcost"})
-
-        versions, _ = publisher(prepare_then_note_another_change)
-        Rule.objects.filter(pk=rule.pk).update(burst=55)
-        versions.publish({f"rule:{rule.pk}"})
+    def watcher_round():
+        # what the other worker's watcher does in its next round: the record is ahead
+        other.policies._prepare_published(held)
+        prepared = other.policies.prepared
+        # decisions meanwhile: the rules in force, debited (the version key is theirs)
         decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
-        assert other.policies.prepared_installs == 0  # compiled, reading both
-        assert other.policies.last_compile == ["endpointcost", f"rule:{rule.pk}"]
-        assert burst_of(decision, "r1") == 55
-    finally:
-        other.close()
+        in_lead.append((prepared.snapshot.version, burst_of(decision, "r0"),
+                        other.snapshot() is held))
+
+    versions, _ = publisher(watcher_round)
+    Rule.objects.filter(pk=rule.pk).update(burst=77)
+    published = versions.publish({f"rule:{rule.pk}"})
+    assert in_lead == [(published, 10, True)]
+
+    # the first request after the publication: fenced, it finds the rules compiled
+    with CaptureQueriesContext(connection) as captured:
+        decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    assert config_queries(captured) == []
+    assert other.policies.prepared_installs == 1 and other.policies.prepared is None
+    assert burst_of(decision, "r0") == 77 and other.snapshot().version == published
+    assert compared(other.snapshot()) == compared(compile_snapshot("x", NOW))
+
+
+def test_a_publication_that_names_no_rows_is_compiled_whole_in_the_lead(other):
+    held = other.snapshot()
+    versions, _ = publisher(lambda: other.policies._prepare_published(held))
+    Rule.objects.filter(name="r3").update(burst=66)
+    published = versions.publish(None)  # what `ratelimit reload` publishes: unknown rows
+    with CaptureQueriesContext(connection) as captured:
+        decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    assert config_queries(captured) == [] and other.policies.prepared_installs == 1
+    assert other.policies.last_compile == "everything"
+    assert burst_of(decision, "r3") == 66 and other.snapshot().version == published
+
+
+def test_rules_prepared_on_an_older_snapshot_or_with_other_changes_noted_are_compiled(other):
+    held = other.snapshot()
+    rule = Rule.objects.get(name="r1")
+
+    def prepare_then_note_another_change():
+        other.policies._prepare_published(held)
+        assert other.policies.prepared is not None
+        # this process saw another table change meanwhile (its own edit, a comparison)
+        other.policies.invalidate({"endpointcost"})
+
+    versions, _ = publisher(prepare_then_note_another_change)
+    Rule.objects.filter(pk=rule.pk).update(burst=55)
+    versions.publish({f"rule:{rule.pk}"})
+    decision = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+    assert other.policies.prepared_installs == 0  # compiled, reading both
+    assert other.policies.last_compile == ["endpointcost", f"rule:{rule.pk}"]
+    assert burst_of(decision, "r1") == 55
 
 
 @pytest.mark.usefixtures("rows")
