@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import pytest
 
+from ratelimit_app.conf import DEFAULTS
+
 from ..asgi_server import Gunicorn, Uvicorn, get
 from ..helpers import poll_until, server_store
 from .test_reload_live import SETUP, VERSION_KEY, python, stop_server
@@ -57,9 +59,10 @@ for _ in range(count):
     threading.Event().wait(max(0.0, due - time.monotonic()))
     due += gap_s
     rule.burst += 1
+    saving = time.time()
     rule.save()
     saved_at = time.time()
-    print(json.dumps({"at": saved_at, "burst": rule.burst,
+    print(json.dumps({"at": saved_at, "burst": rule.burst, "saving": saving,
                       "version": default_limiter().read_version()}), flush=True)
 """
 
@@ -141,6 +144,9 @@ class Published(NamedTuple):
     at: float
     burst: int
     version: str
+    # when the save that published it began (EDIT): its version key was written no sooner
+    # than CONFIG_PUBLISH_LEAD_S after, its record of changes having come first
+    saving: float = 0.0
 
 
 class Record(NamedTuple):
@@ -298,6 +304,23 @@ def assert_never_older(records, published, local_refusals_s=0.0):
                      "\n".join(late[:10])
 
 
+def assert_never_ahead(records, edits):
+    """No request was decided on an edit's version before that version was published: the
+    rules a worker's watcher compiles in the publication's lead (CONFIG_PUBLISH_LEAD_S) are
+    installed only once the version key holds their version (and a worker that installed them
+    early would have its debits refused by the fence until then). A response can only end after
+    the decision it carries, and the version key is written at least the lead after the save
+    began."""
+    lead_s = DEFAULTS["CONFIG_PUBLISH_LEAD_S"]
+    written_after = {e.version: e.saving + lead_s for e in edits}
+    early = [f"worker {r.worker}'s answer on {r.version} ended "
+             f"{(written_after[r.version] - r.ended) * 1000:.0f} ms before it could be published"
+             for r in records
+             if r.version in written_after and r.ended < written_after[r.version]]
+    assert not early, f"{len(early)} requests decided on a version not yet published:\n" + \
+        "\n".join(early[:10])
+
+
 def by_worker(records):
     return {worker: sum(r.worker == worker for r in records)
             for worker in sorted({r.worker for r in records}, key=str)}
@@ -335,6 +358,7 @@ def test_no_request_after_an_edit_is_decided_on_older_rules(deployment, threads,
     settle(deployment, edits, records)
     assert_decided(records)
     assert_never_older(records, edits)
+    assert_never_ahead(records, edits)
 
 
 # --- a dated override --------------------------------------------------------------------------
