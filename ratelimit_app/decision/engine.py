@@ -285,7 +285,7 @@ def settle_args(buckets, extra, now_ms=None):
         reach = bucket.capacity_units + debt_units
         delta_units = max(-reach, min(reach, extra * bucket.period_ms))
         args.append(spec + _SETTLE.pack(delta_units, debt_units))
-    return [bucket.key for bucket in buckets], args
+    return tuple([bucket.key for bucket in buckets]), args
 
 
 def fence_flag(version):

@@ -83,8 +83,11 @@ class Flusher:
     """
 
     def __init__(self, recorder, client_provider, clock=time.time, config=get_config,
-                 request_errors=None, unexpected=None):
+                 request_errors=None, unexpected=None, before_flush=None):
         self.recorder = recorder
+        # run before each flush: a Limiter reads the replies of its settles still unread,
+        # whose counts would otherwise wait for the worker's next request
+        self.before_flush = before_flush
         self.client_provider = client_provider
         self.request_errors = request_errors or (lambda: 0)
         self.unexpected = unexpected or UnexpectedErrorLog().report
@@ -108,6 +111,8 @@ class Flusher:
         for the next flush). Never raises."""
         pending = {}
         try:
+            if self.before_flush is not None:
+                self.before_flush()
             client = self.client_provider()  # before taking: if it raises, nothing is lost
             pending = self.recorder.take_pending()
             self.usage.take(pending)

@@ -185,7 +185,8 @@ class Limiter:
         self.flusher = metrics.Flusher(self.recorder, client_provider=store.metrics_client,
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors,
-                                       unexpected=self.unexpected_error)
+                                       unexpected=self.unexpected_error,
+                                       before_flush=store.collect_unanswered)
         self.flusher.autostart = metrics_autostart
         # decisions are counted in batches while a later decision waits for Redis (recorder.py)
         store.run_while_waiting(self._count_metrics_while_waiting)
@@ -395,12 +396,52 @@ class Limiter:
         """Settle the request of ``decision``, a metered one (``decision.meter``), once its
         response is finished: charge its buckets what it reported instead of its estimate,
         count it in the metrics and usage at that cost, and note the alert thresholds its
-        settle reached. Runs once per request (later calls do nothing)."""
+        settle reached. Runs once per request (later calls do nothing).
+
+        The settle.lua call is sent, not waited for (Store.settle_later): Redis applies it as
+        it arrives, and what needs its reply (the count at the settled cost, a credit
+        balance's charge, the alert thresholds) is done once the reply is read: before the
+        connection's next decision, with other settles' replies, or at the latest at the next
+        metrics flush (HeldConnections.send_unanswered)."""
         meter = decision.meter
         extra = meter.close()
         if extra is None:
             return
-        reply = self.settle_units(meter.buckets, extra) if extra else None
+        if not extra:
+            self.record(decision)
+            return
+
+        self.settle_units_later(meter.buckets, extra,
+                                lambda reply: self._note_settled(decision, extra, reply))
+
+    def settle_units_later(self, settled, extra, on_settled):
+        """``settle_units`` without waiting for Redis's reply (Store.settle_later):
+        ``on_settled`` gets what ``settle_units`` returns once the reply is read (at once when
+        nothing could be sent), in whichever thread reads it."""
+        def settled_reply(reply):
+            try:
+                if isinstance(reply, StoreUnavailable):
+                    self._store_failed(reply)
+                    reply = self._not_settled(reply)
+                on_settled(reply)
+            except Exception as error:  # it runs in another request's call: never fail that
+                self.unexpected_error(error, "counting a settled request")
+
+        now_ms = self.clock.redis_now_ms()  # a test clock's time, as take's; else None
+        try:
+            self._guarded(self.store.settle_later, *engine.settle_args(settled, extra, now_ms),
+                          settled_reply)
+        except StoreUnavailable as exc:
+            on_settled(self._not_settled(exc))
+            return
+        if extra < 0 and self.deny_cache is not None:
+            self.deny_cache.forget(settled)  # (see settle_units)
+
+    def _note_settled(self, decision, extra, reply):
+        """Count the settled request of ``decision`` at its cost, and note the alert
+        thresholds its settle reached (``reply``: Store.settle's, or None when the store
+        could not be told)."""
+        meter = decision.meter
         self.record(settled_decision(decision, meter, extra, reply))
         if reply is not None and meter.alerts and extra > 0:
             # every bucket took ``extra``: none is short of it (a bucket emptied, or in debt,

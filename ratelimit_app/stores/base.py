@@ -149,6 +149,24 @@ class Store:
         (``settled_pairs``). Raises StoreUnavailable."""
         raise NotImplementedError
 
+    def settle_later(self, bucket_keys, args, on_settled):
+        """``settle`` without waiting for its reply where the store can: the call is sent
+        now (Redis applies it as it arrives), and ``on_settled`` is called with what
+        ``settle`` returns, or the StoreUnavailable it raises, once the reply is read (see
+        HeldConnections.send_unanswered), in whichever thread reads it. This default waits
+        (a Cluster's calls, one per slot group). Raises StoreUnavailable when nothing could
+        be sent (``on_settled`` is then not called)."""
+        try:
+            settled = self.settle(bucket_keys, args)
+        except StoreUnavailable as exc:
+            on_settled(exc)
+            return
+        on_settled(settled)
+
+    def collect_unanswered(self):
+        """Read the replies of calls sent without waiting (``settle_later``) that are still
+        unread, and hand them on; nothing where every call waits for its reply."""
+
     def release(self, slot_keys, member):
         """Release a request's concurrency slot ``member`` (bytes) in ``slot_keys``, idempotently.
         Raises StoreUnavailable."""

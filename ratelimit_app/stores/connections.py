@@ -58,6 +58,10 @@ __all__ = ["HeldConnections", "Wire"]
 WIRE_CLASSES = (Connection, SSLConnection, UnixDomainSocketConnection)
 # kernel timeouts take a struct timeval (two C longs on Linux's 64-bit ABIs)
 _TIMEVAL = struct.Struct("ll")
+# replies a connection may owe (commands sent by HeldConnections.send_unanswered, their replies
+# not read yet) before the next such command reads them: calls sent back to back have their
+# replies read in one go, mostly from one receive, instead of a wait for each
+MAX_UNANSWERED = 32
 KERNEL_TIMEOUTS = sys.platform == "linux" and _TIMEVAL.size == 16
 
 
@@ -82,7 +86,9 @@ class HeldConnections:
     def __init__(self, pool, recheck_after_s=0.005):
         self.pool = pool
         self.recheck_after_s = recheck_after_s
-        self._idle = []  # (connection, monotonic time it was last used, its Wire or None)
+        # (connection, monotonic time it was last used, its Wire or None, the callbacks of the
+        # replies sent for and not read yet: send_unanswered)
+        self._idle = []
         self._fork_generation = _Forks.generation
         # run between writing a command and reading its reply (see the module's docstring);
         # it must not raise
@@ -91,21 +97,8 @@ class HeldConnections:
     def request(self, packed_command):
         """Send ``packed_command`` (bytes or a list of bytes) and return its reply; redis-py's
         errors propagate. An error reply (NOSCRIPT, READONLY) leaves the connection in use."""
-        if self._fork_generation != _Forks.generation:
-            # a forked child (gunicorn --preload): the parent's sockets are not its own; the
-            # connections are dropped without a word to the server (redis-py only shuts a
-            # socket down in the process that opened it)
-            self._idle, self._fork_generation = [], _Forks.generation
+        connection, now, wire, _ = self._ready_connection(owed_kept=0)
         try:
-            connection, used_at, wire = self._idle.pop()
-        except IndexError:
-            connection, used_at, wire = self.pool.get_connection(), None, None
-        now = time.monotonic()
-        try:
-            if used_at is not None and now - used_at > self.recheck_after_s:
-                self._reopen_if_stale(connection)
-            if wire is None or wire.sock is not connection._sock:
-                wire = Wire.for_connection(connection)  # a new (or reopened) connection
             if wire is None:
                 connection.send_packed_command(packed_command, check_health=False)
                 if self.while_waiting is not None:
@@ -114,15 +107,105 @@ class HeldConnections:
             else:
                 reply = wire.exchange(packed_command, self.while_waiting)
         except ResponseError:
-            self._idle.append((connection, now, wire))
+            self._idle.append((connection, now, wire, ()))
             raise
         except BaseException:
             # a reply may still be on its way (a timeout, an interrupt): never reuse the socket
             connection.disconnect()
             self.pool.release(connection)
             raise
-        self._idle.append((connection, now, wire))
+        self._idle.append((connection, now, wire, ()))
         return reply
+
+    def send_unanswered(self, packed_command, on_reply):
+        """Send ``packed_command`` and return without waiting for its reply: ``on_reply`` is
+        called with it (an error reply, or the failure that lost it: the exception) once it is
+        read, in whichever thread that is: before that connection's next ``request``, by
+        ``collect``, or by a ``send_unanswered`` that finds MAX_UNANSWERED replies owed on it
+        or finds it idle for longer than ``recheck_after_s`` (their replies have arrived by
+        then). ``on_reply`` must not raise. redis-py's errors in sending propagate
+        (``on_reply`` is then never called). What a settle costs its request."""
+        connection, now, wire, owed = self._ready_connection(owed_kept=MAX_UNANSWERED)
+        try:
+            if wire is None:
+                connection.send_packed_command(packed_command, check_health=False)
+            else:
+                wire.send(packed_command)
+        except BaseException:
+            connection.disconnect()  # a command written in part: the socket is not reused
+            self.pool.release(connection)
+            for on_earlier_reply in owed:  # (their replies are lost with the socket)
+                on_earlier_reply(ConnectionError("the connection failed before its reply"))
+            raise
+        self._idle.append((connection, now, wire, owed + (on_reply,)))
+
+    def collect(self):
+        """Read the replies still unread on the idle connections (``send_unanswered``), and
+        hand each to its ``on_reply``: what the metrics flush does, so that an idle worker's
+        last replies are not left waiting for its next request."""
+        held = []
+        while True:
+            try:
+                connection, used_at, wire, unanswered = self._idle.pop()
+            except IndexError:
+                break
+            if unanswered:
+                self._read_unanswered(connection, wire, unanswered)
+            held.append((connection, used_at, wire, ()))
+        self._idle.extend(held)
+
+    def _ready_connection(self, owed_kept):
+        """Take an idle connection (or one from the pool), checked if it sat idle; return
+        ``(connection, now, wire, owed)``: ``owed`` the callbacks of the replies it still owes
+        (fewer than ``owed_kept``, on a connection used within ``recheck_after_s``). Those it
+        owed beyond are read and handed on first."""
+        if self._fork_generation != _Forks.generation:
+            # a forked child (gunicorn --preload): the parent's sockets are not its own; the
+            # connections are dropped without a word to the server (redis-py only shuts a
+            # socket down in the process that opened it)
+            self._idle, self._fork_generation = [], _Forks.generation
+        try:
+            connection, used_at, wire, unanswered = self._idle.pop()
+        except IndexError:
+            connection, used_at, wire, unanswered = self.pool.get_connection(), None, None, ()
+        now = time.monotonic()
+        idle_long = used_at is not None and now - used_at > self.recheck_after_s
+        if unanswered and (idle_long or len(unanswered) >= owed_kept):
+            # before the staleness check, to which those replies would be stray data
+            self._read_unanswered(connection, wire, unanswered)
+            unanswered = ()
+        try:
+            if idle_long:
+                self._reopen_if_stale(connection)
+            if wire is None or wire.sock is not connection._sock:
+                wire = Wire.for_connection(connection)  # a new (or reopened) connection
+        except BaseException:
+            connection.disconnect()
+            self.pool.release(connection)
+            for on_reply in unanswered:  # (their replies are lost with the socket)
+                on_reply(ConnectionError("the connection failed before its reply"))
+            raise
+        return connection, now, wire, unanswered
+
+    @staticmethod
+    def _read_unanswered(connection, wire, unanswered):
+        """Read the replies of ``unanswered`` (callbacks, in the order their commands were
+        sent) on ``connection`` and hand each on. A failure to read closes the connection (it
+        reopens at its next use) and is handed to every callback still waiting."""
+        for position, on_reply in enumerate(unanswered):
+            try:
+                if wire is not None and wire.sock is connection._sock:
+                    reply = wire.read_reply()
+                else:
+                    reply = connection.read_response()
+            except ResponseError as error:
+                reply = error  # the command's own answer: the connection is fine
+            except Exception as error:  # noqa: BLE001 - the callbacks decide what it means
+                connection.disconnect()
+                for waiting in unanswered[position:]:
+                    waiting(error)
+                return
+            on_reply(reply)
 
     def release_unowned(self):
         """Give back the idle connections the pool no longer owns (a Sentinel pool whose master
@@ -133,7 +216,9 @@ class HeldConnections:
                 held = self._idle.pop()
             except IndexError:
                 break
-            connection, _, wire = held
+            connection, _, wire, unanswered = held
+            if unanswered:
+                self._read_unanswered(connection, wire, unanswered)
             if self.pool.owns_connection(connection):
                 kept.append(held)
             else:
@@ -144,9 +229,11 @@ class HeldConnections:
         """Give the idle connections back to the pool (a replaced store's)."""
         while True:
             try:
-                connection, _, wire = self._idle.pop()
+                connection, _, wire, unanswered = self._idle.pop()
             except IndexError:
                 return
+            if unanswered:
+                self._read_unanswered(connection, wire, unanswered)
             _give_back(self.pool, connection, wire)
 
     @staticmethod
@@ -223,7 +310,14 @@ class Wire:
         """Send ``packed_command`` (a list of bytes, as ``pack_command`` returns), run
         ``while_waiting`` (if given) and return the reply; an error reply is raised as
         redis-py's exception for it."""
-        sock, reader, buffer = self.sock, self.reader, self.buffer
+        self.send(packed_command)
+        if while_waiting is not None:
+            while_waiting()
+        return self.read_reply()
+
+    def send(self, packed_command):
+        """Write ``packed_command`` (a list of bytes) to the socket."""
+        sock = self.sock
         if sock.timeout is not None and self.timeout is not None:
             # redis-py set a timeout again (an older parser's can_read; a relaxed timeout
             # during a server's maintenance): the kernel takes that one
@@ -231,8 +325,13 @@ class Wire:
         try:
             for part in packed_command:
                 sock.sendall(part)
-            if while_waiting is not None:
-                while_waiting()
+        except (socket.timeout, BlockingIOError):  # a Python timeout, or the kernel's (EAGAIN)
+            raise TimeoutError("Timeout writing to socket") from None
+
+    def read_reply(self):
+        """Read the next reply; an error reply is raised as redis-py's exception for it."""
+        sock, reader, buffer = self.sock, self.reader, self.buffer
+        try:
             while True:
                 reply = reader.gets()
                 if reply is False:  # not all of it has arrived

@@ -86,10 +86,38 @@ def encode_evalsha(sha, keys, args):
     """Return the EVALSHA of ``sha`` on ``keys`` (str) with ``args`` (bytes or int) as RESP
     bytes: what redis-py's packer writes, without its per-argument checks (a settle's
     arguments are built here, of known types: a third of its client-side cost went there)."""
-    parts = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *[key.encode() for key in keys],
-             *[arg if type(arg) is bytes else b"%d" % arg for arg in args]]
-    return b"".join([b"*%d\r\n" % len(parts),
-                     *[b"$%d\r\n%b\r\n" % (len(part), part) for part in parts]])
+    return EvalshaEncoder().encode(sha, keys, args)
+
+
+# Encoded heads of EVALSHA commands kept per encoder (one per bucket plan settled; cleared when
+# full)
+MAX_ENCODED_HEADS = 4096
+
+
+class EvalshaEncoder:
+    """``encode_evalsha`` keeping the encoded head of each command shape (script, keys, number
+    of arguments): a settle's keys are those of its bucket plan, the same request after
+    request, so only its arguments are encoded each time."""
+
+    def __init__(self):
+        self.heads = {}
+
+    def encode(self, sha, keys, args):
+        """Return the EVALSHA of ``sha`` on ``keys`` (str) with ``args`` (bytes or int)."""
+        keys = tuple(keys)  # (itself when it is one)
+        shape = (sha, keys, len(args))
+        head = self.heads.get(shape)
+        if head is None:
+            if len(self.heads) >= MAX_ENCODED_HEADS:
+                self.heads.clear()
+            parts = [b"EVALSHA", sha.encode(), b"%d" % len(keys),
+                     *[key.encode() for key in keys]]
+            head = self.heads[shape] = b"".join(
+                [b"*%d\r\n" % (len(parts) + len(args)),
+                 *[b"$%d\r\n%b\r\n" % (len(part), part) for part in parts]])
+        return head + b"".join([b"$%d\r\n%b\r\n" % (len(arg), arg) if type(arg) is bytes
+                                else b"$%d\r\n%d\r\n" % (len(b"%d" % arg), arg)
+                                for arg in args])
 
 
 class RedisStore(Store):
@@ -103,6 +131,7 @@ class RedisStore(Store):
         # SCRIPT FLUSH), so the source is sent only when needed
         self._take = client.register_script(script_source("take"))
         self.encoded_takes = EncodedTakes(self._pack)
+        self.evalsha_encoder = EvalshaEncoder()
         self._connections = HeldConnections(client.connection_pool)
 
     @classmethod
@@ -182,12 +211,43 @@ class RedisStore(Store):
             self._settle = self.client.register_script(script_source("settle"))
         return settled_pairs(self._call(self._evalsha_once, self._settle, bucket_keys, args))
 
+    def settle_later(self, bucket_keys, args, on_settled):
+        if self._settle is None:
+            self._settle = self.client.register_script(script_source("settle"))
+        command = [self.evalsha_encoder.encode(self._settle.sha, bucket_keys, args)]
+
+        def on_reply(reply):
+            if isinstance(reply, BaseException) and \
+                    _caused_by(reply, (NoScriptError, ReadOnlyError)):
+                # it did not run (a script cache flushed, a master demoted): sent again,
+                # waiting for its reply this time
+                try:
+                    if _caused_by(reply, NoScriptError):
+                        self._call(self.client.script_load, self._settle.script)
+                    reply = self.settle(bucket_keys, args)
+                except StoreUnavailable as exc:
+                    reply = exc
+            elif isinstance(reply, BaseException):
+                # a lost reply: the settle may have applied; never sent twice
+                reply = StoreUnavailable(f"{type(reply).__name__}: {reply}")
+            else:
+                reply = settled_pairs(reply)
+            on_settled(reply)
+
+        try:
+            self._connections.send_unanswered(command, on_reply)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    def collect_unanswered(self):
+        self._connections.collect()
+
     def _evalsha_once(self, script, keys, args):
         """Send ``script``'s EVALSHA on a held connection, as a take is sent: never retried
         (redis-py's client may retry a command whose reply was lost, and a settle is not
         idempotent); NOSCRIPT (the script did not run) loads it and sends it again. ``keys``
         are str, ``args`` bytes or int."""
-        command = [encode_evalsha(script.sha, keys, args)]
+        command = [self.evalsha_encoder.encode(script.sha, keys, args)]
         try:
             return self._send(command)
         except NoScriptError:
@@ -309,6 +369,11 @@ class SentinelStore(RedisStore):
     def _call(self, method, *args):
         return self._on_master(super()._call, method, *args)
 
+    def settle_later(self, bucket_keys, args, on_settled):
+        if time.monotonic() >= self._next_master_check:
+            self.follow_master()
+        super().settle_later(bucket_keys, args, on_settled)
+
     def _on_master(self, operation, *args, **kwargs):
         """Run ``operation`` (which raises StoreUnavailable) on the current master; again once
         if the node answered READONLY."""
@@ -344,7 +409,8 @@ class SentinelStore(RedisStore):
 
 def _caused_by(error, error_class):
     """True when ``error`` or an exception in its chain (cause or context) is an
-    ``error_class``: redis-py turns READONLY into a ConnectionError raised while handling it."""
+    ``error_class`` (a class or a tuple of them): redis-py turns READONLY into a
+    ConnectionError raised while handling it."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, error_class):

@@ -95,6 +95,9 @@ def credit(ref, units, top_up_id):
 
 
 def stored(ref, redis_client):
+    # a metered request's settle is sent without waiting for its reply: once the reply is read
+    # (as the connection's next call, or the metrics flush, does) it has applied
+    limiter().store.collect_unanswered()
     return BalanceState.unpack(redis_client.get(account_key("rl", ref)))
 
 

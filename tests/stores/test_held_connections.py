@@ -176,7 +176,7 @@ def test_plain_connections_are_served_by_a_wire_and_error_replies_keep_them(redi
     pool = get_redis_connection("default").connection_pool
     held = HeldConnections(pool)
     first = held.request(CLIENT_ID)
-    (_, _, wire), = held._idle
+    (_, _, wire, _), = held._idle
     assert isinstance(wire, Wire) and wire.sock is not None
     with pytest.raises(NoScriptError):  # redis-py's exception, as store.take expects
         held.request(Connection().pack_command("EVALSHA", "0" * 40, 0))
@@ -293,7 +293,7 @@ def test_a_wire_times_out_in_the_kernel_and_gives_the_timeout_back(redis_server,
     held = HeldConnections(pool, recheck_after_s=3600)
     try:
         first = held.request(CLIENT_ID)
-        connection, _, wire = held._idle[0]
+        connection, _, wire, _ = held._idle[0]
         sock = wire.sock
         assert sock.gettimeout() is None  # blocking: no poll before each send and receive
         assert kernel_timeout_s(sock, socket.SO_RCVTIMEO) == pytest.approx(0.3)
@@ -322,7 +322,7 @@ def test_a_wire_times_out_in_the_kernel_and_gives_the_timeout_back(redis_server,
         assert held._idle == []  # a call that timed out never leaves its socket in use
 
         second = held.request(CLIENT_ID)
-        connection, _, wire = held._idle[0]
+        connection, _, wire, _ = held._idle[0]
         assert second != first and wire.sock.gettimeout() is None
         held.give_back()
         assert connection._sock.gettimeout() == 0.3  # redis-py gets the socket it set up
@@ -338,7 +338,7 @@ def test_a_connection_without_a_timeout_is_left_as_it_is(redis_server):
     held = HeldConnections(pool)
     try:
         held.request(CLIENT_ID)
-        (_, _, wire), = held._idle
+        (_, _, wire, _), = held._idle
         assert wire.timeout is None and wire.sock.gettimeout() is None
         assert kernel_timeout_s(wire.sock, socket.SO_RCVTIMEO) == 0  # none set
     finally:
