@@ -143,6 +143,10 @@ class HeldConnections:
         """Read the replies still unread on the idle connections (``send_unanswered``), and
         hand each to its ``on_reply``: what the metrics flush does, so that an idle worker's
         last replies are not left waiting for its next request."""
+        if not any(owed for _, _, _, owed in list(self._idle)):
+            # nothing owed (no metered traffic): the connections stay where they are, so no
+            # decision meanwhile finds the stack empty and opens one more
+            return
         held = []
         while True:
             try:

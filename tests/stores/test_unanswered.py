@@ -173,3 +173,10 @@ def test_the_encoder_keeps_a_bounded_number_of_heads():
         command = encoder.encode("a" * 40, (f"k{n}",), [b"", 7])
         assert command == encode_evalsha("a" * 40, [f"k{n}"], [b"", 7])
     assert len(encoder.heads) == 1  # started afresh when full
+
+
+def test_collect_leaves_connections_that_owe_nothing_where_they_are(held):
+    held.request(incr("n"))
+    entry = held._idle[0]
+    held.collect()  # (the metrics flush, every second, in a worker without metered traffic)
+    assert held._idle == [entry] and held._idle[0] is entry
