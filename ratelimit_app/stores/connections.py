@@ -35,6 +35,13 @@ Between writing a command and reading its reply the process only waits (tens of 
 for a round trip even on one host). ``while_waiting``, when set, is run in that gap: the Limiter
 counts the metrics of earlier decisions there, work that would otherwise run after the reply,
 in the request's time.
+
+A command may also be sent without waiting for its reply (``send_unanswered``: a metered
+request's settle, after its response). The connection then owes that reply, and its callback
+runs once it is read: before the connection's next ``request`` (the reply is there by then),
+in one go once MAX_UNANSWERED are owed, when the connection sat idle past
+``recheck_after_s``, or by ``collect`` (the metrics flush). Redis has applied the command as it
+arrived; only the wait is gone.
 """
 
 import os
@@ -220,9 +227,10 @@ class HeldConnections:
                 held = self._idle.pop()
             except IndexError:
                 break
-            connection, _, wire, unanswered = held
+            connection, used_at, wire, unanswered = held
             if unanswered:
                 self._read_unanswered(connection, wire, unanswered)
+                held = (connection, used_at, wire, ())  # (each reply is handed on once)
             if self.pool.owns_connection(connection):
                 kept.append(held)
             else:
