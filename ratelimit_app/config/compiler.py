@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .changes import by_table
+from .row_queries import rows_by_id
 from .snapshot import ApiKeyEntry, CompiledRule, OverrideEntry, Snapshot
 
 __all__ = ["compile_snapshot", "config_models", "parts_to_read", "pause", "PARTS", "DATED_PARTS",
@@ -112,7 +113,7 @@ def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None)
 # per plan, or per priced endpoint).
 PARTS = {
     "plan": ("plans", "default_authenticated_plan", "default_anonymous_plan"),
-    "rule": ("rules", "failed_auth_rules", "has_alerts", "_rules_for"),
+    "rule": ("rules", "failed_auth_rules", "alerting_rules", "has_alerts", "_rules_for"),
     "planassignment": ("assignments",),
     "apikey": ("api_keys",),
     "identityoverride": ("overrides",),
@@ -225,8 +226,8 @@ _RULE_FIELDS = ("id", "name", "scope", "plan__slug", "endpoint", "rate", "period
 _by_id = operator.attrgetter("id")
 
 
-def _compiled_rules(queryset, pause_s=0.0):
-    """Return the enabled rules of ``queryset`` as CompiledRules."""
+def _compiled_rules(rows):
+    """Return the rule ``rows`` (named tuples of _RULE_FIELDS) as CompiledRules."""
     from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds
 
     fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
@@ -245,18 +246,28 @@ def _compiled_rules(queryset, pause_s=0.0):
             credits=r.kind == Kind.CREDITS,
             refill=r.calendar_period if r.kind == Kind.CREDITS else "",
         )
-        for r in _rows(queryset.filter(enabled=True), *_RULE_FIELDS, pause_s=pause_s)
+        for r in rows
     ]
 
 
-def _rule_fields(rules):
-    """The Snapshot fields of ``rules`` (a tuple ordered by id)."""
+def _counts_failed_auth(rule):
+    return rule.failed_auth
+
+
+def _alerts_on_requests(rule):
+    # (a credits rule's thresholds are of its accounts' top-ups: the checkpoint's, not the
+    # request path's, see business/credits/alerts.py)
+    return bool(rule.alerts) and not rule.credits
+
+
+def _rule_fields(rules, failed_auth_rules, alerting_rules):
+    """The Snapshot fields of ``rules`` (a tuple ordered by id), with those of them that count
+    failed authentications and those with alert thresholds the request path checks."""
     return {
         "rules": rules,
-        "failed_auth_rules": tuple(r for r in rules if r.failed_auth),
-        # (a credits rule's thresholds are of its accounts' top-ups: the checkpoint's, not the
-        # request path's, see business/credits/alerts.py)
-        "has_alerts": any(r.alerts and not r.credits for r in rules),
+        "failed_auth_rules": failed_auth_rules,
+        "alerting_rules": alerting_rules,
+        "has_alerts": bool(alerting_rules),
         "_rules_for": {},  # the memo of rules_for starts afresh with new rules
     }
 
@@ -265,16 +276,36 @@ def _rule_fields(rules):
 def _read_rules(moment, pause_s):
     from .models import Rule
 
-    return _rule_fields(tuple(_compiled_rules(Rule.objects.order_by("id"), pause_s))), None
+    rules = tuple(_compiled_rules(_rows(Rule.objects.filter(enabled=True).order_by("id"),
+                                        *_RULE_FIELDS, pause_s=pause_s)))
+    return _rule_fields(rules, tuple(filter(_counts_failed_auth, rules)),
+                        tuple(filter(_alerts_on_requests, rules))), None
 
 
 def _patch_rules(base, ids, moment):
+    """The rule fields of ``base`` with the rules ``ids`` read again: each found by bisection
+    in the tuples ordered by id, so an edit of one rule among a thousand costs each worker
+    about what one rule does."""
     from .models import Rule
 
-    rules = [rule for rule in base.rules if rule.id not in ids]
-    for rule in _compiled_rules(Rule.objects.filter(id__in=ids)):
-        bisect.insort(rules, rule, key=_by_id)  # (a few rows: quicker than a merge)
-    return _rule_fields(tuple(rules)), None
+    fresh = _compiled_rules(rows_by_id(Rule, _RULE_FIELDS, ids, enabled=True))
+    return _rule_fields(
+        _patched_by_id(base.rules, ids, fresh),
+        _patched_by_id(base.failed_auth_rules, ids, filter(_counts_failed_auth, fresh)),
+        _patched_by_id(base.alerting_rules, ids, filter(_alerts_on_requests, fresh))), None
+
+
+def _patched_by_id(rules, ids, fresh):
+    """Return ``rules`` (a tuple ordered by id) without the rules ``ids``, with ``fresh``
+    (rules read again, some of ``ids``) in their places."""
+    patched = list(rules)
+    for rule_id in ids:
+        at = bisect.bisect_left(patched, rule_id, key=_by_id)
+        if at < len(patched) and patched[at].id == rule_id:
+            del patched[at]
+    for rule in fresh:
+        bisect.insort(patched, rule, key=_by_id)
+    return tuple(patched)
 
 
 _ASSIGNMENT_FIELDS = ("id", "user_id", "plan__slug", "tenant", "starts_at", "ends_at")
@@ -302,7 +333,7 @@ def _read_assignments(moment, pause_s):
 def _patch_assignments(base, ids, moment):
     from .models import PlanAssignment
 
-    rows = _rows(PlanAssignment.objects.filter(id__in=ids), *_ASSIGNMENT_FIELDS)
+    rows = rows_by_id(PlanAssignment, _ASSIGNMENT_FIELDS, ids)
     index = base.part_rows["planassignment"]
     assignments = _without(base.assignments, index, ids)
     assignments.update(_active_assignments(rows, moment))
@@ -350,7 +381,7 @@ def _read_api_keys(moment, pause_s):
 def _patch_api_keys(base, ids, moment):
     from .models import ApiKey
 
-    rows = _rows(ApiKey.objects.filter(active=True, id__in=ids), *_API_KEY_FIELDS)
+    rows = rows_by_id(ApiKey, _API_KEY_FIELDS, ids, active=True)
     index = base.part_rows["apikey"]
     api_keys = _without(base.api_keys, index, ids)
     api_keys.update(_api_key_entries(rows, moment))
@@ -394,7 +425,7 @@ def _read_overrides(moment, pause_s):
 def _patch_overrides(base, ids, moment):
     from .models import IdentityOverride
 
-    fresh = _rows(IdentityOverride.objects.filter(id__in=ids), *_OVERRIDE_FIELDS)
+    fresh = rows_by_id(IdentityOverride, _OVERRIDE_FIELDS, ids)
     index = base.part_rows["identityoverride"].patched(ids, RowIndex.of(fresh, lambda row: row))
     rows = sorted(index.entries.values(), key=_by_id)
     return {"overrides": _active_overrides(rows, moment)}, index

@@ -8,6 +8,7 @@ import functools
 
 from .changes import MAX_ROWS_NAMED, by_table, row_change
 from .compiler import FINGERPRINT_CHUNK_ROWS, config_models, pause
+from .row_queries import with_keys
 
 __all__ = ["config_fingerprint", "changed_rows", "COMPARISON_PAUSE_S"]
 
@@ -139,16 +140,14 @@ def _rows_query(using, name, pks):
     from django.db import connections
 
     sql, params = _rows_query_template(using, connections[using].vendor, name, len(pks))
-    ordered = sorted(pks)
-    return sql, tuple(ordered[-param - 1] if type(param) is int and param < 0 else param
-                      for param in params)
+    return sql, with_keys(params, pks)
 
 
 @functools.lru_cache(maxsize=64)
 def _rows_query_template(using, vendor, name, count):
-    """``_rows_query``'s SQL for ``count`` rows, built once: its params hold the stand-ins -1 to
-    -count for the primary keys (none is negative), the 1st to the last of them in ascending
-    order. Building it takes the ORM about 4 ms; reading a row by its key, a tenth of that."""
+    """``_rows_query``'s SQL for ``count`` rows, built once, with stand-ins for the primary keys
+    (see ``row_queries.with_keys``). Building it takes the ORM about 4 ms; reading a row by its
+    key, a tenth of that."""
     model = next(model for model in config_models() if model._meta.model_name == name)
     columns, names = _text_columns(model, 1 + len(model._meta.concrete_fields))
     query = model._default_manager.db_manager(using).filter(pk__in=range(-1, -count - 1, -1)) \

@@ -50,6 +50,11 @@ logger = logging.getLogger("ratelimit_app")
 ANNOUNCE_GRACE_S = 0.25
 ANNOUNCE_GRACE_POLL_S = 0.01
 
+# How long the watcher keeps its database connection between rounds: connecting (and SQLite's
+# reading of the schema) costs a worker more CPU than compiling an edit of one row, and every
+# worker compiles every edit. One connection per worker, closed at least this often.
+WATCHER_CONNECTION_S = 60.0
+
 # The longest a worker trusts its monotonic clock to say when a dated row starts or ends: the
 # wall clock is read again after this long (it may have been stepped meanwhile).
 SCHEDULE_RECHECK_S = 60.0
@@ -169,7 +174,8 @@ class PolicyCache:
         self._edits_here = self._edits_reloaded = 0
         self._moment_missed = False
         self._watcher = (WorkerThread(self._watch, "ratelimit-config-watcher",
-                                      every_s=self._until_next_watch)
+                                      every_s=self._until_next_watch,
+                                      keep_connections_s=WATCHER_CONNECTION_S)
                          if in_threads else None)
 
     def _load(self, version, pause_s=0.0, at=None, base=None, changed=None):

@@ -88,7 +88,8 @@ class Snapshot:
     version: str
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
-    has_alerts: bool = False       # a rule has alert thresholds (see business/alerts/crossings.py)
+    alerting_rules: tuple = ()     # those with alert thresholds the request path checks
+    has_alerts: bool = False       # alerting_rules is not empty (see business/alerts/crossings.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None

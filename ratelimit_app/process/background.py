@@ -5,13 +5,17 @@ The metrics' flush (metrics/flush.py), the alerts' drain (business/alerts/crossi
 comparison of the quota rows with the rules in memory (config/policy.py) each own one. The thread
 starts at the first ``wake()``, and again in a child process forked after it started (a fork copies
 no thread: ``is_alive()`` is then False). It uses database connections of its own (Django's are per
-thread), closed after each round, so it holds none while it waits.
+thread), closed after each round, so it holds none while it waits; or, with
+``keep_connections_s``, closed once they are that old (or failed), so that a thread whose
+rounds come close together does not connect again for each.
 """
 
 import logging
+import math
 import os
 import sys
 import threading
+import time
 
 from django.db import connections
 
@@ -28,11 +32,15 @@ class WorkerThread:
     next round, so a bug never stops the work for the life of the process. With
     ``low_priority``, the thread runs at the lowest CPU priority (see ``_lower_priority``);
     with ``final_round``, ``stop()`` has it run ``work`` once more before it ends (what a
-    queue's drain needs: nothing left behind).
+    queue's drain needs: nothing left behind). With ``keep_connections_s``, the thread's
+    database connections outlive its rounds by up to that long (see ``_release_connections``).
     """
 
-    def __init__(self, work, name, every_s=None, *, low_priority=False, final_round=False):
+    def __init__(self, work, name, every_s=None, *, low_priority=False, final_round=False,
+                 keep_connections_s=0.0):
         self._work = work
+        self._keep_connections_s = keep_connections_s
+        self._connections_closed_at = -math.inf
         self.name = name
         self._every_s = every_s
         self._low_priority = low_priority
@@ -87,9 +95,22 @@ class WorkerThread:
                 logger.exception("ratelimit_app: %s failed; it runs again at its next round",
                                  self.name)
             finally:
-                connections.close_all()  # this thread's connections only
+                self._release_connections(stopping)
             if stopping:
                 return
+
+    def _release_connections(self, stopping):
+        """Close this thread's database connections (``connections`` is per thread), or, with
+        ``keep_connections_s``, only once that long has passed since they were last closed (and
+        any that failed meanwhile at once)."""
+        now = time.monotonic()
+        if stopping or now - self._connections_closed_at >= self._keep_connections_s:
+            connections.close_all()
+            self._connections_closed_at = now
+            return
+        for connection in connections.all(initialized_only=True):
+            if connection.errors_occurred or connection.in_atomic_block:
+                connection.close()
 
 
 def _lower_priority():

@@ -18,7 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from ratelimit_app.config.changes import MAX_ROWS_NAMED, add_row, by_table
 from ratelimit_app.config.compiler import compile_snapshot, config_models
 from ratelimit_app.config.fingerprint import changed_rows, config_fingerprint
-from ratelimit_app.models import (ApiKey, IdentityOverride, Plan, PlanAssignment, Rule, Scope)
+from ratelimit_app.models import (ApiKey, Counts, IdentityOverride, Kind, Plan, PlanAssignment,
+                                  Rule, Scope)
 
 from ..helpers import limiter
 from .test_incremental_compile import CHANGES_KEY, NOW, T0, ip_request, worker
@@ -93,6 +94,28 @@ def test_a_rule_changed_created_disabled_and_deleted_is_patched_in(rows):
     assert [r.id for r in snapshot.rules] == sorted(
         Rule.objects.filter(enabled=True).values_list("id", flat=True))
     assert not snapshot.has_alerts
+
+
+def test_the_rules_counting_failed_authentications_and_those_alerting_are_patched_too(rows):
+    """The tuples of the rules that count failed authentications and of those whose alerts
+    the request path checks are patched by id as the rules are (each a subset of them, in id
+    order): a rule joining, leaving or changing either one."""
+    base = compile_snapshot("v1", NOW)
+    first, second, third = Rule.objects.order_by("id")[:3]
+    Rule.objects.filter(pk__in=[first.pk, third.pk]).update(counts=Counts.FAILED_AUTH)
+    Rule.objects.filter(pk=second.pk).update(alert_thresholds="50,90")
+    snapshot = patched(base, {f"rule:{first.pk}", f"rule:{second.pk}", f"rule:{third.pk}"})
+    assert [r.id for r in snapshot.failed_auth_rules] == [first.pk, third.pk]
+    assert [r.id for r in snapshot.alerting_rules] == [second.pk] and snapshot.has_alerts
+    # a credit balance's thresholds are its checkpoint's, not the request path's
+    Rule.objects.filter(pk=second.pk).update(kind=Kind.CREDITS)
+    Rule.objects.filter(pk=first.pk).update(counts=Counts.REQUESTS, burst=77)
+    snapshot = patched(snapshot, {f"rule:{first.pk}", f"rule:{second.pk}"})
+    assert [r.id for r in snapshot.failed_auth_rules] == [third.pk]
+    assert snapshot.alerting_rules == () and not snapshot.has_alerts
+    Rule.objects.filter(pk=third.pk).delete()
+    snapshot = patched(snapshot, {f"rule:{third.pk}"})
+    assert snapshot.failed_auth_rules == ()
 
 
 def test_assignments_are_patched_when_one_moves_to_another_user_or_gets_dates(rows):

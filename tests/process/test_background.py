@@ -3,6 +3,10 @@ rows. Real threads; the tests wait on events and poll with a deadline."""
 
 import threading
 
+import pytest
+from django.db import connections
+from django.db.backends.signals import connection_created
+
 from ratelimit_app.process.background import WorkerThread
 
 from ..helpers import poll_until
@@ -70,3 +74,81 @@ def test_every_s_runs_the_work_without_a_wake():
         poll_until(lambda: work.rounds >= 3, what="three rounds on the interval alone")
     finally:
         thread.stop()
+
+
+# --- the thread's database connections ----------------------------------------------------------
+
+@pytest.fixture
+def own_database(tmp_path, django_db_blocker):
+    """A database alias of the test's own, on a real connection that a close really closes (the
+    test database, SQLite's in memory, is never closed): a file for SQLite, the server's
+    maintenance database for PostgreSQL (the test reads nothing of it). Yields its alias and a
+    list of the connections opened on it."""
+    alias = "background_test"
+    settings = dict(connections.settings["default"])
+    if settings["ENGINE"].endswith("sqlite3"):
+        settings["NAME"] = str(tmp_path / "background.sqlite3")
+    else:
+        settings["NAME"] = "postgres"
+    connections.settings[alias] = settings
+    opened = []
+
+    def note(sender, connection, **kwargs):
+        if connection.alias == alias:
+            opened.append(connection.connection)
+
+    connection_created.connect(note)
+    try:
+        with django_db_blocker.unblock():  # not the test database: no test case to isolate
+            yield alias, opened
+    finally:
+        connection_created.disconnect(note)
+        connections[alias].close()
+        del connections.settings[alias]
+
+
+def query_work(alias, failing=()):
+    """Work that queries ``alias``, with a failing query in the rounds listed in ``failing``."""
+    rounds = []
+
+    def work():
+        rounds.append(None)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM no_such_table" if len(rounds) in failing
+                           else "SELECT 1")
+
+    return work, rounds
+
+
+def run_rounds(thread, rounds, count):
+    try:
+        for number in range(1, count + 1):
+            thread.wake()
+            poll_until(lambda: len(rounds) == number, what=f"round {number}")
+    finally:
+        thread.stop()
+
+
+def test_the_thread_closes_its_connections_after_each_round_by_default(own_database):
+    alias, opened = own_database
+    work, rounds = query_work(alias)
+    run_rounds(WorkerThread(work, "test-close"), rounds, 3)
+    assert len(opened) == 3  # connected again in each round
+
+
+def test_keep_connections_s_keeps_them_between_rounds_but_not_after_an_error(own_database,
+                                                                             caplog):
+    alias, opened = own_database
+    work, rounds = query_work(alias, failing={4})
+    run_rounds(WorkerThread(work, "test-keep", keep_connections_s=60.0), rounds, 5)
+    # round 1's is closed at once (the first release closes everything and starts the count),
+    # round 2's serves rounds 3 and 4; round 4's query fails, so round 5 connects again
+    assert len(opened) == 3, opened
+    assert "no_such_table" in caplog.text
+
+
+def test_kept_connections_are_closed_once_keep_connections_s_has_passed(own_database):
+    alias, opened = own_database
+    work, rounds = query_work(alias)
+    run_rounds(WorkerThread(work, "test-expire", keep_connections_s=0.0001), rounds, 3)
+    assert len(opened) == 3
