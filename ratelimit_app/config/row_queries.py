@@ -14,15 +14,21 @@ __all__ = ["rows_by_id", "with_keys"]
 def with_keys(params, keys):
     """Return a query's ``params`` with its stand-ins for primary keys replaced: -1 to -n, for
     the n ``keys`` in ascending order (no primary key of a config table is negative, and a
-    stand-in is a plain int, never a bool filter's value)."""
+    stand-in is a plain int, never a bool filter's value). A query that does not hold exactly
+    those stand-ins (a database backend that passes the keys another way) is refused: it
+    would read other rows than those asked for."""
     ordered = sorted(keys)
+    stand_ins = [param for param in params if type(param) is int and param < 0]
+    if sorted(stand_ins, reverse=True) != list(range(-1, -len(ordered) - 1, -1)):
+        raise ValueError(f"the query's parameters {params!r} do not hold one stand-in for each "
+                         f"of the {len(ordered)} keys")
     return tuple(ordered[-param - 1] if type(param) is int and param < 0 else param
                  for param in params)
 
 
 def rows_by_id(model, fields, keys, **filters):
     """Return the rows of ``model`` whose primary key is among ``keys`` and that ``filters``
-    keep, as named tuples of ``fields`` in the model's default order: what
+    keep, as named tuples of ``fields`` (in the model's default order, if it has one): what
     ``model.objects.filter(pk__in=keys, **filters).values_list(*fields, named=True)`` returns,
     the database's values converted as the ORM converts them."""
     from django.db import connections, router

@@ -7,7 +7,10 @@ starts at the first ``wake()``, and again in a child process forked after it sta
 no thread: ``is_alive()`` is then False). It uses database connections of its own (Django's are per
 thread), closed after each round, so it holds none while it waits; or, with
 ``keep_connections_s``, closed once they are that old (or failed), so that a thread whose
-rounds come close together does not connect again for each.
+rounds come close together does not connect again for each. A process forked meanwhile (a
+gunicorn master that loaded the app with ``--preload``) hands its children the socket of such
+a connection: a child never uses it, nor frees it (some drivers, psycopg2's, would end the
+parent's session on it as they free it).
 """
 
 import logging
@@ -16,12 +19,27 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from django.db import connections
 
 __all__ = ["WorkerThread"]
 
 logger = logging.getLogger("ratelimit_app")
+
+# The threads that keep connections between rounds, and in a forked child the connections their
+# threads held in the parent (kept here, unused, for the life of the child: see the docstring)
+_keeping = weakref.WeakSet()
+_inherited = []
+
+
+def _forget_parents_connections():
+    for thread in list(_keeping):
+        _inherited.extend(thread._kept)
+        thread._kept = []
+
+
+os.register_at_fork(after_in_child=_forget_parents_connections)
 
 
 class WorkerThread:
@@ -41,6 +59,9 @@ class WorkerThread:
         self._work = work
         self._keep_connections_s = keep_connections_s
         self._connections_closed_at = -math.inf
+        self._kept = []  # the thread's connections kept after its last round (see _release)
+        if keep_connections_s:
+            _keeping.add(self)
         self.name = name
         self._every_s = every_s
         self._low_priority = low_priority
@@ -83,6 +104,12 @@ class WorkerThread:
     def _run(self, stop):
         if self._low_priority:
             _lower_priority()
+        try:
+            self._rounds(stop)
+        finally:
+            self._close_connections()  # those kept (keep_connections_s) end with the thread
+
+    def _rounds(self, stop):
         while True:
             self._wake.wait(self._every_s() if self._every_s is not None else None)
             self._wake.clear()
@@ -95,22 +122,29 @@ class WorkerThread:
                 logger.exception("ratelimit_app: %s failed; it runs again at its next round",
                                  self.name)
             finally:
-                self._release_connections(stopping)
+                self._release_connections()
             if stopping:
                 return
 
-    def _release_connections(self, stopping):
+    def _release_connections(self):
         """Close this thread's database connections (``connections`` is per thread), or, with
         ``keep_connections_s``, only once that long has passed since they were last closed (and
         any that failed meanwhile at once)."""
         now = time.monotonic()
-        if stopping or now - self._connections_closed_at >= self._keep_connections_s:
-            connections.close_all()
+        if now - self._connections_closed_at >= self._keep_connections_s:
+            self._close_connections()
             self._connections_closed_at = now
             return
         for connection in connections.all(initialized_only=True):
             if connection.errors_occurred or connection.in_atomic_block:
                 connection.close()
+        # held here too, not only in the thread's locals, which a fork clears in the child
+        self._kept = [connection for connection in connections.all(initialized_only=True)
+                      if connection.connection is not None]
+
+    def _close_connections(self):
+        connections.close_all()
+        self._kept = []
 
 
 def _lower_priority():

@@ -20,8 +20,14 @@ FIELDS = ("id", "user_id", "plan__slug", "tenant", "starts_at", "ends_at")
 KEY_FIELDS = ("id", "prefix", "plan__slug", "active", "starts_at")
 
 
+def by_id(rows):
+    return sorted(rows, key=lambda row: row.id)
+
+
 def orm_rows(model, fields, keys, **filters):
-    return list(model.objects.filter(pk__in=keys, **filters).values_list(*fields, named=True))
+    """The ORM's own rows (in the order the database gives, like ``rows_by_id``'s: ordered by
+    id here, since a table without a default order may give either in any)."""
+    return by_id(model.objects.filter(pk__in=keys, **filters).values_list(*fields, named=True))
 
 
 @pytest.fixture
@@ -36,9 +42,9 @@ def assignments():
 
 def test_the_rows_asked_for_come_back_as_the_orm_returns_them(assignments):
     keys = {assignments[1].pk, assignments[3].pk}
-    found = rows_by_id(PlanAssignment, FIELDS, keys)
+    found = by_id(rows_by_id(PlanAssignment, FIELDS, keys))
     assert found == orm_rows(PlanAssignment, FIELDS, keys)
-    assert [row.id for row in found] == sorted(keys)  # the model's default order
+    assert [row.id for row in found] == sorted(keys)
     row = found[0]
     assert row.plan__slug == "pro" and row._fields == FIELDS
     # a date is converted as the ORM converts it: an aware datetime, not the database's text
@@ -68,7 +74,7 @@ def test_filters_keep_their_values_beside_the_keys():
     inactive, _ = ApiKey.create_key(user, "off", raw_key="rk_rows_off")
     ApiKey.objects.filter(pk=inactive.pk).update(active=False)
     keys = {active.pk, inactive.pk}
-    found = rows_by_id(ApiKey, KEY_FIELDS, keys, active=True)
+    found = by_id(rows_by_id(ApiKey, KEY_FIELDS, keys, active=True))
     assert found == orm_rows(ApiKey, KEY_FIELDS, keys, active=True)
     assert [(row.id, row.active) for row in found] == [(active.pk, True)]  # a bool, converted
     assert [row.id for row in rows_by_id(ApiKey, KEY_FIELDS, keys, active=False)] == \
@@ -77,3 +83,8 @@ def test_filters_keep_their_values_beside_the_keys():
 
 def test_with_keys_puts_the_keys_in_ascending_order_in_place_of_the_stand_ins():
     assert with_keys((-1, True, -2, -3, "x", 0), {30, 10, 20}) == (10, True, 20, 30, "x", 0)
+    # a query that does not hold one stand-in per key would read other rows: refused
+    with pytest.raises(ValueError, match="one stand-in for each of the 2 keys"):
+        with_keys((-1, True), {10, 20})
+    with pytest.raises(ValueError, match="one stand-in for each of the 1 keys"):
+        with_keys(([-1],), {10})
