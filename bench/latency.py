@@ -85,9 +85,9 @@ def config_edits(every_s, ready_timeout_s=120):
     process wants one), so that what the row measures is what an edit costs the servers
     (noticing it, compiling it, deciding again the requests the fence refused), not the share
     of the bench's 2 cores a save takes (about 10 ms of CPU; the median wall time of a save is
-    in the JSON, ``save_ms_p50``). At nice 19, as before, requests that came during a save
-    were still slow two to three times as often as the others in A/B runs
-    (docs/explanation/performance.md). The block starts once the editor is ready: its start
+    in the JSON, ``save_ms_p50``). At nice 19, as before, the requests that came during a save
+    were still slow several times as often as the others (A/B runs in
+    docs/explanation/performance.md). The block starts once the editor is ready: its start
     (Django's imports, about a second of CPU) and its first save (the audit trail's first
     entry in a process is a whole export) are not an edit's cost either."""
     editor = subprocess.Popen(
