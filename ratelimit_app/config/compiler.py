@@ -113,7 +113,7 @@ def compile_snapshot(version, now=None, pause_s=0.0, *, base=None, changed=None)
 # per plan, or per priced endpoint).
 PARTS = {
     "plan": ("plans", "default_authenticated_plan", "default_anonymous_plan"),
-    "rule": ("rules", "failed_auth_rules", "alerting_rules", "has_alerts", "_rules_for"),
+    "rule": ("rules", "failed_auth_rules", "alerting_rules", "_rules_for"),
     "planassignment": ("assignments",),
     "apikey": ("api_keys",),
     "identityoverride": ("overrides",),
@@ -267,7 +267,6 @@ def _rule_fields(rules, failed_auth_rules, alerting_rules):
         "rules": rules,
         "failed_auth_rules": failed_auth_rules,
         "alerting_rules": alerting_rules,
-        "has_alerts": bool(alerting_rules),
         "_rules_for": {},  # the memo of rules_for starts afresh with new rules
     }
 

@@ -7,6 +7,7 @@ rows, with stand-ins for the keys, and run again with the keys of each edit.
 """
 import functools
 import threading
+from typing import NamedTuple
 
 __all__ = ["rows_by_id", "with_keys"]
 
@@ -47,14 +48,14 @@ def rows_by_id(model, fields, keys, **filters):
     return [new(query.row, values) for values in rows]
 
 
-class _Query:
+class _Query(NamedTuple):
     """A compiled query of ``_query``: its SQL and params, and how its rows are converted."""
 
-    __slots__ = ("sql", "params", "compiler", "converters", "row")
-
-    def __init__(self, sql, params, compiler, converters, row):
-        self.sql, self.params, self.compiler = sql, params, compiler
-        self.converters, self.row = converters, row
+    sql: str
+    params: tuple
+    compiler: object
+    converters: dict
+    row: type
 
 
 # (per thread: the ORM's converters belong to the connection of the thread that built the

@@ -89,7 +89,6 @@ class Snapshot:
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     alerting_rules: tuple = ()     # those with alert thresholds the request path checks
-    has_alerts: bool = False       # alerting_rules is not empty (see business/alerts/crossings.py)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -113,6 +112,12 @@ class Snapshot:
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
+
+    @property
+    def has_alerts(self):
+        """True when a rule has alert thresholds the request path checks (see
+        business/alerts/crossings.py)."""
+        return bool(self.alerting_rules)
 
     def rules_for(self, plan, endpoint):
         """Return the enabled rules that apply to a plan and endpoint, widest scope first and
