@@ -190,18 +190,19 @@ def run(env, quick):
     rows, results, ratios, targets = [], {}, {}, []
     for kind, (names, _, label) in KINDS.items():
         variants = dict(names, **({"ours-edits": EDITS_RUN} if kind == "wsgi" else {}))
-        p = {variant: {share: percentile(pooled(times[name]), share)
+        every_time = {variant: pooled(times[name]) for variant, name in variants.items()}
+        p = {variant: {share: percentile(every_time[variant], share)
                        for share in (0.5, 0.99, 0.999)}
-             for variant, name in variants.items()}
+             for variant in variants}
         added = {variant: p[variant][0.99] - p["none"][0.99] for variant in variants}
         for variant, name in variants.items():
             label_text = VARIANT_LABELS[variant]
             if name == EDITS_RUN:
                 label_text += f" ({len(saves)} edits)"
-            rows.append([label, label_text, rate_text(rates[kind]), len(pooled(times[name])),
+            rows.append([label, label_text, rate_text(rates[kind]), len(every_time[variant]),
                          *p[variant].values(), f"{added[variant]:+.2f}",
                          failed[name], percentile(late[name], 0.99)])
-            results[name] = {"rates_rps": rates[kind], "requests": len(pooled(times[name])),
+            results[name] = {"rates_rps": rates[kind], "requests": len(every_time[variant]),
                              "p50_ms": p[variant][0.5], "p99_ms": p[variant][0.99],
                              "p999_ms": p[variant][0.999], "p99_added_ms": added[variant],
                              "non_2xx": failed[name],
