@@ -63,7 +63,8 @@
 -- Credit balances: the value is granted, spent, used, the period's start, seq (five int64,
 -- decision/balances.py), never expiring. Units left = max(0, N - used) + granted - spent, where
 -- used counts the period's consumption (a record of another period: 0): the allowance is spent
--- first, and spent grows by what goes past it. A debit writes the value whole, seq + 1. A
+-- first, and spent grows by what goes past it. A debit overwrites spent, used, the start and
+-- seq (+ 1) in place (SETRANGE, like a bucket's record: cheaper for Redis than a SET). A
 -- missing value is not guessed: the call debits nothing and replies {4, config_version, i, ...}
 -- (the balances missing): the caller seeds them from the ledger and decides again.
 --
@@ -126,7 +127,6 @@ local whole  -- i -> {value, the PX to re-arm the key with or false (KEEPTTL)}
 local records  -- i -> {rule, level, stamp, period, full_at}
 local next_period  -- calendar quotas counted in the next period: i -> true
 local slots  -- concurrency limits taking a slot: i -> the slot's deadline (ms)
-local balances  -- credit balances debited: i -> their new value
 local missing  -- credit balances without a value: the indices
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
@@ -159,9 +159,11 @@ for i = 1, n do
         if over < 0 then over = 0 end
         if after < 0 then after = 0 end
         result[i + 2] = level - cost
-        balances = balances or {}
-        balances[i] = pack('<i8i8i8i8i8', granted, spent + after - over, used + cost, start,
-                           seq + 1)
+        -- written in place like a bucket's record: the four fields after granted (which only
+        -- a top-up raises)
+        result[m + 1], result[m + 2] = keys[i], '8'
+        result[m + 3] = pack('<i8i8i8i8', spent + after - over, used + cost, start, seq + 1)
+        m = m + 3
       end
     end
   elseif mode > 4 then
@@ -335,9 +337,6 @@ if missing then
 end
 
 if allowed and debit then
-  if balances then
-    for i, value in pairs(balances) do call('SET', keys[i], value) end
-  end
   if records then
     -- keys of several buckets written whole (first: an in-place write into the same key then
     -- lands on the new value): the stored value with these records replaced or appended
