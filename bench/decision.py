@@ -16,6 +16,7 @@ from .harness import (
     round_ratios,
     spread,
     table,
+    timings,
     verdict,
 )
 
@@ -65,10 +66,11 @@ def run(env, quick):
     cpu_variants = {name: variants[name] for name in (ours_name, SETTLE, SETTLE_NONE)}
     rounds, batch = (5, 200) if quick else (15, 500)
     pair = {ours_name: ours, CREDITS: alternatives.ours(env.users["credits"])}
+    pair_rounds, pair_batch = CREDITS_PAIR["quick" if quick else "full"]
     try:
         samples = interleave(variants, rounds, batch)
         cpu = interleave(cpu_variants, rounds, batch, clock=time.process_time_ns)
-        credit_pair = interleave(pair, *CREDITS_PAIR["quick" if quick else "full"])
+        credit_pair = interleave(pair, pair_rounds, pair_batch)
     finally:
         raw.close()
     rows, results = [], {}
@@ -107,17 +109,14 @@ def run(env, quick):
                                                                            ours_name))
     targets.append((f"1. prepaid credits: {CREDITS} ≤ {limit}× ours (4 levels), side by side",
                     f"{ratio:.2f}×{interval_text(interval)}", verdict(ratio <= limit)))
-    pair_rounds = len(credit_pair[CREDITS])
     markdown += "\n\n" + table(
-        [f"the credit balance's pair ({pair_rounds} rounds, taking turns)", "median µs", "IQR",
-         "÷ ours"],
+        [f"the credit balance's pair ({pair_rounds} rounds of {pair_batch}, taking turns)",
+         "median µs", "IQR", "÷ ours"],
         [[name, median(values), f"{spread(values):.0%}",
           f"{paired_ratio(credit_pair, name, ours_name):.2f}×"]
          for name, values in credit_pair.items()])
-    results["credits_pair"] = {name: {"median_us": median(values), "samples_us": values}
-                               for name, values in credit_pair.items()}
-    results["cpu_us"] = {name: {"median_us": median(values), "samples_us": values}
-                         for name, values in cpu.items()}
+    results["credits_pair"] = timings(credit_pair)
+    results["cpu_us"] = timings(cpu)
     ratios["decision.settle_vs_decision_wall"] = paired_ratio(samples, SETTLE, ours_name)
     return {"title": "1. Decision cost in-process", "markdown": markdown, "results": results,
             "rounds": rounds, "batch": batch, "ratios": ratios, "intervals_90": intervals,

@@ -124,6 +124,13 @@ def interval_text(interval):
     return f" (90 % of medians {low:.2f}–{high:.2f})"
 
 
+def timings(samples):
+    """Return name -> {median_us, samples_us}: how the sections keep ``interleave``'s samples
+    in the JSON."""
+    return {name: {"median_us": median(values), "samples_us": values}
+            for name, values in samples.items()}
+
+
 def spread(values):
     """Relative interquartile range, to show how noisy a median is."""
     if len(values) < 4:

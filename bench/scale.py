@@ -7,7 +7,7 @@ from dataclasses import replace
 from ratelimit_app.runtime.limiter import default_limiter
 
 from . import alternatives
-from .harness import interleave, median, paired_ratio, table, verdict
+from .harness import interleave, median, paired_ratio, table, timings, verdict
 
 
 def _with_snapshot(snapshot, decide):
@@ -42,6 +42,5 @@ def run(env, quick):
                 verdict(flat <= 1.10))]
     return {"title": "7. Scale (whole path, in-process)",
             "markdown": table(["configuration", "median µs", "÷ depth 1"], rows),
-            "results": {name: {"median_us": median(v), "samples_us": v}
-                        for name, v in samples.items()},
+            "results": timings(samples),
             "targets": targets, "ratios": {"scale.rules_1000_vs_10": flat}}
