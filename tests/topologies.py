@@ -41,7 +41,7 @@ def cluster(redis_cluster, settings):
 @pytest.fixture(scope="session")
 def redis_sentinel():
     """A real Sentinel setup on 127.0.0.1: master, replica, three sentinels (quorum 2)
-    watching ``mymaster`` with down-after 1 s and failover-timeout 5 s."""
+    watching ``mymaster`` with down-after 1 s and failover-timeout 2 s."""
     setup = SentinelSetup().start()
     try:
         yield setup
