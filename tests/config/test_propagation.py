@@ -29,7 +29,7 @@ from ..asgi_server import Gunicorn, Uvicorn, get
 from ..helpers import poll_until, server_store
 from .test_reload_live import SETUP, VERSION_KEY, python, stop_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+pytestmark = [pytest.mark.slow, pytest.mark.deployment, pytest.mark.database]
 
 RELOAD_INTERVAL_S = 2.0   # the servers' CONFIG_RELOAD_INTERVAL_S
 EDITS, EDIT_GAP_S = 6, 0.5

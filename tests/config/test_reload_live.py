@@ -20,7 +20,7 @@ from ratelimit_app.decision import keys
 
 from ..asgi_server import POLL_INTERVAL_S, PROJECT_ROOT, Gunicorn, Uvicorn, get
 
-pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+pytestmark = [pytest.mark.slow, pytest.mark.deployment, pytest.mark.database]
 
 SHORT_INTERVAL_S = 2.0  # the server's CONFIG_RELOAD_INTERVAL_S, short to keep the test fast
 HUGE = 1_000_000

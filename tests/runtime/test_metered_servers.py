@@ -20,7 +20,7 @@ from ..asgi_server import Gunicorn, Uvicorn, get
 from ..config.test_reload_live import python, stop_server
 from ..helpers import poll_until, server_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+pytestmark = [pytest.mark.slow, pytest.mark.deployment, pytest.mark.database]
 
 ESTIMATE, MINIMUM = 10, 1
 PERIOD_MS = 3_600_000  # 1 token an hour: no refill worth a token during a test
