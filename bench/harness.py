@@ -124,6 +124,14 @@ def interval_text(interval):
     return f" (90 % of medians {low:.2f}–{high:.2f})"
 
 
+def percentile(values, share):
+    """Return the nearest-rank ``share`` (0..1) percentile of ``values`` (NaN when empty)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(math.ceil(share * len(ordered)) - 1, 0)]
+
+
 def timings(samples):
     """Return name -> {median_us, samples_us}: how the sections keep ``interleave``'s samples
     in the JSON."""

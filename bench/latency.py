@@ -43,7 +43,7 @@ import sys
 
 from . import servers
 from .fixed_rate import run_fixed_rate
-from .harness import ROOT, table, verdict
+from .harness import ROOT, percentile, table, verdict
 
 LOAD_SHARE = 0.4  # of the capacity of the slowest variant of the server kind, read each round
 KINDS = {  # kind -> (server names by variant, path, label)
@@ -72,14 +72,6 @@ def start_servers():
         servers.stop_all(running)
         raise
     return running
-
-
-def percentile(values, share):
-    """The ``share`` (0..1) percentile of ``values`` (nearest rank)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
 @contextlib.contextmanager

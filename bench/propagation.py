@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from . import servers
-from .harness import ROOT, table, verdict
+from .harness import ROOT, percentile, table, verdict
 
 WORKERS = 2
 EDIT_EVERY_S = 1.0
@@ -76,14 +76,6 @@ class Edit:
     published_at: float
     version: str
     save_ms: float = 0.0
-
-
-def percentile(values, share):
-    """Return the nearest-rank ``share`` percentile of ``values`` (NaN when empty)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(math.ceil(share * len(ordered)) - 1, 0)]
 
 
 def analyse(responses, edits, workers, initial_version):
