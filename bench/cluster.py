@@ -20,7 +20,7 @@ from ratelimit_app.stores import RedisStore
 from ratelimit_app.testing import RedisCluster
 
 from . import alternatives
-from .harness import interleave, median, paired_ratio, table, verdict
+from .harness import interleave, median, paired_ratio, table, timings, verdict
 
 WORKLOADS = {"spread": "c-spread", "hot": "c-hot", "hot + leases": "c-lease"}
 LEASE_CALL_SHARE_TARGET = 0.2  # leases: at most this share of the hot bucket's calls remain
@@ -107,7 +107,6 @@ def run(env, quick):
                 verdict(lease_share <= LEASE_CALL_SHARE_TARGET))]
     return {"title": "8. Scale-out: one node vs a 3-master Redis Cluster",
             "markdown": markdown, "ratios": ratios, "targets": targets,
-            "results": {name: {"median_us": median(v), "samples_us": v,
-                               "redis_usec_per_decision": cpu[name][0],
+            "results": {name: {**timing, "redis_usec_per_decision": cpu[name][0],
                                "evalsha_per_decision": cpu[name][1]}
-                        for name, v in samples.items()}}
+                        for name, timing in timings(samples).items()}}

@@ -73,16 +73,15 @@ def run(env, quick):
         credit_pair = interleave(pair, pair_rounds, pair_batch)
     finally:
         raw.close()
-    rows, results = [], {}
+    rows, results = [], timings(samples)
     for name, values in samples.items():
         vs_floor = paired_ratio(samples, name, floor_name)
         vs_raw = paired_ratio(samples, name, RAW_FLOOR)
         vs_ours = paired_ratio(samples, name, ours_name)
         rows.append([name, median(values), f"{spread(values):.0%}", f"{vs_raw:.2f}×",
                      f"{vs_floor:.2f}×", f"{vs_ours:.2f}×"])
-        results[name] = {"median_us": median(values), "samples_us": values,
-                         "ratio_to_raw_floor": vs_raw, "ratio_to_floor": vs_floor,
-                         "ratio_to_ours": vs_ours}
+        results[name].update(ratio_to_raw_floor=vs_raw, ratio_to_floor=vs_floor,
+                             ratio_to_ours=vs_ours)
     markdown = table(["decision (in-process, 1 call)", "median µs", "IQR", "÷ raw floor",
                       "÷ floor (redis-py)", "÷ ours"], rows)
     cpu_rows = [[name, median(values), f"{paired_ratio(cpu, name, ours_name):.2f}×"]
