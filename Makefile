@@ -51,14 +51,13 @@ test-matrix:
 		echo "test-matrix: the $$1 cell cannot run: its interpreter $$2 is missing"; false; }; }; \
 	if can_run current "$(CURRENT_PYTHON)"; then \
 		$(MAKE) --no-print-directory test-current || failed="$$failed current"; fi; \
-	$(MAKE) --no-print-directory test-packages; pids=""; \
-	for cell in django60:"$(DJANGO60_PYTHON)" floor:"$(FLOOR_PYTHON)"; do \
-		if can_run "$${cell%%:*}" "$${cell#*:}"; then \
-			echo "test-matrix: the $${cell%%:*} cell runs (its output follows when it is done)"; \
-			$(MAKE) --no-print-directory test-$${cell%%:*} > "$$logs/$${cell%%:*}.log" 2>&1 & \
-			pids="$$pids $${cell%%:*}:$$!"; fi; \
-	done; \
-	for job in $$pids; do \
+	start_cell() { can_run "$$1" "$$2" || return 0; \
+		echo "test-matrix: the $$1 cell runs (its output follows when it is done)"; \
+		$(MAKE) --no-print-directory test-$$1 > "$$logs/$$1.log" 2>&1 & running="$$running $$1:$$!"; }; \
+	$(MAKE) --no-print-directory test-packages; running=""; \
+	start_cell django60 "$(DJANGO60_PYTHON)"; \
+	start_cell floor "$(FLOOR_PYTHON)"; \
+	for job in $$running; do \
 		wait "$${job#*:}" || failed="$$failed $${job%%:*}"; \
 		echo "=== the $${job%%:*} cell's output ==="; cat "$$logs/$${job%%:*}.log"; \
 	done; \
