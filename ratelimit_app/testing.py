@@ -588,6 +588,20 @@ class SentinelSetup(_Topology):
 
         return _wait_until(problem, timeout_s, "a Sentinel failover")
 
+    def failover_events(self):
+        """The sentinels' log lines about elections and switches, oldest first per sentinel: what
+        a failure message needs to tell a second failover from a stuck one."""
+        events = ("+switch-master", "failover-abort", "+odown", "+elected-leader")
+        lines = []
+        for sentinel in self.sentinel_servers:
+            try:
+                with open(sentinel.logfile) as log:
+                    lines += [f"{sentinel.port}: {line.strip()}" for line in log
+                              if any(event in line for event in events)]
+            except OSError:
+                continue
+        return lines
+
     def restart_node(self, node, timeout_s=30):
         """Bring a killed data node back as a replica of the current master and wait until the
         setup is healthy again. Returns seconds."""
