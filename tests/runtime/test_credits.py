@@ -283,6 +283,21 @@ def test_without_the_ledger_a_missing_balance_follows_the_rule_fail_mode(paying,
     assert redis_client.get(account_key("rl", ref)) is None
 
 
+def test_resetting_a_callers_buckets_keeps_its_balance(paying, redis_client):
+    from ratelimit_app.admin.dashboard.inspector import find_identity, reset_buckets
+
+    raw, ref = paying
+    plan = Plan.objects.get(slug="prepaid")
+    Rule.objects.create(name="per-key", plan=plan, scope="user", rate=1, period_s=3600, burst=1)
+    credit(ref, 5, "payment-1")
+    assert [get(raw).status_code for _ in range(2)] == [200, 429]
+    snapshot = limiter().snapshot()
+    deleted, _ = reset_buckets(find_identity(ref, snapshot).identity, snapshot)
+    # the per-key bucket is full again; the balance still has the unit spent taken off
+    assert deleted == 1 and stored(ref, redis_client) == BalanceState(5, 1, 1, 0, 1)
+    assert get(raw).status_code == 200 and stored(ref, redis_client).spent == 2
+
+
 # --- on a Redis Cluster ---------------------------------------------------------------------------
 
 @pytest.fixture

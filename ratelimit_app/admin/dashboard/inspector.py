@@ -173,10 +173,13 @@ def _pace(rule, status):
 
 def reset_buckets(identity, snapshot):
     """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay) and
-    bump the config version so workers drop stale local denials. Returns
-    ``(keys deleted, new config version)``; raises ``StoreUnavailable``."""
+    bump the config version so workers drop stale local denials. A prepaid credit balance is
+    money, not a limit: it is never reset (a deleted one would be rebuilt from the ledger's
+    last checkpoint, giving back what was spent since). Returns ``(keys deleted, new config
+    version)``; raises ``StoreUnavailable``."""
     buckets = _client_buckets(identity, snapshot) or []
-    own = list(dict.fromkeys(b.key for b in buckets if b.rule.scope in CLIENT_SCOPES))
+    own = list(dict.fromkeys(b.key for b in buckets
+                             if b.rule.scope in CLIENT_SCOPES and not b.rule.credits))
     # one identity's keys share a hash tag: one DEL, even on Redis Cluster
     return default_limiter().reset(own)
 
