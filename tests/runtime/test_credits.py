@@ -15,6 +15,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratelimit_app.admin.dashboard.inspector import find_identity, reset_buckets
 from ratelimit_app.business.credits.ledger import checkpoint, client_of, top_up
 from ratelimit_app.business.usage.rollup import UsageRollup
 from ratelimit_app.decision.balances import BalanceState, account_key
@@ -284,8 +285,6 @@ def test_without_the_ledger_a_missing_balance_follows_the_rule_fail_mode(paying,
 
 
 def test_resetting_a_callers_buckets_keeps_its_balance(paying, redis_client):
-    from ratelimit_app.admin.dashboard.inspector import find_identity, reset_buckets
-
     raw, ref = paying
     plan = Plan.objects.get(slug="prepaid")
     Rule.objects.create(name="per-key", plan=plan, scope="user", rate=1, period_s=3600, burst=1)
