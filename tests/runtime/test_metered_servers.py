@@ -164,7 +164,7 @@ def test_a_stream_its_client_abandons_is_charged_what_it_produced(site):
     assert cut_short, f"every one of {STREAM_ATTEMPTS} streams ran to its end"
 
 
-STREAM_ATTEMPTS, STREAM_CHUNKS = 4, 10_000  # metered_site.stream's chunks
+STREAM_ATTEMPTS, STREAM_CHUNKS = 8, 10_000  # metered_site.stream's chunks
 
 
 def abandoned_stream(site):
