@@ -220,9 +220,14 @@ class Limiter:
         if not self.config["METRICS_ENABLED"]:
             return
         if self.recorder.record(decision):  # once per counted batch or flush
-            flusher = self.flusher
-            if flusher.autostart and not flusher.running:
-                flusher.ensure_running()
+            self._start_flushing()
+
+    def _start_flushing(self):
+        """Start the metrics flush thread if it may run here and does not: besides the counts,
+        it reads the replies of settles sent without waiting (Flusher.before_flush)."""
+        flusher = self.flusher
+        if flusher.autostart and not flusher.running:
+            flusher.ensure_running()
 
     def _count_metrics_while_waiting(self):
         """What the store runs while a decision waits for its reply (see Store.run_while_waiting)."""
@@ -434,6 +439,9 @@ class Limiter:
         except StoreUnavailable as exc:
             on_settled(self._not_settled(exc))
             return
+        # the reply is read by the flush at the latest, which then must run: a settle is
+        # counted only once read, and metrics may be off, so no decision may have started it
+        self._start_flushing()
         if extra < 0 and self.deny_cache is not None:
             self.deny_cache.forget(settled)  # (see settle_units)
 

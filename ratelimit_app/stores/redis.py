@@ -168,6 +168,8 @@ class RedisStore(Store):
             return self._send(command)
         except NoScriptError:
             self.client.script_load(self._take.script)
+            if self._settle is not None:  # settles are sent without waiting: see _settle_script
+                self.client.script_load(self._settle.script)
             return self._send(command)
 
     def run_while_waiting(self, work):
@@ -207,23 +209,36 @@ class RedisStore(Store):
     _release = None
 
     def settle(self, bucket_keys, args):
+        settle = self._settle_script()
+        return settled_pairs(self._call(self._evalsha_once, settle, bucket_keys, args))
+
+    def _settle_script(self):
+        """settle.lua, loaded into Redis at this store's first settle (raises StoreUnavailable).
+
+        A settle sent without waiting (settle_later) that meets NOSCRIPT is sent again only
+        once its reply is read: at the worker's next call or metrics flush, or never if the
+        worker dies first. So the script is loaded before the first one is sent, and again
+        whenever a take meets NOSCRIPT (a Redis restarted or flushed); what is left is a Redis
+        that lost its scripts between a request's take and its settle."""
         if self._settle is None:
-            self._settle = self.client.register_script(script_source("settle"))
-        return settled_pairs(self._call(self._evalsha_once, self._settle, bucket_keys, args))
+            settle = self.client.register_script(script_source("settle"))
+            # on a held connection: the client's own script_load would open one more
+            self._call(self._send, self._pack(("SCRIPT", "LOAD", settle.script)))
+            self._settle = settle
+        return self._settle
 
     def settle_later(self, bucket_keys, args, on_settled):
-        if self._settle is None:
-            self._settle = self.client.register_script(script_source("settle"))
-        command = [self.evalsha_encoder.encode(self._settle.sha, bucket_keys, args)]
+        settle = self._settle_script()
+        command = [self.evalsha_encoder.encode(settle.sha, bucket_keys, args)]
 
         def on_reply(reply):
             if isinstance(reply, BaseException) and \
                     _caused_by(reply, (NoScriptError, ReadOnlyError)):
-                # it did not run (a script cache flushed, a master demoted): sent again,
-                # waiting for its reply this time
+                # it did not run (scripts lost since the last take, a master demoted): sent
+                # again, waiting for its reply this time
                 try:
                     if _caused_by(reply, NoScriptError):
-                        self._call(self.client.script_load, self._settle.script)
+                        self._call(self.client.script_load, settle.script)
                     reply = self.settle(bucket_keys, args)
                 except StoreUnavailable as exc:
                     reply = exc

@@ -129,6 +129,19 @@ def test_the_bucket_holds_exactly_what_the_allowed_requests_reported(site):
                f"the bucket at {burst} - {charged} (it holds {site.level()})")
 
 
+def test_a_workers_first_request_is_settled_on_a_redis_that_lost_its_scripts(site):
+    # first in the module: each server's workers have served nothing yet, so no metrics flush
+    # runs (a metered request is counted once settled); the scripts are gone as after a
+    # restart. The settle, sent without waiting, must still be applied (it was left waiting
+    # for a NOSCRIPT reply nobody read when the worker's first request was metered).
+    burst = 10**6
+    site.configure(burst, debt=0)
+    site.store_client.script_flush()
+    assert get(site.server, f"{site.view}?n=25").status == 200
+    poll_until(lambda: site.level() == burst - 25, 10,
+               f"the request charged the 25 units it reported (the bucket holds {site.level()})")
+
+
 def test_concurrent_callers_never_take_a_bucket_below_its_debt_bound(site):
     burst, debt = 200, 40
     site.configure(burst, debt)

@@ -5,9 +5,14 @@ suite's real redis-server."""
 import asyncio
 import logging
 
-from ratelimit_app.decision.buckets import ConcurrencySlot
+from django.conf import settings
+from django.test import override_settings
 
-from ..helpers import limiter, make_bucket, make_rule, take
+from ratelimit_app.decision.buckets import ConcurrencySlot
+from ratelimit_app.decision.engine import settled_buckets
+from ratelimit_app.runtime.limiter import Limiter
+
+from ..helpers import limiter, make_bucket, make_rule, poll_until, take
 
 T0 = 1_700_000_000_000
 
@@ -58,3 +63,22 @@ def test_asettle_on_an_event_loop(redis_client):
     assert take([bucket], now_ms=T0)[0]
     [status] = asyncio.run(limiter().asettle([bucket], 3, now_ms=T0))
     assert status.remaining == 6
+
+
+def test_a_settle_sent_without_waiting_has_its_reply_read_by_the_flush_even_with_metrics_off():
+    # a worker whose first request is metered, or one that counts nothing: no decision has
+    # started the flush thread, which reads the replies of settles sent without waiting
+    with override_settings(RATELIMIT_APP={**settings.RATELIMIT_APP, "METRICS_ENABLED": False,
+                                          "METRICS_FLUSH_INTERVAL_S": 0.05}):
+        worker = Limiter.from_settings()  # autostart, as in a server process
+    try:
+        bucket = make_bucket(make_rule(rate=1, period_s=60, burst=10, debt=5), cost=2)
+        assert worker.take([bucket]).allowed  # 8 left (at Redis's time, as the settle's)
+        assert not worker.flusher.running
+        replies = []
+        worker.settle_units_later(settled_buckets([bucket]), 3, replies.append)
+        poll_until(lambda: replies, 5, "the settle's reply read")
+        [[(level, charged)]] = replies  # read with no further call
+        assert (level // bucket.period_ms, charged) == (5, 0)  # 8 - 3 (and a few ms' refill)
+    finally:
+        worker.close()

@@ -142,6 +142,27 @@ def test_a_settle_refused_with_noscript_is_sent_again_once(bucket, redis_client)
     assert replies == [[(4 * bucket.period_ms, 0)]]  # 8 - 1 - 3: applied once
 
 
+def test_a_first_settle_on_a_redis_without_the_script_applies_with_its_reply_unread(
+        bucket, redis_client):
+    redis_client.script_flush()  # a Redis started since: no script loaded
+    store = RedisStore(redis_client)  # a worker's store before its first settle
+    replies = settle_later(bucket, 3, store)
+    # Redis ran it as it arrived: no NOSCRIPT waiting for a read that may never come
+    poll_until(lambda: level(redis_client, bucket) == 5, 5, "the settle applied")
+    assert replies == []
+
+
+def test_a_take_that_meets_noscript_loads_the_settle_script_again(bucket, redis_client):
+    store = limiter().store
+    settle_later(bucket, 1, store)
+    store.collect_unanswered()  # settle.lua is loaded: 7 left
+    redis_client.script_flush()  # Redis restarted between two requests
+    assert take([bucket], now_ms=T0, debit=False)[0]  # the next request's take: NOSCRIPT
+    replies = settle_later(bucket, 3, store)
+    poll_until(lambda: level(redis_client, bucket) == 4, 5, "the settle applied")
+    assert replies == []
+
+
 def test_a_settle_whose_reply_was_lost_is_reported_and_not_sent_again(private_server, bucket):
     store = RedisStore(private_server.client())
     assert settle_later(bucket, 0, store) == [] and store.collect_unanswered() is None
