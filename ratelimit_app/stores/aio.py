@@ -77,7 +77,11 @@ class AsyncWireStore:
                                   connect_timeout_s=connect_timeout_s)
         source = script_source("take")
         self._sha = hashlib.sha1(source.encode()).hexdigest()
-        self._script_load = hiredis.pack_command(("SCRIPT", "LOAD", source))
+        # after a NOSCRIPT, settle.lua is loaded with take.lua: the sync store sends settles
+        # without waiting, and one refused is sent again only once its reply is read
+        # (RedisStore._settle_script)
+        self._scripts_load = [hiredis.pack_command(("SCRIPT", "LOAD", script_source(name)))
+                              for name in ("take", "settle")]
         self.encoded_takes = EncodedTakes(hiredis.pack_command)
         self._wires = weakref.WeakKeyDictionary()  # event loop -> its AsyncWire
 
@@ -121,7 +125,8 @@ class AsyncWireStore:
             try:
                 reply = await wire.request(command)
             except NoScriptError:  # after a restart or SCRIPT FLUSH: the script did not run
-                await wire.request(self._script_load)
+                for script_load in self._scripts_load:
+                    await wire.request(script_load)
                 reply = await wire.request(command)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
