@@ -1,8 +1,9 @@
 """Settles sent without waiting for their replies (HeldConnections.send_unanswered,
 RedisStore.settle_later), against the suite's real redis-server: Redis applies each as it
 arrives; the replies are read in the order sent, in one go once MAX_UNANSWERED are owed, before
-the connection's next request, after it sat idle, or by collect; a refused settle (NOSCRIPT) is
-sent again once; a lost reply is reported, never sent twice."""
+the connection's next request, after it sat idle, or by collect; settle.lua is loaded before a
+store's first settle and after a take's NOSCRIPT, and a refused settle (NOSCRIPT) is sent again
+once; a lost reply is reported, never sent twice."""
 
 import signal
 
@@ -146,10 +147,13 @@ def test_a_first_settle_on_a_redis_without_the_script_applies_with_its_reply_unr
         bucket, redis_client):
     redis_client.script_flush()  # a Redis started since: no script loaded
     store = RedisStore(redis_client)  # a worker's store before its first settle
-    replies = settle_later(bucket, 3, store)
-    # Redis ran it as it arrived: no NOSCRIPT waiting for a read that may never come
-    poll_until(lambda: level(redis_client, bucket) == 5, 5, "the settle applied")
-    assert replies == []
+    try:
+        replies = settle_later(bucket, 3, store)
+        # Redis ran it as it arrived: no NOSCRIPT waiting for a read that may never come
+        poll_until(lambda: level(redis_client, bucket) == 5, 5, "the settle applied")
+        assert replies == []
+    finally:
+        store.close()
 
 
 def test_a_take_that_meets_noscript_loads_the_settle_script_again(bucket, redis_client):
