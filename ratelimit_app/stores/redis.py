@@ -235,10 +235,8 @@ class RedisStore(Store):
             if isinstance(reply, BaseException) and \
                     _caused_by(reply, (NoScriptError, ReadOnlyError)):
                 # it did not run (scripts lost since the last take, a master demoted): sent
-                # again, waiting for its reply this time
+                # again, waiting for its reply this time (settle loads the script on NOSCRIPT)
                 try:
-                    if _caused_by(reply, NoScriptError):
-                        self._call(self.client.script_load, settle.script)
                     reply = self.settle(bucket_keys, args)
                 except StoreUnavailable as exc:
                     reply = exc
