@@ -34,8 +34,9 @@ from ..helpers import limiter, load_demo_data, make_bucket, make_rule, take, use
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 UNITS = 1000  # units per token of a 1-second rule
-# Units per token of a 1-minute rule. Tests on a fake clock use such rules: a key's TTL is its
-# refill time in real ms, so keys of 1-second rules could expire while a slow machine runs a test.
+# Units per token of a 1-minute rule. Tests that read keys back or count them use such rules: a
+# key lives its refill time + 1 s, so a key of a 1-second rule (10 tokens/s: 1.1 s) expired once
+# between a take and its read in CI, with two matrix cells loading the machine.
 MINUTE = 60_000
 
 
@@ -78,12 +79,11 @@ def evalsha_per_master(cluster):
 # --- one call per slot group ------------------------------------------------------------------
 
 def test_a_decision_over_3_masters_is_one_evalsha_per_slot_group(cluster):
-    rules = [make_rule(burst=5, scope="global"), make_rule(burst=5, scope="plan"),
-             make_rule(burst=5)]
+    rules = [minute_rule(5, scope="global"), minute_rule(5, scope="plan"), minute_rule(5)]
     tokens = token_per_master(cluster)
     buckets = [make_bucket(rule, token=token) for rule, token in zip(rules, tokens)]
     # a second bucket in the client's slot joins that group's call
-    buckets.append(make_bucket(make_rule(burst=5, endpoint="api:items"), token=tokens[2]))
+    buckets.append(make_bucket(minute_rule(5, endpoint="api:items"), token=tokens[2]))
     take(buckets, debit=False)  # loads the script on the masters (NOSCRIPT once each)
 
     before = evalsha_per_master(cluster)
@@ -92,19 +92,19 @@ def test_a_decision_over_3_masters_is_one_evalsha_per_slot_group(cluster):
 
     assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
     assert allowed and version is None  # the version is polled, not carried by group calls
-    assert [s.level_units for s in statuses] == [4 * UNITS] * 4
+    assert [s.level_units for s in statuses] == [4 * MINUTE] * 4
     for bucket in buckets:
-        assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 4 * UNITS
+        assert read_state(stored(cluster, bucket.key), bucket.rule.id)[0] == 4 * MINUTE
 
 
 def test_one_identity_in_one_slot_is_a_single_evalsha(cluster):
     token = token_per_master(cluster)[0]
-    buckets = [make_bucket(make_rule(burst=3), token=token) for _ in range(4)]
+    buckets = [make_bucket(minute_rule(3), token=token) for _ in range(4)]
     take(buckets, debit=False)
     before = cluster.command_calls("evalsha", masters_only=True)
     allowed, statuses, _ = take(buckets)
     assert cluster.command_calls("evalsha", masters_only=True) - before == 1
-    assert allowed and [s.level_units for s in statuses] == [2 * UNITS] * 4
+    assert allowed and [s.level_units for s in statuses] == [2 * MINUTE] * 4
 
 
 def test_decisions_are_counted_while_a_call_waits_for_the_masters(cluster):
@@ -408,7 +408,7 @@ def test_no_over_grant_at_any_level_with_4_worker_processes(cluster, binding):
 # --- keys, reset, scan, version -------------------------------------------------------------
 
 def test_100_identities_spread_over_every_master(cluster):
-    rule = make_rule(burst=5)
+    rule = minute_rule(5)
     buckets = [make_bucket(rule, token=scope_token("user", f"customer-{n}")) for n in range(100)]
     for bucket in buckets:
         assert take([bucket])[0]
@@ -424,7 +424,7 @@ def test_100_identities_spread_over_every_master(cluster):
 
 
 def test_reset_scan_and_the_config_version_work_on_the_cluster(cluster):
-    rule, other_rule = make_rule(burst=5), make_rule(burst=5, endpoint="api:items")
+    rule, other_rule = minute_rule(5), minute_rule(5, endpoint="api:items")
     tokens = [scope_token("user", f"customer-{n}") for n in range(30)]
     for token in tokens:
         assert take([make_bucket(rule, token=token), make_bucket(other_rule, token=token)])[0]
