@@ -9,9 +9,9 @@ used by QuotaMiddleware under an ASGI server).
 - ``AsyncRedisStore`` (the other single-node connections: TLS, a credential provider): a
   ``redis.asyncio`` client connected as the
   RedisStore's own client is (the django-redis cache's LOCATION and OPTIONS: host, port or
-  socket, db, credentials, TLS, timeouts, pool size), with the same take.lua registered on it
-  (``AsyncScript``: EVALSHA, and SCRIPT LOAD then EVALSHA again on NOSCRIPT) and the same reply
-  parsing. While it waits for Redis, the event loop serves other requests.
+  socket, db, credentials, TLS, timeouts, pool size), sending take.lua's EVALSHA (NOSCRIPT
+  loads take.lua and settle.lua, as AsyncWireStore does, and sends the call again) with the
+  same reply parsing. While it waits for Redis, the event loop serves other requests.
 - ``ThreadedAsyncStore``: every other store (Cluster, Sentinel) runs its own sync ``take`` in a
   worker thread (``sync_to_async(thread_sensitive=False)``), so their slot grouping, refunds,
   master following and READONLY retry stay in one place. The loop is not blocked; the price is a
@@ -148,8 +148,10 @@ class AsyncRedisStore:
         self._connection_class = connection_class
         self._connection_kwargs = connection_kwargs
         self._max_connections = max_connections
-        self._source = script_source("take")
-        self._scripts = weakref.WeakKeyDictionary()  # event loop -> AsyncScript on its client
+        self._sha = hashlib.sha1(script_source("take").encode()).hexdigest()
+        # loaded together after a NOSCRIPT, for the reason given in AsyncWireStore
+        self._sources = [script_source(name) for name in ("take", "settle")]
+        self._clients = weakref.WeakKeyDictionary()  # event loop -> its redis.asyncio client
 
     @classmethod
     def like(cls, client):
@@ -164,10 +166,10 @@ class AsyncRedisStore:
         }.get(pool.connection_class.__name__, redis.asyncio.Connection)
         return cls(connection_class, kwargs, pool.max_connections)
 
-    def _script(self):
+    def _client(self):
         loop = asyncio.get_running_loop()
-        script = self._scripts.get(loop)
-        if script is None:
+        client = self._clients.get(loop)
+        if client is None:
             # A blocking pool: a burst of concurrent requests waits its turn for one of the same
             # number of connections the sync pool allows, rather than failing. No retries, as
             # in the sync client: a take retried after a timeout may debit twice, and the
@@ -178,14 +180,20 @@ class AsyncRedisStore:
                 timeout=self._connection_kwargs.get("socket_timeout") or 5,
                 retry=Retry(NoBackoff(), 0), client_name=CLIENT_NAME,
                 **self._connection_kwargs)
-            client = redis.asyncio.Redis(connection_pool=pool)
-            script = self._scripts[loop] = client.register_script(self._source)
-        return script
+            client = self._clients[loop] = redis.asyncio.Redis(connection_pool=pool)
+        return client
 
     async def take(self, bucket_keys, args, *, version_key):
         """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
+        client = self._client()
+        keys_and_args = (*bucket_keys, version_key, *args)
         try:
-            reply = await self._script()(keys=[*bucket_keys, version_key], args=args)
+            try:
+                reply = await client.evalsha(self._sha, len(bucket_keys) + 1, *keys_and_args)
+            except NoScriptError:  # after a restart or SCRIPT FLUSH: the script did not run
+                for source in self._sources:
+                    await client.script_load(source)
+                reply = await client.evalsha(self._sha, len(bucket_keys) + 1, *keys_and_args)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return parse_take_reply(reply)
@@ -196,9 +204,9 @@ class AsyncRedisStore:
 
     async def aclose(self):
         """Close the running loop's connections (before that loop ends)."""
-        script = self._scripts.pop(asyncio.get_running_loop(), None)
-        if script is not None:
-            await script.registered_client.aclose(close_connection_pool=True)
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose(close_connection_pool=True)
 
 
 class ThreadedAsyncStore:

@@ -137,6 +137,23 @@ def test_noscript_after_a_script_flush_loads_the_scripts_once(store, redis_serve
     assert redis_client.script_exists(script_sha("take"), script_sha("settle")) == [True, True]
 
 
+def test_redis_asyncio_loads_both_scripts_after_noscript_too(redis_server, redis_client):
+    """The store of connections the wire does not speak (TLS, a credential provider), here on
+    a plain connection: after a NOSCRIPT it loads settle.lua with take.lua, as the wire does."""
+    fallback = AsyncRedisStore.like(redis.Redis(host="127.0.0.1", port=redis_server.port))
+
+    async def flush_between(s):
+        await take(s, "a")
+        redis_client.script_flush()
+        return await take(s, "b")
+
+    before = redis_server.command_calls("script|load")
+    reply = run(flush_between, fallback)
+    assert reply.allowed and list(reply.levels) == [level_after(1)]
+    assert redis_server.command_calls("script|load") - before == 2
+    assert redis_client.script_exists(script_sha("take"), script_sha("settle")) == [True, True]
+
+
 def test_a_reply_later_than_the_socket_timeout_is_unavailable_then_it_reconnects(
         store, redis_client):
     async def paused(s):
