@@ -123,7 +123,14 @@ def test_a_cancelled_request_does_not_shift_the_replies_after_it(store):
     assert list(fourth.levels) == [level_after(5)]
 
 
-def test_noscript_after_a_script_flush_loads_the_scripts_once(store, redis_server, redis_client):
+@pytest.mark.parametrize("kind", ["wire", "redis.asyncio"])
+def test_noscript_after_a_script_flush_loads_the_scripts_once(kind, store, redis_server,
+                                                              redis_client):
+    # redis.asyncio: the store of connections the wire does not speak (TLS, a credential
+    # provider), here on a plain connection
+    if kind == "redis.asyncio":
+        store = AsyncRedisStore.like(redis.Redis(host="127.0.0.1", port=redis_server.port))
+
     async def flush_between(s):
         await take(s, "a")
         redis_client.script_flush()
@@ -133,23 +140,6 @@ def test_noscript_after_a_script_flush_loads_the_scripts_once(store, redis_serve
     reply = run(flush_between, store)
     assert reply.allowed and list(reply.levels) == [level_after(1)]
     # take.lua, and settle.lua for the settles the sync store sends without waiting
-    assert redis_server.command_calls("script|load") - before == 2
-    assert redis_client.script_exists(script_sha("take"), script_sha("settle")) == [True, True]
-
-
-def test_redis_asyncio_loads_both_scripts_after_noscript_too(redis_server, redis_client):
-    """The store of connections the wire does not speak (TLS, a credential provider), here on
-    a plain connection: after a NOSCRIPT it loads settle.lua with take.lua, as the wire does."""
-    fallback = AsyncRedisStore.like(redis.Redis(host="127.0.0.1", port=redis_server.port))
-
-    async def flush_between(s):
-        await take(s, "a")
-        redis_client.script_flush()
-        return await take(s, "b")
-
-    before = redis_server.command_calls("script|load")
-    reply = run(flush_between, fallback)
-    assert reply.allowed and list(reply.levels) == [level_after(1)]
     assert redis_server.command_calls("script|load") - before == 2
     assert redis_client.script_exists(script_sha("take"), script_sha("settle")) == [True, True]
 
