@@ -25,7 +25,6 @@ loop (an ASGI worker has one; a test may run several).
 """
 
 import asyncio
-import hashlib
 import weakref
 
 import hiredis
@@ -36,7 +35,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from .aio_wire import AsyncWire
-from .base import StoreUnavailable, script_source
+from .base import StoreUnavailable, script_sha, script_source
 from .redis import EncodedTakes, RedisStore, parse_take_reply
 
 __all__ = ["AsyncWireStore", "AsyncRedisStore", "ThreadedAsyncStore", "async_store_for",
@@ -50,6 +49,12 @@ CLIENT_NAME = "ratelimit_app:async"
 _CONNECTION_KWARGS = ("host", "port", "path", "db", "username", "password",
                       "credential_provider", "socket_timeout", "socket_connect_timeout",
                       "socket_keepalive", "socket_keepalive_options", "health_check_interval")
+
+
+# What the async stores load after a NOSCRIPT: take.lua, and settle.lua with it, because the
+# sync store sends settles without waiting and one refused is sent again only once its reply is
+# read (RedisStore._settle_script).
+SCRIPTS_AFTER_NOSCRIPT = ("take", "settle")
 
 
 def async_store_for(store):
@@ -75,13 +80,9 @@ class AsyncWireStore:
         setup.append(("CLIENT", "SETNAME", CLIENT_NAME))
         self._wire_options = dict(address=address, setup_commands=setup, timeout_s=timeout_s,
                                   connect_timeout_s=connect_timeout_s)
-        source = script_source("take")
-        self._sha = hashlib.sha1(source.encode()).hexdigest()
-        # after a NOSCRIPT, settle.lua is loaded with take.lua: the sync store sends settles
-        # without waiting, and one refused is sent again only once its reply is read
-        # (RedisStore._settle_script)
+        self._sha = script_sha("take")
         self._scripts_load = [hiredis.pack_command(("SCRIPT", "LOAD", script_source(name)))
-                              for name in ("take", "settle")]
+                              for name in SCRIPTS_AFTER_NOSCRIPT]
         self.encoded_takes = EncodedTakes(hiredis.pack_command)
         self._wires = weakref.WeakKeyDictionary()  # event loop -> its AsyncWire
 
@@ -148,9 +149,8 @@ class AsyncRedisStore:
         self._connection_class = connection_class
         self._connection_kwargs = connection_kwargs
         self._max_connections = max_connections
-        self._sha = hashlib.sha1(script_source("take").encode()).hexdigest()
-        # loaded together after a NOSCRIPT, for the reason given in AsyncWireStore
-        self._sources = [script_source(name) for name in ("take", "settle")]
+        self._sha = script_sha("take")
+        self._sources = [script_source(name) for name in SCRIPTS_AFTER_NOSCRIPT]
         self._clients = weakref.WeakKeyDictionary()  # event loop -> its redis.asyncio client
 
     @classmethod

@@ -5,6 +5,7 @@ the keys and arguments it is given and reports what Redis answered. Every Redis 
 store as :class:`StoreUnavailable`; the Limiter decides between fail-open and fail-closed.
 """
 
+import hashlib
 from importlib import resources
 from typing import NamedTuple
 
@@ -118,6 +119,11 @@ class TakeReply(NamedTuple):
 def script_source(name):
     """Return the text of ``lua/<name>.lua`` shipped with the package."""
     return resources.files("ratelimit_app.stores").joinpath(f"lua/{name}.lua").read_text()
+
+
+def script_sha(name):
+    """Return the SHA1 Redis knows ``lua/<name>.lua`` by (EVALSHA, SCRIPT EXISTS)."""
+    return hashlib.sha1(script_source(name).encode()).hexdigest()
 
 
 class Store:

@@ -27,7 +27,6 @@ record, which the Limiter's watcher polls.
 
 import binascii
 import functools
-import hashlib
 import secrets
 import threading
 
@@ -52,6 +51,7 @@ from .base import (
     StoreUnavailable,
     SupersededRules,
     TakeReply,
+    script_sha,
     script_source,
     settled_pairs,
     store_error,
@@ -75,7 +75,7 @@ class _Script:
 
     def __init__(self, name):
         self.source = script_source(name)
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.sha = script_sha(name)
 
 
 class _Call:

@@ -4,7 +4,6 @@ connection, a cancelled request that does not shift the others' replies, NOSCRIP
 Redis killed and restarted, and the connections it hands to redis.asyncio instead."""
 
 import asyncio
-import hashlib
 
 import pytest
 import redis
@@ -15,15 +14,11 @@ from ratelimit_app.decision.engine import take_args
 from ratelimit_app.decision.keys import bucket_key
 from ratelimit_app.stores import RedisStore, StoreUnavailable
 from ratelimit_app.stores.aio import CLIENT_NAME, AsyncRedisStore, AsyncWireStore, async_store_for
-from ratelimit_app.stores.base import script_source
+from ratelimit_app.stores.base import script_sha
 
 VERSION_KEY = "test:config:version"
 RULE = CompiledRule(id=1, name="wire", scope="ip", plan=None, endpoint="", rate=1,
                     period_s=3600, burst=1000, shadow=False, fail_open=None)
-
-
-def script_sha(name):
-    return hashlib.sha1(script_source(name).encode()).hexdigest()
 
 
 def call(identity, cost=1):
