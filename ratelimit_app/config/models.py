@@ -7,7 +7,6 @@ committed change so each worker applies it within about a second. ``ratelimit_ap
 module Django and users import) re-exports every model of the app.
 """
 
-import re
 import secrets
 
 from django.conf import settings
@@ -17,8 +16,24 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ..decision.balances import CREDIT_SCOPES
 from ..decision.scopes import Scope, hash_api_key
+from .choices import (
+    ALERT_MIN_PERIOD_S,
+    MAX_BUCKET_UNITS,
+    MAX_CONCURRENCY,
+    MAX_CONCURRENCY_TIMEOUT_S,
+    MAX_PERIOD_S,
+    MINIMUM_MESSAGES,
+    NOMINAL_PERIOD_S,
+    RULE_NAME_RE,
+    CalendarPeriod,
+    Counts,
+    FailureMode,
+    Kind,
+    Mode,
+    parse_alert_thresholds,
+)
+from .rule_kinds import ConcurrencyLimit, burst_below_cost_message, kind_of
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
            "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
@@ -27,18 +42,6 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
            "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
            "ALERT_MIN_PERIOD_S", "HTTP_METHODS"]
-
-# Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
-MAX_BUCKET_UNITS = 2**50
-MAX_PERIOD_S = 366 * 24 * 3600
-RULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# What an operator reads when a number is below 1 (the admin forms show the same words).
-MINIMUM_MESSAGES = {
-    "rate": "The rate must be at least 1 token per period.",
-    "period_s": "The period must be at least 1 second.",
-    "burst": "The burst must be at least 1 token.",
-    "cost": "The cost must be at least 1 token.",
-}
 
 
 class Plan(models.Model):
@@ -219,63 +222,6 @@ class ApiKey(Scheduled, models.Model):
         return raw_key
 
 
-class Mode(models.TextChoices):
-    ENFORCE = "enforce", "Enforce"
-    SHADOW = "shadow", "Shadow (count would-be denials, never deny)"
-
-
-class Counts(models.TextChoices):
-    REQUESTS = "requests", "Requests (each charged its cost)"
-    FAILED_AUTH = "failed_auth", "Failed authentications (per client IP)"
-
-
-class Kind(models.TextChoices):
-    TOKEN_BUCKET = "token_bucket", "Token bucket (rate per period, up to a burst)"
-    CALENDAR = "calendar", "Calendar quota (N per day or month, reset at the boundary)"
-    CONCURRENCY = "concurrency", "Concurrency limit (at most N requests in flight)"
-    CREDITS = "credits", "Prepaid credits (a balance that top-ups raise)"
-
-
-# The most requests in flight a concurrency limit may allow per scope value, and its longest
-# timeout (the deadline of a slot a crashed worker never released).
-MAX_CONCURRENCY = 100_000
-MAX_CONCURRENCY_TIMEOUT_S = 24 * 3600
-
-
-class CalendarPeriod(models.TextChoices):
-    DAY = "day", "Day (resets at midnight)"
-    MONTH = "month", "Month (resets at midnight on the 1st)"
-
-
-# The period_s a calendar quota stores (its real length varies: DST days, month lengths), so
-# that the admin's lists and the number-based checks read it like any rule.
-NOMINAL_PERIOD_S = {CalendarPeriod.DAY: 24 * 3600, CalendarPeriod.MONTH: 31 * 24 * 3600}
-
-
-class FailureMode(models.TextChoices):
-    DEFAULT = "default", "Project default (FAIL_OPEN setting)"
-    OPEN = "open", "Allow requests"
-    CLOSED = "closed", "Refuse requests"
-
-
-# The shortest period of a token bucket that may carry alert thresholds: a bucket refilling
-# faster crosses them all day long, and the alert (once per period-long window) would be noise.
-ALERT_MIN_PERIOD_S = 3600
-
-
-def parse_alert_thresholds(text):
-    """Return the thresholds of ``text`` ("80,100": percent of the quota used) as a sorted
-    tuple of distinct ints from 1 to 100; raise ValueError with an operator's message."""
-    thresholds = set()
-    for part in text.replace(" ", "").split(","):
-        if not part.isdigit() or not 1 <= int(part) <= 100:
-            raise ValueError(f"“{part}” is not a percent from 1 to 100; write the thresholds "
-                             f"as whole percents separated by commas, e.g. 80,100.")
-        thresholds.add(int(part))
-    if len(thresholds) > 10:
-        raise ValueError("At most 10 thresholds per rule.")
-    return tuple(sorted(thresholds))
-
 
 class Rule(models.Model):
     """One token bucket per scope value: ``rate`` tokens per ``period_s`` up to ``burst``."""
@@ -370,94 +316,76 @@ class Rule(models.Model):
         return self.name
 
     def describe(self):
-        """Spell the rule out for an operator: '100 per 60 s, burst 20', '1000 per month'."""
-        if self.kind == Kind.CALENDAR:
-            return f"{self.rate} per {self.calendar_period or '?'}"
-        if self.kind == Kind.CONCURRENCY:
-            return f"{self.rate} in flight, timeout {self.period_s} s"
-        what = " failed authentications" if self.counts == Counts.FAILED_AUTH else ""
-        return f"{self.rate}{what} per {self.period_s} s, burst {self.burst}"
+        """Return the rule in words, as the rules list and the plan page show it ("100 requests
+        per minute per user or API key, bursts up to 200; enforced"); "—" while a number it
+        needs is missing."""
+        return self.kind_rules.sentence(self) or "—"
+
+    @property
+    def kind_rules(self):
+        """The RuleKind of this row: what its kind checks, derives and reads as."""
+        return kind_of(self)
 
     def clean(self):
         errors = {}
-        if self.kind == Kind.CALENDAR:
-            self._clean_calendar(errors)
-        elif self.kind == Kind.CREDITS:
-            self._clean_credits(errors)
-        else:
-            self.calendar_period = ""  # only calendar quotas and credits have one
-        if self.kind == Kind.CONCURRENCY:
-            self._clean_concurrency(errors)
+        kind = self.kind_rules
+        kind.check(self, errors)
         if self.name and not RULE_NAME_RE.match(self.name):
             errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "
                               "or digit: clients read this name in the RateLimit headers.")
-        for field in ("rate", "period_s"):
-            value = getattr(self, field)
-            if value is not None and value < 1 and not (field == "rate" and
-                                                        self.kind == Kind.CREDITS):
-                errors[field] = MINIMUM_MESSAGES[field]
-        if self.kind == Kind.TOKEN_BUCKET and self.burst is not None and self.period_s and \
-                self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
-            errors["burst"] = "Burst × period is too large; lower the burst or the period."
+        if self.rate is not None and self.rate < kind.minimum_rate:
+            errors["rate"] = kind.minimum_rate_message
+        if self.period_s is not None and self.period_s < 1:
+            errors["period_s"] = MINIMUM_MESSAGES["period_s"]
         if self.lease:
-            if self.scope not in (Scope.GLOBAL, Scope.PLAN, Scope.TENANT):
-                errors["lease"] = ("Leases are for buckets many clients share (global, plan, "
-                                   "tenant); a client's own bucket is not busy enough to need "
-                                   "one. Set it to 0.")
-            elif self.burst and self.lease > self.burst // 2:
-                errors["lease"] = (f"A lease of {self.lease} tokens could hold more than half "
-                                   f"of the burst ({self.burst}) in one worker; use at most "
-                                   f"{max(1, self.burst // 2)}.")
-        self._clean_alert_thresholds(errors)
-        self._clean_debt(errors)
+            self._clean_lease(kind, errors)
+        self._clean_alert_thresholds(kind, errors)
+        if self.debt and kind.debt_refused:
+            errors["debt"] = kind.debt_refused
         if self.counts == Counts.FAILED_AUTH:
-            if self.scope != Scope.IP:
-                errors["scope"] = ("Failed authentications are counted per client IP (the "
-                                   "caller is unknown when its credentials fail): choose "
-                                   "“Client IP”.")
-            if self.plan_id:
-                errors["plan"] = ("A failed authentication has no plan yet (the caller is "
-                                  "unknown): leave the plan empty.")
-        elif self.burst and not errors and self.kind not in (Kind.CONCURRENCY, Kind.CREDITS):
-            largest = self._largest_cost()
-            if largest and self.burst < largest[0]:
-                if self.kind == Kind.CALENDAR:
-                    errors["rate"] = (f"A quota of {self.rate} is below the cost of "
-                                      f"{largest[1]} ({largest[0]} units): such requests could "
-                                      f"never pass. Raise it to at least {largest[0]}.")
-                else:
-                    errors["burst"] = burst_below_cost_message(self.burst, *largest)
+            self._clean_failed_auth(kind, errors)
+        elif kind.charged_by_cost and not errors:
+            largest = self.largest_cost()
+            refused = largest and kind.cost_error(self, *largest)
+            if refused:
+                errors[refused[0]] = refused[1]
         if errors:
             raise ValidationError(errors)
 
     def clean_fields(self, exclude=None):
-        # period and burst may be blank (a calendar quota has none), but a token bucket needs
-        # them: checked here, where the fields a form already refused are known (``exclude``)
+        # period and burst may be blank (a calendar quota has none), but the kinds that use
+        # them need them: checked here, where the fields a form already refused are known
         errors = {}
+        exclude = exclude or ()
         try:
             super().clean_fields(exclude)
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
-        if self.kind != Kind.CREDITS and isinstance(self.rate, int) and self.rate < 1 and \
-                "rate" not in (exclude or ()) and "rate" not in errors:
+        kind = self.kind_rules
+        if isinstance(self.rate, int) and self.rate < kind.minimum_rate and \
+                "rate" not in exclude and "rate" not in errors:
             # (the field allows 0 for a credits rule's allowance; every other kind needs 1)
-            errors["rate"] = ["Ensure this value is greater than or equal to 1."]
-        if self.kind == Kind.CONCURRENCY:
-            if self.period_s is None and "period_s" not in (exclude or ()) and \
-                    "period_s" not in errors:
-                errors["period_s"] = ["A concurrency limit needs its timeout in seconds: how long "
-                                      "the slot of a request that never finishes (a crashed "
-                                      "worker) stays taken."]
-        elif self.kind not in (Kind.CALENDAR, Kind.CREDITS):
-            for field, message in (("period_s", "A token bucket needs its period in seconds."),
-                                   ("burst", "A token bucket needs its burst (its capacity).")):
-                if getattr(self, field) is None and field not in (exclude or ()) and \
-                        field not in errors:
-                    errors[field] = [message]
+            errors["rate"] = [kind.minimum_rate_message]
+        for field, message in kind.required.items():
+            if field in ("period_s", "burst") and getattr(self, field) is None and \
+                    field not in exclude and field not in errors:
+                errors[field] = [message]
         if errors:
             raise ValidationError(errors)
 
-    def _clean_alert_thresholds(self, errors):
+    def _clean_lease(self, kind, errors):
+        if kind.lease_refused:
+            errors["lease"] = kind.lease_refused
+        elif self.scope not in (Scope.GLOBAL, Scope.PLAN, Scope.TENANT):
+            errors["lease"] = ("Leases are for buckets many clients share (global, plan, "
+                               "tenant); a client's own bucket is not busy enough to need "
+                               "one. Set it to 0.")
+        elif self.burst and self.lease > self.burst // 2:
+            errors["lease"] = (f"A lease of {self.lease} tokens could hold more than half "
+                               f"of the burst ({self.burst}) in one worker; use at most "
+                               f"{max(1, self.burst // 2)}.")
+
+    def _clean_alert_thresholds(self, kind, errors):
         """Check ``alert_thresholds`` and write it back normalised ("100,80" -> "80,100")."""
         if not self.alert_thresholds.strip():
             self.alert_thresholds = ""
@@ -467,101 +395,38 @@ class Rule(models.Model):
         except ValueError as exc:
             errors["alert_thresholds"] = str(exc)
             return
-        if self.kind == Kind.CONCURRENCY or self.counts == Counts.FAILED_AUTH or self.lease:
-            errors["alert_thresholds"] = ("Alerts are for calendar quotas and token buckets "
-                                          "counting requests, without a lease; clear this field.")
-        elif self.kind == Kind.TOKEN_BUCKET and self.period_s and \
-                self.period_s < ALERT_MIN_PERIOD_S:
-            errors["alert_thresholds"] = (
-                f"A token bucket of a {self.period_s} s period refills too fast for an alert to "
-                f"mean much; alerts need a period of at least {ALERT_MIN_PERIOD_S} s (or a "
-                f"calendar quota). Clear this field.")
-        else:
+        refused = kind.alerts_refused
+        if self.counts == Counts.FAILED_AUTH or self.lease:
+            refused = ConcurrencyLimit.alerts_refused  # the same words: what alerts are for
+        if refused:
+            errors["alert_thresholds"] = refused
+        elif "alert_thresholds" not in errors:  # (a kind's own check may have refused it)
             self.alert_thresholds = ",".join(map(str, thresholds))
 
-    def _clean_debt(self, errors):
-        if not self.debt:
-            return
-        if self.kind == Kind.CONCURRENCY or self.counts == Counts.FAILED_AUTH:
-            errors["debt"] = ("Only token buckets and calendar quotas counting requests are "
-                              "charged what a request consumed; set it to 0.")
-        elif self.kind == Kind.TOKEN_BUCKET and self.period_s and \
-                self.debt * self.period_s * 1000 > MAX_BUCKET_UNITS:
-            errors["debt"] = "Debt × period is too large; lower the debt or the period."
+    def _clean_failed_auth(self, kind, errors):
+        if kind.failed_auth_refused:
+            errors["kind"] = kind.failed_auth_refused
+        if self.scope != Scope.IP:
+            errors["scope"] = ("Failed authentications are counted per client IP (the "
+                               "caller is unknown when its credentials fail): choose "
+                               "“Client IP”.")
+        if self.plan_id:
+            errors["plan"] = ("A failed authentication has no plan yet (the caller is "
+                              "unknown): leave the plan empty.")
+        if self.debt:
+            errors["debt"] = ConcurrencyLimit.debt_refused
 
-    def _clean_calendar(self, errors):
-        """Check a calendar quota and give it the burst (N: all of it usable at once) and the
-        nominal period the number-based checks and lists read."""
-        if not self.calendar_period:
-            errors["calendar_period"] = ("Choose when the quota starts again: every day or "
-                                         "every month.")
-        if self.counts == Counts.FAILED_AUTH:
-            errors["kind"] = ("Failed authentications are limited by a token bucket (a guesser "
-                              "must not get a whole month's tries at once): choose “Token "
-                              "bucket”.")
-        if self.lease:
-            errors["lease"] = ("Leases are for token buckets; a calendar quota is counted in "
-                               "Redis on every request. Set it to 0.")
-        if self.rate and self.rate > MAX_BUCKET_UNITS:
-            errors["rate"] = f"A calendar quota can count at most {MAX_BUCKET_UNITS} units."
-        if self.rate:
-            self.burst = self.rate
-        self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, 24 * 3600)
-
-    def _clean_credits(self, errors):
-        """Check a prepaid credits rule and give it the period and burst the number-based checks
-        and lists read (its allowance's)."""
-        if self.scope not in CREDIT_SCOPES:
-            errors["scope"] = ("Credits belong to a caller (an API key or a signed-in user) or "
-                               "to a tenant: choose “User or API key” or “Tenant”.")
-        if self.endpoint:
-            errors["endpoint"] = ("Credits are spent on every endpoint, each request its "
-                                  "endpoint cost: leave the endpoint empty (endpoint costs set "
-                                  "what each endpoint spends).")
-        if self.counts == Counts.FAILED_AUTH:
-            errors["kind"] = ("Failed authentications are counted by a token bucket, not paid "
-                              "for: choose “Token bucket”.")
-        if self.lease:
-            errors["lease"] = ("A balance is spent in Redis on every request (it is money): "
-                               "set the lease to 0.")
-        if self.rate is not None and self.rate > MAX_BUCKET_UNITS:
-            errors["rate"] = f"An allowance can be at most {MAX_BUCKET_UNITS} units."
-        if self.debt and self.debt > MAX_BUCKET_UNITS // 1000:
-            errors["debt"] = "The debt allowed is too large."
+    def credits_clash(self):
+        """Return another credits rule that spends the same balances as this one (same scope,
+        overlapping plan), or None."""
         clash = Rule.objects.filter(kind=Kind.CREDITS, scope=self.scope).exclude(pk=self.pk)
         if self.plan_id is not None:
             clash = clash.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
-        other = clash.first()
-        if other is not None:
-            errors["plan"] = (f"Rule “{other}” already spends the same balances (credits of "
-                              f"this scope, on an overlapping plan): a request spends one "
-                              f"balance per account. Edit that rule instead.")
-        # (the field's validator wants at least 1: a row with no allowance must validate
-        # again, as an export read back does; a balance reads its allowance from ``rate``)
-        self.burst = max(self.rate or 0, 1)
-        self.period_s = NOMINAL_PERIOD_S.get(self.calendar_period, MAX_PERIOD_S)
+        return clash.first()
 
-    def _clean_concurrency(self, errors):
-        """Check a concurrency limit: ``rate`` requests in flight, ``period_s`` the timeout of a
-        slot; its burst is N (only shown)."""
-        if self.counts == Counts.FAILED_AUTH:
-            errors["kind"] = ("Failed authentications are counted by a token bucket, not in "
-                              "flight: choose “Token bucket”.")
-        if self.lease:
-            errors["lease"] = ("Leases are for token buckets; a concurrency slot is taken and "
-                               "released in Redis for every request. Set it to 0.")
-        if self.rate and self.rate > MAX_CONCURRENCY:
-            errors["rate"] = (f"A concurrency limit allows at most {MAX_CONCURRENCY} requests "
-                              "in flight.")
-        if self.period_s and self.period_s > MAX_CONCURRENCY_TIMEOUT_S:
-            errors["period_s"] = ("The timeout frees the slots of crashed workers: use at most "
-                                  f"{MAX_CONCURRENCY_TIMEOUT_S} s (a day), and a little more "
-                                  "than your slowest response takes.")
-        if self.rate:
-            self.burst = self.rate
-
-    def _largest_cost(self):
-        """Return (cost, description) of the most expensive request this rule is charged for."""
+    def largest_cost(self):
+        """Return (cost, description) of the most expensive request this rule is charged for,
+        or None."""
         if self.endpoint:
             return None  # endpoint rules count calls: one token each
         costs = EndpointCost.objects.all()
@@ -569,12 +434,6 @@ class Rule(models.Model):
             costs = costs.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
         top = costs.order_by("-cost").first()
         return (top.cost, top.describe()) if top else None
-
-
-def burst_below_cost_message(burst, cost, what):
-    """The error for a rule whose burst cannot hold the ``cost`` of requests to ``what``."""
-    return (f"Burst {burst} is below the cost of {what} ({cost} tokens): such requests could "
-            f"never pass. Raise the burst to at least {cost}.")
 
 
 def cost_above_burst_message(rule_name, burst):

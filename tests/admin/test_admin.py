@@ -303,7 +303,7 @@ def test_valid_inline_rows_are_saved(admin_client):
         plan, rules=[new_rule_row(plan, burst="25")],
         costs=[new_cost_row(plan, endpoint="api:reports", method="POST", cost="20")]))
     assert response.status_code == 302, page_errors(response)
-    assert plan.rules.get().describe() == "60 per 60 s, burst 25"
+    assert plan.rules.get().describe() == "60 requests per minute per user or API key, bursts up to 25; enforced"
     assert plan.costs.get().cost == 20
 
 

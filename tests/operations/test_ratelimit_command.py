@@ -254,7 +254,7 @@ def test_validation_errors_name_item_and_field_and_change_nothing(demo, tmp_path
         "default_for_authenticated, default_for_anonymous).",
         "rules[3] (rule “free-ip”): scope: Value 'planet' is not a valid choice.",
         "rules[7] (rule “global”): burst: “many” value must be an integer.",
-        "rules[9] (rule “pro-user”): rate: Ensure this value is greater than or equal to 1.",
+        "rules[9] (rule “pro-user”): rate: The rate must be at least 1 token per period.",
         "rules[5] (rule “free-reports”): plan: no plan “platinum” in the file.",
         "plan_assignments[0] (plan assignment “mallory”): user: no user with username "
         "“mallory” (users are not created by an import).",
