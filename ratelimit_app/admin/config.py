@@ -5,29 +5,33 @@ Validation lives in the models' ``clean()`` and in ``forms.py``; the simulator's
 """
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
+from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from ..conf import get_config
 from ..config.endpoints import endpoint_names
 from ..config.models import (
     ApiKey,
-    CalendarPeriod,
     Counts,
     EndpointCost,
     IdentityOverride,
     Kind,
+    Mode,
     Plan,
     PlanAssignment,
     Rule,
     Schedule,
     Scheduled,
 )
-from ..decision.scopes import Scope
+from ..config.rule_kinds import FORM_KINDS, form_kind_of
+from ..config.wording import SCOPE_SHORT, count
 from .audit import AuditedAdminMixin
 from .forms import (
     MISSING_ENDPOINT,
@@ -35,11 +39,12 @@ from .forms import (
     EndpointCostInlineFormSet,
     PlanInlineFormSet,
     RuleForm,
-    RuleInlineFormSet,
     SimulatorForm,
     is_missing_endpoint,
 )
+from .rule_forms import kind_for, rule_fieldsets, rule_form_class, rule_from_input
 from .simulator import simulate
+from .traffic import impact_of_new_numbers, last_hour_traffic
 
 
 def _endpoint_cell(endpoint, empty_text):
@@ -52,57 +57,8 @@ def _endpoint_cell(endpoint, empty_text):
     return endpoint
 
 
-def _as_saved(rule):
-    """Return ``rule`` as stored, or None if it is not saved yet.
-
-    After a refused save the form has already copied the rejected input onto the instance
-    (``ModelForm._post_clean``); the page's read-only descriptions must show what is kept,
-    not a value the operator was just told is wrong.
-    """
-    return Rule.objects.filter(pk=rule.pk).first() if rule.pk else None
-
-
-_WHO = {
-    Scope.GLOBAL: "All clients together", Scope.PLAN: "All clients of the plan together",
-    Scope.TENANT: "Each tenant", Scope.USER: "Each user or API key", Scope.IP: "Each client IP",
-}
-
-
-def explain_rule(rule):
-    """Spell a rule out in a sentence, e.g. 'Each client IP: 20 tokens per 60 s (…)'."""
-    if rule.kind == Kind.CALENDAR and rule.rate and rule.calendar_period:
-        return explain_calendar_quota(rule)
-    if rule.kind == Kind.CONCURRENCY:
-        if not (rule.rate and rule.period_s):
-            return "—"
-        what = f"requests to {rule.endpoint}" if rule.endpoint else "requests"
-        return (f"{_WHO.get(rule.scope, 'Each client')}: at most {rule.rate} {what} in flight "
-                f"at once (whatever their cost); a slot is freed when its response is finished, "
-                f"or {rule.period_s} s after it was taken if its worker died.")
-    if not (rule.rate and rule.period_s and rule.burst):
-        return "—"
-    who = _WHO.get(rule.scope, "Each client")
-    pace = f"per {rule.period_s} s (one more every {rule.period_s / rule.rate:.3g} s)"
-    if rule.counts == Counts.FAILED_AUTH:
-        where = f" at {rule.endpoint}" if rule.endpoint else ""
-        return (f"{who}: {rule.rate} failed authentications{where} {pace}, at most "
-                f"{rule.burst} in a row; while none are left, every request from that address "
-                f"is refused, whatever credentials it sends.")
-    if rule.endpoint:
-        return (f"{who}: {rule.rate} requests to {rule.endpoint} {pace}, "
-                f"at most {rule.burst} in a row.")
-    return (f"{who}: {rule.rate} tokens {pace}, at most {rule.burst} saved up; each request "
-            f"spends its endpoint's cost (1 token unless an endpoint cost says otherwise).")
-
-
-def explain_calendar_quota(rule):
-    """Spell a calendar quota out, e.g. 'Each user or API key: 1000 units per month, …'."""
-    zone = get_config()["CALENDAR_TIME_ZONE"]
-    resets = "midnight" if rule.calendar_period == CalendarPeriod.DAY else "midnight on the 1st"
-    what = f"requests to {rule.endpoint}" if rule.endpoint else "units (each request its cost)"
-    return (f"{_WHO.get(rule.scope, 'Each client')}: {rule.rate} {what} per "
-            f"{rule.calendar_period}, all usable at once; the count starts again at {resets} "
-            f"({zone}).")
+# What the words panel says until the numbers it needs are typed.
+WORDS_PENDING = "Type the numbers to read the rule in words."
 
 
 def max_cost_warning(burst, what):
@@ -182,22 +138,6 @@ def schedule_cell(row):
                        state, text)
 
 
-class RuleInline(admin.TabularInline):
-    model = Rule
-    form = RuleForm
-    formset = RuleInlineFormSet
-    extra = 0
-    fields = ["name", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s", "burst",
-              "summary", "mode", "enabled"]
-    readonly_fields = ["summary"]
-    show_change_link = True
-
-    @admin.display(description="in short")
-    def summary(self, rule):
-        saved = _as_saved(rule)
-        return saved.describe() if saved else "—"
-
-
 class EndpointCostInline(admin.TabularInline):
     model = EndpointCost
     form = EndpointCostForm
@@ -210,114 +150,246 @@ class EndpointCostInline(admin.TabularInline):
 
 @admin.register(Plan)
 class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["name", "slug", "rule_count", "cost_count", "default_for_authenticated",
-                    "default_for_anonymous"]
+    """The plan page is the hub: its rules in words (each a link to edit it, and a link to add
+    one of each kind), its endpoint costs inline, who is on it and its last hour's traffic."""
+
+    list_display = ["name", "slug", "default_cell", "rule_count", "cost_count", "requests_cell",
+                    "refused_cell"]
     list_filter = ["default_for_authenticated", "default_for_anonymous"]
     search_fields = ["slug", "name", "description"]
     prepopulated_fields = {"slug": ["name"]}
-    inlines = [RuleInline, EndpointCostInline]
+    inlines = [EndpointCostInline]
+    change_form_template = "admin/ratelimit_app/plan/change_form.html"
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
             rule_count=Count("rules", distinct=True), cost_count=Count("costs", distinct=True))
 
+    def get_changelist_instance(self, request):
+        """The list, each plan given its last hour's traffic (one Redis read for the page)."""
+        changelist = super().get_changelist_instance(request)
+        traffic = last_hour_traffic("plan")
+        for plan in changelist.result_list:
+            plan.traffic = traffic.get(plan.slug) if traffic is not None else None
+        return changelist
+
+    @admin.display(description="default for")
+    def default_cell(self, plan):
+        return ", ".join(who for who, default in (
+            ("signed-in callers", plan.default_for_authenticated),
+            ("anonymous callers", plan.default_for_anonymous)) if default) or "—"
+
     @admin.display(description="rules", ordering="rule_count")
     def rule_count(self, plan):
         return plan.rule_count
 
-    @admin.display(description="own endpoint costs", ordering="cost_count")
+    @admin.display(description="own costs", ordering="cost_count")
     def cost_count(self, plan):
         return plan.cost_count
 
+    @admin.display(description="requests (1 h)")
+    def requests_cell(self, plan):
+        return _requests_cell(getattr(plan, "traffic", None))
+
+    @admin.display(description="429 (1 h)")
+    def refused_cell(self, plan):
+        return _refused_cell(getattr(plan, "traffic", None))
+
     def get_inline_instances(self, request, obj=None):
-        # Rules and costs are checked against their plan's other rows: the plan must exist
-        # first. The add page says so (see add_view).
+        # Costs are checked against their plan's rules: the plan must exist first. The add
+        # page says so (see add_view).
         return super().get_inline_instances(request, obj) if obj is not None else []
 
     def add_view(self, request, form_url="", extra_context=None):
         extra_context = {**(extra_context or {}), "subtitle":
                          "Save the plan first (“Save and continue editing”), then add its "
-                         "rules and endpoint costs on the same page."}
+                         "rules and endpoint costs from its page."}
         return super().add_view(request, form_url, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        plan = self.get_object(request, unquote(object_id))
+        context = dict(extra_context or {})
+        if plan is not None:
+            context["hub"] = plan_hub(plan)
+        return super().change_view(request, object_id, form_url, context)
 
     def get_formset_kwargs(self, request, obj, inline, prefix):
         kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
-        # One list per request shared by the rule and cost inlines, so a rule and a cost
-        # typed in the same save are checked against each other (forms.PlanInlineFormSet).
+        # One list per request shared by the plan page's inlines, so rows typed in the same
+        # save are checked against each other (forms.PlanInlineFormSet).
         if issubclass(inline.formset, PlanInlineFormSet):
             kwargs["siblings"] = request.__dict__.setdefault("_ratelimit_plan_inlines", [])
         return kwargs
 
 
+def _requests_cell(traffic):
+    return "—" if traffic is None else count(traffic["requests"])
+
+
+def _refused_cell(traffic):
+    return "—" if not traffic or not traffic["requests"] else f"{traffic['rate']} %"
+
+
+def plan_hub(plan):
+    """Return what the plan page shows beside the plan's own fields: its rules in words (and
+    those of every plan), links to add a rule of each kind, its callers and last hour."""
+    def lines(rules):
+        return [{"rule": rule, "words": rule.describe(),
+                 "url": reverse("admin:ratelimit_app_rule_change", args=[rule.pk])
+                 + "?" + urlencode({"plan": plan.pk})} for rule in rules]
+
+    add_url = reverse("admin:ratelimit_app_rule_add")
+    traffic = last_hour_traffic("plan")
+    return {
+        "rules": lines(plan.rules.order_by("name")),
+        "shared_rules": lines(Rule.objects.filter(plan__isnull=True).order_by("name")),
+        "add_links": [{"label": kind.label, "url": add_url + "?" + urlencode(
+            {"kind": key, "plan": plan.pk})} for key, kind in FORM_KINDS.items()],
+        "assignments": plan.assignments.count(),
+        "assignments_url": reverse("admin:ratelimit_app_planassignment_changelist")
+        + f"?plan__id__exact={plan.pk}",
+        "api_keys": ApiKey.objects.filter(plan=plan).count(),
+        "api_keys_url": reverse("admin:ratelimit_app_apikey_changelist")
+        + f"?plan__id__exact={plan.pk}",
+        "traffic": traffic.get(plan.slug) if traffic is not None else None,
+        "traffic_known": traffic is not None,
+    }
+
+
 @admin.register(Rule)
 class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    """Rules: a form per kind of limit (the add page asks the kind first, as Django's user
+    form asks the password first), the rule in words as it is typed, and a list that reads at
+    a glance with the last hour's traffic of each rule."""
+
     form = RuleForm
-    list_display = ["name", "plan", "scope", "endpoint_cell", "kind", "summary", "mode",
-                    "enabled"]
+    change_form_template = "admin/ratelimit_app/rule/change_form.html"
+    list_display = ["name", "plan", "scope_cell", "limit_cell", "mode_cell", "enabled",
+                    "requests_cell", "refused_cell"]
     list_filter = ["plan", "scope", "kind", "counts", "mode", "enabled", "on_redis_failure",
                    EndpointFilter]
     list_select_related = ["plan"]
     search_fields = ["name", "endpoint", "plan__name", "plan__slug"]
-    readonly_fields = ["in_words", "updated"]
-    fieldsets = [
-        (None, {"fields": ["name", "plan", "scope", "endpoint", "counts"]}),
-        ("Limit", {
-            "fields": ["kind", "calendar_period", "rate", "period_s", "burst", "in_words",
-                       "lease"],
-            "description": "A <em>token bucket</em> holds up to <em>burst</em> tokens, refilled "
-                           "with <em>rate</em> tokens every <em>period</em> seconds. A "
-                           "<em>calendar quota</em> allows <em>rate</em> units per day or per "
-                           "month (“1000 per month, resets on the 1st”), counted from 0 again "
-                           "at midnight in the CALENDAR_TIME_ZONE setting; changing the rate "
-                           "keeps what the current period has used. A <em>concurrency "
-                           "limit</em> allows at most <em>rate</em> requests in flight at once "
-                           "(“5 concurrent report exports per tenant”): each request holds a "
-                           "slot until its response is finished; <em>period</em> is the timeout "
-                           "in seconds after which the slot of a request that never finished "
-                           "(a crashed worker) is freed — a little more than the slowest "
-                           "response takes. Concurrency limits need QuotaMiddleware (which "
-                           "releases the slots). A request passes only if "
-                           "every rule that applies holds its cost.",
-        }),
-        ("Behaviour", {"fields": ["mode", "on_redis_failure", "enabled", "updated"]}),
-        ("Metered costs", {
-            "fields": ["debt"],
-            "description": "A request to a metered endpoint is admitted on its estimate and "
-                           "charged what it consumed once its response is finished: a request "
-                           "that consumed more than the bucket held takes it below empty, down "
-                           "to this many tokens, and its caller waits until the refill has "
-                           "repaid the debt.",
-            "classes": ["collapse"],
-        }),
-        ("Alerts", {"fields": ["alert_thresholds"],
-                    "description": "Webhook endpoints and the deliveries sent are under "
-                                   "“Webhook endpoints” and “Webhook deliveries”."}),
-    ]
+    readonly_fields = ["updated"]
 
-    @admin.display(description="endpoint", ordering="endpoint")
-    def endpoint_cell(self, rule):
-        return _endpoint_cell(rule.endpoint, "every endpoint")
+    def _form_kind(self, request, obj):
+        return kind_for(obj, request.GET.get("kind", "")) or Kind.TOKEN_BUCKET.value
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        kwargs["form"] = rule_form_class(self._form_kind(request, obj))
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_fieldsets(self, request, obj=None):
+        return rule_fieldsets(self._form_kind(request, obj))
+
+    def get_changelist_instance(self, request):
+        """The list, each rule given its last hour's traffic (one Redis read for the page)."""
+        changelist = super().get_changelist_instance(request)
+        traffic = last_hour_traffic("rule")
+        for rule in changelist.result_list:
+            rule.traffic = traffic.get(rule.name) if traffic is not None else None
+        return changelist
+
+    @admin.display(description="scope", ordering="scope")
+    def scope_cell(self, rule):
+        return SCOPE_SHORT.get(rule.scope, rule.scope)
 
     @admin.display(description="limit")
-    def summary(self, rule):
-        return rule.describe()
+    def limit_cell(self, rule):
+        words = form_kind_of(rule).limit_words(rule) or "—"
+        if is_missing_endpoint(rule.endpoint):
+            return format_html('{} <strong style="color: var(--error-fg)">⚠ {}</strong>',
+                               words, MISSING_ENDPOINT)
+        return words
+
+    @admin.display(description="mode", ordering="mode")
+    def mode_cell(self, rule):
+        return "shadow" if rule.mode == Mode.SHADOW else "enforce"
+
+    @admin.display(description="requests (1 h)")
+    def requests_cell(self, rule):
+        return _requests_cell(getattr(rule, "traffic", None))
+
+    @admin.display(description="429 (1 h)")
+    def refused_cell(self, rule):
+        return _refused_cell(getattr(rule, "traffic", None))
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """Without a kind, the page that asks for it (links: no JavaScript needed); with one,
+        that kind's form."""
+        if not kind_for(None, request.GET.get("kind", "")):
+            if not self.has_add_permission(request):
+                raise PermissionDenied
+            return self._choose_kind_view(request)
+        return super().add_view(request, form_url, extra_context)
+
+    def _choose_kind_view(self, request):
+        plan = request.GET.get("plan", "")
+        kinds = [{"key": key, "label": kind.label, "text": kind.chooser_text,
+                  "url": "?" + urlencode({"kind": key, **({"plan": plan} if plan else {})})}
+                 for key, kind in FORM_KINDS.items()]
+        context = {**self.admin_site.each_context(request), "title": "Add a rule: which kind?",
+                   "opts": self.opts, "kinds": kinds, "has_view_permission": True}
+        return TemplateResponse(request, "admin/ratelimit_app/rule/choose_kind.html", context)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="",
+                           obj=None):
+        form = context["adminform"].form
+        key = form.rule_kind.key
+        rule = rule_from_input(key, form.data, obj) if form.is_bound else obj
+        context.update({
+            "rule_kind": form.rule_kind, "rule_kind_key": key,
+            "rule_words": (form_kind_of(rule).sentence(rule) if rule else None) or WORDS_PENDING,
+            "preview_url": reverse("admin:ratelimit_app_rule_preview"),
+        })
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def preview_view(self, request):
+        """The form's words while it is typed (JSON): the rule as a sentence and, for a saved
+        rule whose numbers changed, what they would have done to the last hour's callers."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        key = kind_for(None, request.GET.get("kind", ""))
+        if not key:
+            return JsonResponse({"error": "Give the kind of the rule."}, status=400)
+        saved = None
+        rule_id = request.GET.get("rule", "")
+        if rule_id.isascii() and rule_id.isdigit() and len(rule_id) <= 18:
+            saved = Rule.objects.select_related("plan").filter(pk=int(rule_id)).first()
+        rule = rule_from_input(key, request.GET, saved)
+        words = form_kind_of(rule).sentence(rule) or WORDS_PENDING
+        impact = impact_of_new_numbers(saved, rule) if saved is not None else ""
+        response = JsonResponse({"words": words, "impact": impact})
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def _back_to_plan(self, request, obj):
+        """After a save from the plan page's links (``?plan=``), back to that plan."""
+        if request.GET.get("plan") and obj.plan_id and "_save" in request.POST:
+            return HttpResponseRedirect(
+                reverse("admin:ratelimit_app_plan_change", args=[obj.plan_id]))
+        return None
+
+    def response_add(self, request, obj, post_url_continue=None):
+        return self._back_to_plan(request, obj) or \
+            super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request, obj):
+        return self._back_to_plan(request, obj) or super().response_change(request, obj)
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        if not obj.endpoint and obj.counts == Counts.REQUESTS:  # endpoint rules count calls
+        if not obj.endpoint and obj.counts == Counts.REQUESTS and \
+                obj.kind_rules.charged_by_cost:  # endpoint rules count calls
             warning = max_cost_warning(obj.burst, f"Rule “{obj.name}”")
             if warning:
                 messages.warning(request, warning)
 
-    @admin.display(description="in words")
-    def in_words(self, rule):
-        saved = _as_saved(rule)
-        return explain_rule(saved) if saved else "Shown once the rule is saved."
-
     def get_urls(self):
-        simulator = path("simulate/", self.admin_site.admin_view(self.simulator_view),
-                         name="ratelimit_app_rule_simulate")
-        return [simulator, *super().get_urls()]  # before the catch-all "<object_id>/"
+        wrap = self.admin_site.admin_view
+        own = [path("simulate/", wrap(self.simulator_view), name="ratelimit_app_rule_simulate"),
+               path("preview/", wrap(self.preview_view), name="ratelimit_app_rule_preview")]
+        return [*own, *super().get_urls()]  # before the catch-all "<object_id>/"
 
     def simulator_view(self, request):
         """The read-only “what would this request do” page (staff who may view rules)."""

@@ -33,7 +33,7 @@ from .choices import (
     Mode,
     parse_alert_thresholds,
 )
-from .rule_kinds import ConcurrencyLimit, burst_below_cost_message, kind_of
+from .rule_kinds import ConcurrencyLimit, burst_below_cost_message, form_kind_of, kind_of
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
            "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
@@ -319,7 +319,7 @@ class Rule(models.Model):
         """Return the rule in words, as the rules list and the plan page show it ("100 requests
         per minute per user or API key, bursts up to 200; enforced"); "—" while a number it
         needs is missing."""
-        return self.kind_rules.sentence(self) or "—"
+        return form_kind_of(self).sentence(self) or "—"
 
     @property
     def kind_rules(self):
