@@ -58,16 +58,17 @@ class PeriodField(forms.MultiValueField):
     widget = PeriodWidget
 
     def __init__(self, *, required=True, **kwargs):
-        fields = (forms.IntegerField(min_value=1),
-                  forms.ChoiceField(choices=[(unit, unit) for unit, _ in PERIOD_UNITS]))
+        # (each part optional: an empty period is the kind's to word, "a token bucket needs
+        # its period")
+        fields = (forms.IntegerField(min_value=1, required=False),
+                  forms.ChoiceField(choices=[(unit, unit) for unit, _ in PERIOD_UNITS],
+                                    required=False))
         super().__init__(fields, required=required, require_all_fields=False, **kwargs)
-        self.error_messages = {**self.error_messages,
-                               "incomplete": "Give the period: a number and a unit."}
 
     def compress(self, data_list):
         if not data_list or data_list[0] in (None, ""):
             return None
-        seconds = data_list[0] * _UNIT_SECONDS.get(data_list[1], 1)
+        seconds = data_list[0] * _UNIT_SECONDS.get(data_list[1] or "second", 1)
         if seconds > MAX_PERIOD_S:
             raise forms.ValidationError(
                 f"The period can be at most 366 days ({MAX_PERIOD_S} seconds).")
