@@ -375,8 +375,8 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "tenant", "active",
-                    "created_cell"]
+    list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "why", "tenant",
+                    "active", "created_cell"]
     list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
@@ -390,11 +390,14 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="plan", ordering="plan__slug")
     def plan_and_schedule(self, key):
-        """The key's own plan and where its dates stand now, on two lines at most (the reason
-        is on the key's page and the dashboard's panel); 'its user's' without a plan."""
+        """The key's own plan and where its dates stand now; 'its user's' without a plan."""
         if not key.plan_id:
             return "its user's"
         return format_html("{}, {}", key.plan, schedule_cell(key))
+
+    @admin.display(description="why", ordering="reason")
+    def why(self, key):
+        return key.reason or "—"
 
     @admin.display(description="created", ordering="created")
     def created_cell(self, key):
