@@ -149,8 +149,8 @@ def open_page(page, admin_page):
 WIDTHS_JS = """() => {
     const boxes = [];
     for (const box of document.querySelectorAll('body *:not(input, textarea, select)')) {
-        const overflow = getComputedStyle(box).overflowX;
-        if ((overflow === 'auto' || overflow === 'scroll') && box.scrollWidth > box.clientWidth + 1) {
+        const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX);
+        if (scrolls && box.scrollWidth > box.clientWidth + 1) {
             const name = box.id ? '#' + box.id : box.tagName.toLowerCase()
                 + [...box.classList].map(c => '.' + c).join('');
             boxes.push([name, Math.round(box.getBoundingClientRect().left + box.scrollWidth)]);
