@@ -4,7 +4,6 @@ attempts, last error, a re-send action), and the alerts stored (read only)."""
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
-from django.utils import timezone
 
 from ..business.alerts.models import (
     DeliveryStatus,
@@ -15,6 +14,7 @@ from ..business.alerts.models import (
     new_webhook_secret,
 )
 from ..business.alerts.webhooks import resend
+from .list_cells import day, moment, wrapping
 
 __all__ = ["WebhookEndpointAdmin", "WebhookDeliveryAdmin", "QuotaAlertAdmin"]
 
@@ -41,10 +41,24 @@ class WebhookEndpointForm(forms.ModelForm):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
-    list_display = ["name", "url", "events", "enabled", "created"]
+    list_display = ["name", "url_cell", "events_cell", "enabled", "created_cell"]
     list_filter = ["enabled"]
     search_fields = ["name", "url"]
     actions = ["rotate_secret"]
+
+    @admin.display(description="URL", ordering="url")
+    def url_cell(self, endpoint):
+        return wrapping(endpoint.url)
+
+    @admin.display(description="events")
+    def events_cell(self, endpoint):
+        """'all events', or the events it receives, separated so the cell wraps."""
+        events = endpoint.event_list()
+        return "all events" if set(events) >= set(Event.values) else ", ".join(events) or "none"
+
+    @admin.display(description="created", ordering="created")
+    def created_cell(self, endpoint):
+        return day(endpoint.created)
 
     def response_add(self, request, obj, post_url_continue=None):
         """Show the new endpoint's secret once, in the response to the POST that created it
@@ -99,12 +113,12 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     def next_attempt_cell(self, delivery):
         if delivery.status in (DeliveryStatus.SENT, DeliveryStatus.FAILED):
             return "—"
-        return timezone.localtime(delivery.next_attempt_at).strftime("%d %b %H:%M:%S")
+        return moment(delivery.next_attempt_at)
 
     @admin.display(description="last error")
     def last_error_cell(self, delivery):
         error = delivery.last_error
-        return error if len(error) <= 80 else error[:79] + "…"
+        return wrapping(error if len(error) <= 80 else error[:79] + "…") if error else "—"
 
     @admin.action(description="Re-send the selected deliveries", permissions=["change"])
     def resend_deliveries(self, request, queryset):
@@ -116,7 +130,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
 
 @admin.register(QuotaAlert)
 class QuotaAlertAdmin(admin.ModelAdmin):
-    list_display = ["rule", "identity", "threshold", "used", "limit", "period_start", "created"]
+    list_display = ["rule", "identity_cell", "crossed", "period_cell", "created_cell"]
     list_filter = ["threshold", "rule"]
     list_select_related = ["rule"]
     search_fields = ["identity", "identity_key", "rule__name"]
@@ -128,3 +142,20 @@ class QuotaAlertAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    @admin.display(description="caller", ordering="identity")
+    def identity_cell(self, alert):
+        return wrapping(alert.identity)
+
+    @admin.display(description="crossed", ordering="threshold")
+    def crossed(self, alert):
+        """'80 % (400 of 500 used)'."""
+        return f"{alert.threshold} % ({alert.used} of {alert.limit} used)"
+
+    @admin.display(description="period from", ordering="period_start")
+    def period_cell(self, alert):
+        return day(alert.period_start)
+
+    @admin.display(description="at", ordering="created")
+    def created_cell(self, alert):
+        return moment(alert.created)

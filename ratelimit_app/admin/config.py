@@ -42,9 +42,11 @@ from .forms import (
     SimulatorForm,
     is_missing_endpoint,
 )
+from .list_cells import day
 from .rule_forms import kind_for, rule_fieldsets, rule_form_class, rule_from_input
 from .simulator import simulate
 from .traffic import impact_of_new_numbers, last_hour_traffic
+from .widgets import LABELLED_DATETIMES
 
 
 def _endpoint_cell(endpoint, empty_text):
@@ -411,7 +413,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
 @admin.register(EndpointCost)
 class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
-    list_display = ["endpoint_cell", "method", "plan", "cost", "metered", "minimum"]
+    list_display = ["endpoint_cell", "method", "plan_cell", "cost_cell"]
     list_filter = ["plan", "method", "metered", EndpointFilter]
     list_select_related = ["plan"]
     search_fields = ["endpoint", "plan__name", "plan__slug"]
@@ -419,6 +421,18 @@ class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     @admin.display(description="endpoint", ordering="endpoint")
     def endpoint_cell(self, cost):
         return _endpoint_cell(cost.endpoint, "—")
+
+    @admin.display(description="plan", ordering="plan__name")
+    def plan_cell(self, cost):
+        return cost.plan or "every plan"
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_cell(self, cost):
+        """'5 tokens', or a metered endpoint's estimate and minimum charge in words."""
+        tokens = f"{cost.cost} token{'' if cost.cost == 1 else 's'}"
+        if not cost.metered:
+            return tokens
+        return f"{tokens} to start, then what it reports (at least {cost.minimum})"
 
 
 @admin.register(PlanAssignment)
@@ -428,26 +442,38 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_select_related = ["user", "plan"]
     search_fields = ["user__username", "tenant"]
     raw_id_fields = ["user"]
+    formfield_overrides = LABELLED_DATETIMES
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "plan_and_schedule", "tenant", "active", "created"]
+    list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "why", "tenant",
+                    "active", "created_cell"]
     list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
     raw_id_fields = ["user"]
     readonly_fields = ["prefix", "created"]
+    formfield_overrides = LABELLED_DATETIMES
+
+    @admin.display(description="key", ordering="prefix")
+    def prefix_cell(self, key):
+        return f"{key.prefix}…"
 
     @admin.display(description="plan", ordering="plan__slug")
     def plan_and_schedule(self, key):
-        """The key's own plan, where its dates stand now and why (one column: the list is wide
-        already); '—' without a plan (the key is on its user's)."""
+        """The key's own plan and where its dates stand now; 'its user's' without a plan."""
         if not key.plan_id:
-            return "—"
-        reason = format_html('<br><span class="quiet">{}</span>', key.reason) if key.reason \
-            else ""
-        return format_html("{}<br>{}{}", key.plan, schedule_cell(key), reason)
+            return "its user's"
+        return format_html("{}, {}", key.plan, schedule_cell(key))
+
+    @admin.display(description="why", ordering="reason")
+    def why(self, key):
+        return key.reason or "—"
+
+    @admin.display(description="created", ordering="created")
+    def created_cell(self, key):
+        return day(key.created)
 
     def get_fields(self, request, obj=None):
         fields = ["user", "name", "plan", "starts_at", "ends_at", "reason", "tenant", "active"]
@@ -483,11 +509,31 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(IdentityOverride)
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["__str__", "rule", "exempt", schedule_cell, "reason", "note"]
+    list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
     search_fields = ["user__username", "api_key__prefix", "ip", "note", "reason"]
     raw_id_fields = ["user", "api_key"]
+    formfield_overrides = LABELLED_DATETIMES
+
+    @admin.display(description="caller")
+    def caller(self, override):
+        return str(override.user or override.api_key or override.ip)
+
+    @admin.display(description="rule", ordering="rule__name")
+    def rule_cell(self, override):
+        return override.rule or "every user, key or IP rule"
+
+    @admin.display(description="limit")
+    def limit(self, override):
+        """'exempt', or the caller's own numbers in words."""
+        if override.exempt:
+            return "exempt from every limit"
+        return f"{override.rate} per {override.period_s} s, up to {override.burst} at once"
+
+    @admin.display(description="why")
+    def why(self, override):
+        return override.reason or override.note or "—"
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -35,6 +35,7 @@ from ..business.credits.refs import (
 from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .list_cells import day, moment, wrapping
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["CreditAccountAdmin", "CreditTopUpAdmin", "TopUpForm"]
@@ -74,7 +75,7 @@ def _live_states(accounts):
 @admin.register(CreditAccount)
 class CreditAccountAdmin(ReadOnlyAdmin):
     list_display = ["ref", "display", "prepaid_left_cell", "granted", "last_top_up_cell",
-                    "checkpointed_at"]
+                    "checkpoint_cell"]
     search_fields = ["ref", "display"]
     fields = ["ref", "display", "granted", "spent", "used", "period_start_ms", "seq",
               "checkpointed_at", "created"]
@@ -102,7 +103,11 @@ class CreditAccountAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last top-up", ordering="last_top_up")
     def last_top_up_cell(self, account):
-        return account.last_top_up or "—"
+        return day(account.last_top_up)
+
+    @admin.display(description="checkpoint", ordering="checkpointed_at")
+    def checkpoint_cell(self, account):
+        return moment(account.checkpointed_at)
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
@@ -169,9 +174,17 @@ class CreditAccountAdmin(ReadOnlyAdmin):
 
 @admin.register(CreditTopUp)
 class CreditTopUpAdmin(ReadOnlyAdmin):
-    list_display = ["top_up_id", "account", "units", "created", "actor", "note"]
+    list_display = ["top_up_cell", "account", "units", "created_cell", "actor", "note"]
     list_select_related = ["account"]
     search_fields = ["top_up_id", "account__ref", "account__display", "note"]
     date_hierarchy = "created"
     fields = ["top_up_id", "account", "units", "created", "actor", "note"]
     readonly_fields = fields
+
+    @admin.display(description="top-up", ordering="top_up_id")
+    def top_up_cell(self, made):
+        return wrapping(made.top_up_id)
+
+    @admin.display(description="at", ordering="created")
+    def created_cell(self, made):
+        return moment(made.created)
