@@ -137,8 +137,12 @@ class KindRuleForm(RuleForm):
                                             if c[0] in (Scope.USER, Scope.TENANT)]
         if "period_s" in self.fields:
             label = self.fields["period_s"].label
-            self.fields["period_s"] = PeriodField(label=label, help_text=kind.help_texts.get(
-                "period_s", ""), required=False)
+            period = self.fields["period_s"] = PeriodField(
+                label=label, help_text=kind.help_texts.get("period_s", ""), required=False)
+            # the label names the pair; each control is named for a screen reader too
+            number, unit = period.widget.widgets
+            number.attrs["aria-label"] = f"{kind.labels['rate']} {label}: how many"
+            unit.attrs["aria-label"] = f"{kind.labels['rate']} {label}: unit"
         if "rate" in self.fields:
             rate = self.fields["rate"]
             rate.validators = [v for v in rate.validators
@@ -148,6 +152,9 @@ class KindRuleForm(RuleForm):
             rate.min_value = rate.widget.attrs["min"] = kind.minimum_rate
         if "calendar_period" in self.fields:
             self._word_calendar_period()
+        for row in kind.number_rows:  # one line that reads as a phrase: no colons
+            for name in row:
+                self.fields[name].label_suffix = ""
 
     def _word_calendar_period(self):
         field = self.fields["calendar_period"]

@@ -92,8 +92,10 @@ class RuleKind:
         return f"{words}; {status_words(rule.enabled, rule.mode == 'shadow')}"
 
     @staticmethod
-    def _requests(rule, noun="requests"):
-        return f"{noun} to {rule.endpoint}" if rule.endpoint else noun
+    def _requests(rule, number, noun="request"):
+        """Return "1 request", "100 requests to api:search"."""
+        words = f"{count(number)} {noun}" + ("" if number == 1 else "s")
+        return f"{words} to {rule.endpoint}" if rule.endpoint else words
 
 
 class TokenBucket(RuleKind):
@@ -139,7 +141,7 @@ class TokenBucket(RuleKind):
     def limit_words(self, rule):
         if not (rule.rate and rule.period_s and rule.burst):
             return None
-        return (f"{count(rule.rate)} {self._requests(rule)} {per_period(rule.period_s)}, "
+        return (f"{self._requests(rule, rule.rate)} {per_period(rule.period_s)}, "
                 f"bursts up to {count(rule.burst)}")
 
 
@@ -159,8 +161,9 @@ class FailedAuthLimit(TokenBucket):
     def limit_words(self, rule):
         if not (rule.rate and rule.period_s and rule.burst):
             return None
+        failures = f"{count(rule.rate)} failed authentication" + ("" if rule.rate == 1 else "s")
         where = f" at {rule.endpoint}" if rule.endpoint else ""
-        return (f"{count(rule.rate)} failed authentications{where} {per_period(rule.period_s)}, "
+        return (f"{failures}{where} {per_period(rule.period_s)}, "
                 f"up to {count(rule.burst)} in a row")
 
 
@@ -209,7 +212,7 @@ class CalendarQuota(RuleKind):
         zone = get_config()["CALENDAR_TIME_ZONE"]
         resets = "midnight" if rule.calendar_period == CalendarPeriod.DAY else \
             "midnight on the 1st"
-        return (f"{count(rule.rate)} {self._requests(rule)} per {rule.calendar_period}, reset "
+        return (f"{self._requests(rule, rule.rate)} per {rule.calendar_period}, reset "
                 f"at {resets} ({zone})")
 
 
@@ -249,7 +252,7 @@ class ConcurrencyLimit(RuleKind):
     def limit_words(self, rule):
         if not (rule.rate and rule.period_s):
             return None
-        return (f"at most {count(rule.rate)} {self._requests(rule)} in flight, a crashed "
+        return (f"at most {self._requests(rule, rule.rate)} in flight, a crashed "
                 f"request's slot freed after {duration(rule.period_s)}")
 
 
@@ -305,7 +308,8 @@ class PrepaidCredits(RuleKind):
         if not rule.rate:
             return "prepaid credits only, no allowance"
         refill = f"per {rule.calendar_period}" if rule.calendar_period else "once"
-        return f"{count(rule.rate)} units included {refill}, then prepaid credits"
+        units = f"{count(rule.rate)} unit" + ("" if rule.rate == 1 else "s")
+        return f"{units} included {refill}, then prepaid credits"
 
 
 # Every form kind, in the order the add page offers them.

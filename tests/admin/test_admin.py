@@ -451,5 +451,5 @@ def test_failed_auth_rule_is_explained_in_words(admin_client):
                      period_s=60, burst=10)
     response = admin_client.get(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]))
     assert response.context["rule_words"] == \
-        "1 failed authentications per minute per client IP, up to 10 in a row; enforced"
+        "1 failed authentication per minute per client IP, up to 10 in a row; enforced"
     assert "Failed authentications" in response.content.decode()  # its own form's label
