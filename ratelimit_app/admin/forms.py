@@ -20,8 +20,10 @@ from ..config.models import (
     EndpointCost,
     Kind,
     Rule,
-    burst_below_cost_message,
-    cost_above_burst_message,
+    cost_above_limit_message,
+    cost_limit,
+    limit_below_cost_error,
+    tightest_below,
 )
 
 __all__ = [
@@ -153,6 +155,17 @@ RULE_FIELD_HELP = {
 }
 
 
+def _allow_no_allowance(rate):
+    """Let the rate field take 0, a credits rule's "no allowance" (RuleForm.clean_rate still
+    wants at least 1 of every other kind)."""
+    if rate is None:
+        return
+    rate.validators = [v for v in rate.validators if not isinstance(v, MinValueValidator)]
+    rate.validators.append(MinValueValidator(0, message=MINIMUM_MESSAGES["rate"]))
+    rate.min_value = 0
+    rate.widget.attrs["min"] = 0
+
+
 class RuleForm(_QuotaRowForm):
     endpoint_blank_label = "Every endpoint"
 
@@ -170,9 +183,18 @@ class RuleForm(_QuotaRowForm):
         for name, text in RULE_FIELD_HELP.items():
             if name in self.fields:
                 self.fields[name].help_text = text
+        _allow_no_allowance(self.fields.get("rate"))
 
     def clean_kind(self):
         return self.cleaned_data.get("kind") or Kind.TOKEN_BUCKET
+
+    def clean_rate(self):
+        # a credits rule's allowance may be 0 (none: prepaid units only), every other kind's
+        # rate is at least 1 (the field's own minimum is 0 for this: see _allow_no_allowance)
+        rate = self.cleaned_data.get("rate")
+        if rate is not None and rate < 1 and self.cleaned_data.get("kind") != Kind.CREDITS:
+            raise forms.ValidationError(MINIMUM_MESSAGES["rate"])
+        return rate
 
 
 class EndpointCostForm(_QuotaRowForm):
@@ -231,17 +253,17 @@ class RuleInlineFormSet(PlanInlineFormSet):
         top = max(costs, key=lambda c: c.cost)
         for form in self.kept_rows():
             rule = form.instance
-            # endpoint rules count calls (one token each), so costs do not apply to them
-            if not rule.endpoint and rule.burst < top.cost and not form.has_error("burst"):
-                self.refuse(form, "burst",
-                            burst_below_cost_message(rule.burst, top.cost, top.describe()))
+            limit = cost_limit(rule)  # None: a rule that takes no cost in tokens
+            if limit is not None and limit < top.cost:
+                field, message = limit_below_cost_error(rule, limit, top.cost, top.describe())
+                if not form.has_error(field):
+                    self.refuse(form, field, message)
 
 
 class EndpointCostInlineFormSet(PlanInlineFormSet):
     def clean(self):
         super().clean()
-        rules = [form.instance for form in self.sibling_rows(Rule)
-                 if form.instance.enabled and not form.instance.endpoint]
+        rules = [form.instance for form in self.sibling_rows(Rule)]
         seen = set()
         for form in self.kept_rows():
             cost = form.instance
@@ -249,10 +271,9 @@ class EndpointCostInlineFormSet(PlanInlineFormSet):
                 form.add_error(None, f"{cost.describe()} is listed twice on this page; "
                                      f"keep one row.")
             seen.add((cost.endpoint, cost.method))
-            short = [r for r in rules if r.burst < cost.cost]
-            if short and not form.has_error("cost"):
-                smallest = min(short, key=lambda r: r.burst)
-                self.refuse(form, "cost", cost_above_burst_message(smallest.name, smallest.burst))
+            tightest = tightest_below(rules, cost.cost)
+            if tightest and not form.has_error("cost"):
+                self.refuse(form, "cost", cost_above_limit_message(*tightest))
 
 
 class ApiKeyChoiceField(forms.ModelChoiceField):

@@ -26,7 +26,8 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
            "CalendarPeriod", "FailureMode", "parse_alert_thresholds", "burst_below_cost_message",
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
            "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
-           "ALERT_MIN_PERIOD_S", "HTTP_METHODS"]
+           "ALERT_MIN_PERIOD_S", "HTTP_METHODS",
+           "cost_limit", "tightest_below", "cost_above_limit_message", "limit_below_cost_error"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -583,6 +584,49 @@ def cost_above_burst_message(rule_name, burst):
             f"pass. Lower the cost or raise that rule's burst.")
 
 
+def cost_limit(rule):
+    """Return the largest endpoint cost ``rule`` (a Rule row, saved or typed) lets through: a
+    token bucket's burst, a calendar quota's units per period; None for a rule a cost is not
+    checked against, because it never charges an endpoint cost in tokens: disabled, for one
+    endpoint (one token per call), counting failed authentications, a concurrency limit (one
+    slot per request in flight, whatever its cost) or prepaid credits (a balance, which has no
+    burst: any cost its units cover passes). The one place the endpoint-cost checks (the
+    model's and the plan page's) ask."""
+    if not rule.enabled or rule.endpoint or rule.counts != Counts.REQUESTS:
+        return None
+    if rule.kind == Kind.TOKEN_BUCKET:
+        return rule.burst
+    if rule.kind == Kind.CALENDAR:
+        return rule.rate
+    return None
+
+
+def tightest_below(rules, cost):
+    """Return ``(rule, limit)`` for the rule of ``rules`` whose cost_limit is the smallest
+    below ``cost`` (requests of that cost could never pass it), or None."""
+    short = [(rule, limit) for rule in rules
+             if (limit := cost_limit(rule)) is not None and limit < cost]
+    return min(short, key=lambda found: found[1]) if short else None
+
+
+def cost_above_limit_message(rule, limit):
+    """The error for an endpoint cost above the ``limit`` (its cost_limit) of ``rule``."""
+    if rule.kind == Kind.CALENDAR:
+        return (f"Rule “{rule.name}” is a quota of {limit} units a {rule.calendar_period}, "
+                f"below this cost: such requests could never pass. Lower the cost or raise "
+                f"that quota.")
+    return cost_above_burst_message(rule.name, limit)
+
+
+def limit_below_cost_error(rule, limit, cost, what):
+    """Return ``(field, message)``: the error for ``rule`` whose ``limit`` (its cost_limit)
+    cannot hold the ``cost`` of requests to ``what``."""
+    if rule.kind == Kind.CALENDAR:
+        return "rate", (f"A quota of {limit} is below the cost of {what} ({cost} units): such "
+                        f"requests could never pass. Raise it to at least {cost}.")
+    return "burst", burst_below_cost_message(limit, cost, what)
+
+
 HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -633,13 +677,13 @@ class EndpointCost(models.Model):
             errors["__all__"] = (f"{self.describe()} already has a cost; edit that row instead "
                                  f"of adding a second one.")
         if self.cost:
-            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost,
-                                        counts=Counts.REQUESTS)
+            # the rules that charge this cost (cost_limit says which kinds take it in tokens)
+            rules = Rule.objects.filter(endpoint="", enabled=True)
             if self.plan_id:
                 rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
-            smallest = rules.order_by("burst").first()
-            if smallest:
-                errors["cost"] = cost_above_burst_message(smallest.name, smallest.burst)
+            tightest = tightest_below(rules, self.cost)
+            if tightest:
+                errors["cost"] = cost_above_limit_message(*tightest)
         if self.minimum and not self.metered:
             errors["minimum"] = ("Only a metered endpoint has a minimum charge (others are "
                                  "charged their cost); tick “metered” or set it to 0.")

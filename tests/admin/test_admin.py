@@ -272,6 +272,62 @@ def test_inline_rule_and_cost_typed_together_are_checked_against_each_other(admi
     assert not plan.rules.exists() and not plan.costs.exists()
 
 
+@pytest.mark.parametrize("rule", [
+    {"kind": "credits", "rate": "0", "period_s": "", "burst": ""},  # stores burst 1
+    {"kind": "credits", "rate": "3", "period_s": "", "calendar_period": "day", "burst": ""},
+    {"kind": "concurrency", "rate": "2", "period_s": "30", "burst": ""},
+], ids=["credits-without-allowance", "credits-3-a-day", "concurrency-of-2"])
+def test_inline_rules_without_a_burst_accept_any_cost_typed_with_them(admin_client, rule):
+    plan = make_plan("team")
+    url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+    response = admin_client.post(url, plan_post(
+        plan, rules=[new_rule_row(plan, **rule)],
+        costs=[new_cost_row(plan, endpoint="api:reports", method="POST", cost="50")]))
+    assert response.status_code == 302, page_errors(response)
+    assert plan.rules.get().kind == rule["kind"] and plan.costs.get().cost == 50
+
+
+def test_a_saved_credits_rule_without_allowance_saves_again_beside_a_new_cost(admin_client):
+    plan = make_plan("team")
+    credits = Rule(name="team-credits", plan=plan, scope="user", kind="credits", rate=0)
+    credits.full_clean()
+    credits.save()
+    assert credits.burst == 1  # what it stores: not a burst it enforces
+    url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+    saved_row = new_rule_row(plan, id=str(credits.pk), name="team-credits", kind="credits",
+                             rate="0", period_s="", burst="")
+    response = admin_client.post(url, plan_post(
+        plan, rules=[saved_row], rules_initial=1,
+        costs=[new_cost_row(plan, endpoint="api:reports", method="POST", cost="50")]))
+    assert response.status_code == 302, page_errors(response)
+    assert plan.costs.get().cost == 50
+
+
+def test_inline_token_bucket_and_calendar_quota_refuse_a_cost_above_them_in_their_words(
+        admin_client):
+    plan = make_plan("team")
+    url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+    cost = new_cost_row(plan, endpoint="api:reports", method="POST", cost="6")
+    response = admin_client.post(url, plan_post(
+        plan, rules=[new_rule_row(plan, kind="token_bucket", burst="5")], costs=[cost]))
+    assert page_errors(response) == {
+        "rules-0-burst": [("Burst 5 is below the cost of api:reports (POST on Team) (6 tokens): "
+                           "such requests could never pass. Raise the burst to at least 6.")],
+        "costs-0-cost": [("Rule “team-user” has burst 5, below this cost: such requests could "
+                          "never pass. Lower the cost or raise that rule's burst.")],
+    }
+    quota = new_rule_row(plan, kind="calendar", calendar_period="day", rate="4", period_s="",
+                         burst="")
+    response = admin_client.post(url, plan_post(plan, rules=[quota], costs=[cost | {"cost": "5"}]))
+    assert page_errors(response) == {
+        "rules-0-rate": [("A quota of 4 is below the cost of api:reports (POST on Team) (5 "
+                          "units): such requests could never pass. Raise it to at least 5.")],
+        "costs-0-cost": [("Rule “team-user” is a quota of 4 units a day, below this cost: such "
+                          "requests could never pass. Lower the cost or raise that quota.")],
+    }
+    assert not plan.rules.exists() and not plan.costs.exists()
+
+
 def test_inline_duplicate_costs_on_one_page_are_refused(admin_client):
     plan = make_plan("team")
     url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
