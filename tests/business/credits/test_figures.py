@@ -270,7 +270,7 @@ def test_an_account_without_a_rule_that_can_be_named_says_why_and_guesses_nothin
     assert "units left     unknown, as the allowance is\n" in out.getvalue()
     account = CreditAccount.objects.get(ref="tenant:acme")
     page = admin_client.get(f"{ACCOUNTS}{account.pk}/change/").content.decode()
-    assert f"unknown: {escape(why)}" in page and '<td data-figure="units_left"><strong>unknown' in page
+    assert f"<td>{escape(why[:1].upper() + why[1:])}</td>" in page and '<td data-figure="units_left"><strong>unknown' in page
     row = next(r for r in re.findall(r"<tr>.*?</tr>", admin_client.get(ACCOUNTS).content
                                      .decode(), re.DOTALL) if "tenant:acme" in r)
     assert 'field-allowance_used_cell">unknown<' in row
