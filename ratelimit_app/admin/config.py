@@ -19,7 +19,6 @@ from ..conf import get_config
 from ..config.endpoints import endpoint_names
 from ..config.models import (
     ApiKey,
-    Counts,
     EndpointCost,
     IdentityOverride,
     Kind,
@@ -29,6 +28,7 @@ from ..config.models import (
     Rule,
     Schedule,
     Scheduled,
+    cost_limit,
 )
 from ..config.rule_kinds import FORM_KINDS, form_kind_of
 from ..config.wording import SCOPE_SHORT, count
@@ -37,7 +37,6 @@ from .forms import (
     MISSING_ENDPOINT,
     EndpointCostForm,
     EndpointCostInlineFormSet,
-    PlanInlineFormSet,
     RuleForm,
     SimulatorForm,
     is_missing_endpoint,
@@ -215,14 +214,6 @@ class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
             context["hub"] = plan_hub(plan)
         return super().change_view(request, object_id, form_url, context)
 
-    def get_formset_kwargs(self, request, obj, inline, prefix):
-        kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
-        # One list per request shared by the plan page's inlines, so rows typed in the same
-        # save are checked against each other (forms.PlanInlineFormSet).
-        if issubclass(inline.formset, PlanInlineFormSet):
-            kwargs["siblings"] = request.__dict__.setdefault("_ratelimit_plan_inlines", [])
-        return kwargs
-
 
 def _requests_cell(traffic):
     return "—" if traffic is None else count(traffic["requests"])
@@ -381,8 +372,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        if not obj.endpoint and obj.counts == Counts.REQUESTS and \
-                obj.kind_rules.charged_by_cost:  # endpoint rules count calls
+        if cost_limit(obj) is not None:  # a rule an endpoint's cost is charged to in tokens
             warning = max_cost_warning(obj.burst, f"Rule “{obj.name}”")
             if warning:
                 messages.warning(request, warning)

@@ -26,12 +26,14 @@ from ..business.credits.ledger import (
     stored_states,
     top_up,
 )
+from ..business.credits.figures import CreditFigures
 from ..business.credits.models import MAX_TOP_UP_UNITS, CreditAccount, CreditTopUp
 from ..business.credits.refs import (
     MAX_NOTE_LENGTH,
     MAX_TOP_UP_ID_LENGTH,
     CreditInputError,
 )
+from ..business.credits.rules import AccountRules
 from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
@@ -72,9 +74,22 @@ def _live_states(accounts):
     return {ref: state for ref, state in states.items() if state is not None}
 
 
+def _balances(accounts):
+    """Return ``{ref: (BalanceState, live)}`` of ``accounts``: the balance Redis holds (one
+    pipeline), else the last checkpoint's (``live`` False)."""
+    live = _live_states(accounts)
+    return {a.ref: (live.get(a.ref) or state_of(a), a.ref in live) for a in accounts}
+
+
+def _rules_in_force():
+    """The credits rules of the policy in force, which name each account's allowance."""
+    return AccountRules(default_limiter().snapshot())
+
+
 @admin.register(CreditAccount)
 class CreditAccountAdmin(ReadOnlyAdmin):
-    list_display = ["ref", "display", "prepaid_left_cell", "granted", "last_top_up_cell",
+    list_display = ["ref", "display", "units_left_cell", "prepaid_left_cell",
+                    "allowance_used_cell", "used_in_period_cell", "last_top_up_cell",
                     "checkpoint_cell"]
     search_fields = ["ref", "display"]
     fields = ["ref", "display", "granted", "spent", "used", "period_start_ms", "seq",
@@ -86,20 +101,39 @@ class CreditAccountAdmin(ReadOnlyAdmin):
         return super().get_queryset(request).annotate(last_top_up=Max("top_ups__created"))
 
     def get_changelist_instance(self, request):
-        """The list, its accounts given the balance Redis holds (one pipeline per page)."""
+        """The list, its accounts given their figures (the balance Redis holds: one pipeline
+        per page)."""
         changelist = super().get_changelist_instance(request)
         accounts = list(changelist.result_list)  # evaluated once: the page shows these rows
-        live = _live_states(accounts)
+        balances, rules = _balances(accounts), _rules_in_force()
         for account in accounts:
-            account.live_state = live.get(account.ref)
+            state, account.live = balances[account.ref]
+            account.figures = CreditFigures.of_account(rules, account.ref, state)
         return changelist
+
+    @staticmethod
+    def _at_checkpoint(account, value):
+        if account.live:
+            return value
+        # Redis holds none, or cannot be read: the checkpoint's numbers
+        return format_html("{} <small>(at the checkpoint)</small>", value)
+
+    @admin.display(description="units left")
+    def units_left_cell(self, account):
+        left = account.figures.units_left
+        return self._at_checkpoint(account, "unknown" if left is None else left)
 
     @admin.display(description="prepaid left")
     def prepaid_left_cell(self, account):
-        state = getattr(account, "live_state", None)
-        if state is None:  # Redis holds none, or cannot be read: the checkpoint's numbers
-            return format_html("{} <small>(at the checkpoint)</small>", account.prepaid_left)
-        return state.granted - state.spent
+        return self._at_checkpoint(account, account.figures.prepaid_left)
+
+    @admin.display(description="allowance used")
+    def allowance_used_cell(self, account):
+        return account.figures.allowance_used_in_words()
+
+    @admin.display(description="consumed this period")
+    def used_in_period_cell(self, account):
+        return account.figures.used_in_period
 
     @admin.display(description="last top-up", ordering="last_top_up")
     def last_top_up_cell(self, account):
@@ -125,10 +159,10 @@ class CreditAccountAdmin(ReadOnlyAdmin):
         return super().change_view(request, object_id, form_url, context)
 
     def _balance_context(self, account):
-        live = _live_states([account]).get(account.ref)
-        state = live or state_of(account)
-        return {"balance": state, "prepaid_left": state.granted - state.spent,
-                "balance_is_live": live is not None,
+        state, live = _balances([account])[account.ref]
+        return {"balance": state,
+                "figures": CreditFigures.of_account(_rules_in_force(), account.ref, state),
+                "balance_is_live": live,
                 "pending_units": max(0, account.granted - state.granted),
                 "top_ups_url": reverse("admin:ratelimit_app_credittopup_changelist")
                 + f"?account__id__exact={account.pk}"}

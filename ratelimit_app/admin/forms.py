@@ -20,17 +20,13 @@ from ..config.models import (
     EndpointCost,
     Kind,
     Rule,
-    burst_below_cost_message,
-    cost_above_burst_message,
 )
 
 __all__ = [
     "EndpointCostForm",
     "EndpointCostInlineFormSet",
     "EndpointField",
-    "PlanInlineFormSet",
     "RuleForm",
-    "RuleInlineFormSet",
     "SimulatorForm",
     "is_missing_endpoint",
 ]
@@ -153,6 +149,17 @@ RULE_FIELD_HELP = {
 }
 
 
+def _allow_no_allowance(rate):
+    """Let the rate field take 0, a credits rule's "no allowance" (RuleForm.clean_rate still
+    wants at least 1 of every other kind)."""
+    if rate is None:
+        return
+    rate.validators = [v for v in rate.validators if not isinstance(v, MinValueValidator)]
+    rate.validators.append(MinValueValidator(0, message=MINIMUM_MESSAGES["rate"]))
+    rate.min_value = 0
+    rate.widget.attrs["min"] = 0
+
+
 class RuleForm(_QuotaRowForm):
     endpoint_blank_label = "Every endpoint"
 
@@ -170,9 +177,18 @@ class RuleForm(_QuotaRowForm):
         for name, text in RULE_FIELD_HELP.items():
             if name in self.fields:
                 self.fields[name].help_text = text
+        _allow_no_allowance(self.fields.get("rate"))
 
     def clean_kind(self):
         return self.cleaned_data.get("kind") or Kind.TOKEN_BUCKET
+
+    def clean_rate(self):
+        # a credits rule's allowance may be 0 (none: prepaid units only), every other kind's
+        # rate is at least 1 (the field's own minimum is 0 for this: see _allow_no_allowance)
+        rate = self.cleaned_data.get("rate")
+        if rate is not None and rate < 1 and self.cleaned_data.get("kind") != Kind.CREDITS:
+            raise forms.ValidationError(MINIMUM_MESSAGES["rate"])
+        return rate
 
 
 class EndpointCostForm(_QuotaRowForm):
@@ -181,78 +197,24 @@ class EndpointCostForm(_QuotaRowForm):
         fields = "__all__"
 
 
-class PlanInlineFormSet(BaseInlineFormSet):
-    """An inline of the plan page that can see the plan page's other inlines.
+class EndpointCostInlineFormSet(BaseInlineFormSet):
+    """The plan page's endpoint costs: each row is checked against the database by the model's
+    ``clean()`` (the plan's rules among them); two rows of one endpoint and method typed in the
+    same save are only visible to each other here."""
 
-    Each row is checked against the database by the model's ``clean()``; rows added in the same
-    save (a rule and a cost typed together) are only visible to each other here. ``siblings``
-    is a list shared by the inlines of one request (see ``PlanAdmin.get_formset_kwargs``).
-    """
-
-    def __init__(self, *args, siblings=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.siblings = siblings if siblings is not None else []
-        self.siblings.append(self)
-        # rows refused only by the check against the sibling: still rows the operator typed,
-        # so the sibling's own check must see them too (both sides get their message)
-        self.cross_refused = set()
-
-    def refuse(self, form, field, message):
-        """Add a cross-inline error to a row that was valid on its own."""
-        form.add_error(field, message)
-        self.cross_refused.add(form)
-
-    def sibling_rows(self, model):
-        """Return the forms of the rows the sibling inline of ``model`` keeps in this save."""
-        for formset in self.siblings:
-            if formset.model is model:
-                return list(formset.kept_rows())
-        return []
-
-    def kept_rows(self):
-        """Return the forms of the valid rows this save keeps (``form.instance`` is the row)."""
-        rows = []
+    def clean(self):
+        super().clean()
+        seen = set()
         for form in self.forms:
-            valid = form.is_valid() or form in self.cross_refused
-            if not valid or form.cleaned_data.get("DELETE"):
+            if not form.is_valid() or form.cleaned_data.get("DELETE"):
                 continue
             if form.instance.pk is None and not form.has_changed():
                 continue  # an empty extra row
-            rows.append(form)
-        return rows
-
-
-class RuleInlineFormSet(PlanInlineFormSet):
-    def clean(self):
-        super().clean()
-        costs = [form.instance for form in self.sibling_rows(EndpointCost)]
-        if not costs:
-            return
-        top = max(costs, key=lambda c: c.cost)
-        for form in self.kept_rows():
-            rule = form.instance
-            # endpoint rules count calls (one token each), so costs do not apply to them
-            if not rule.endpoint and rule.burst < top.cost and not form.has_error("burst"):
-                self.refuse(form, "burst",
-                            burst_below_cost_message(rule.burst, top.cost, top.describe()))
-
-
-class EndpointCostInlineFormSet(PlanInlineFormSet):
-    def clean(self):
-        super().clean()
-        rules = [form.instance for form in self.sibling_rows(Rule)
-                 if form.instance.enabled and not form.instance.endpoint]
-        seen = set()
-        for form in self.kept_rows():
             cost = form.instance
             if (cost.endpoint, cost.method) in seen:
                 form.add_error(None, f"{cost.describe()} is listed twice on this page; "
                                      f"keep one row.")
             seen.add((cost.endpoint, cost.method))
-            short = [r for r in rules if r.burst < cost.cost]
-            if short and not form.has_error("cost"):
-                smallest = min(short, key=lambda r: r.burst)
-                self.refuse(form, "cost", cost_above_burst_message(smallest.name, smallest.burst))
 
 
 class ApiKeyChoiceField(forms.ModelChoiceField):

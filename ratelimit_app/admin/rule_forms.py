@@ -156,6 +156,10 @@ class KindRuleForm(RuleForm):
             for name in row:
                 self.fields[name].label_suffix = ""
 
+    def clean_rate(self):
+        # the field's own validator holds this kind's minimum (a credits allowance may be 0)
+        return self.cleaned_data.get("rate")
+
     def _word_calendar_period(self):
         field = self.fields["calendar_period"]
         if self.rule_kind.key == "credits":

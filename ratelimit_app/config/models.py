@@ -33,7 +33,13 @@ from .choices import (
     Mode,
     parse_alert_thresholds,
 )
-from .rule_kinds import ConcurrencyLimit, burst_below_cost_message, form_kind_of, kind_of
+from .rule_kinds import (
+    ConcurrencyLimit,
+    burst_below_cost_message,
+    cost_above_burst_message,
+    form_kind_of,
+    kind_of,
+)
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
            "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
@@ -41,7 +47,8 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
            "CalendarPeriod", "FailureMode", "parse_alert_thresholds", "burst_below_cost_message",
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
            "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
-           "ALERT_MIN_PERIOD_S", "HTTP_METHODS"]
+           "ALERT_MIN_PERIOD_S", "HTTP_METHODS",
+           "cost_limit", "tightest_below", "cost_above_limit_message"]
 
 
 class Plan(models.Model):
@@ -344,11 +351,8 @@ class Rule(models.Model):
             errors["debt"] = kind.debt_refused
         if self.counts == Counts.FAILED_AUTH:
             self._clean_failed_auth(kind, errors)
-        elif kind.charged_by_cost and not errors:
-            largest = self.largest_cost()
-            refused = largest and kind.cost_error(self, *largest)
-            if refused:
-                errors[refused[0]] = refused[1]
+        elif not errors:
+            self._clean_against_costs(kind, errors)
         if errors:
             raise ValidationError(errors)
 
@@ -416,6 +420,15 @@ class Rule(models.Model):
         if self.debt:
             errors["debt"] = ConcurrencyLimit.debt_refused
 
+    def _clean_against_costs(self, kind, errors):
+        """Refuse a limit below the largest endpoint cost this rule is charged (such requests
+        could never pass); endpoint rules count calls, one token each."""
+        limit = kind.cost_limit(self)
+        largest = self.largest_cost() if limit else None
+        if largest and limit < largest[0]:
+            field, message = kind.limit_error(self, limit, *largest)
+            errors[field] = message
+
     def credits_clash(self):
         """Return another credits rule that spends the same balances as this one (same scope,
         overlapping plan), or None."""
@@ -436,10 +449,27 @@ class Rule(models.Model):
         return (top.cost, top.describe()) if top else None
 
 
-def cost_above_burst_message(rule_name, burst):
-    """The error for an endpoint cost above the burst of a rule that charges it."""
-    return (f"Rule “{rule_name}” has burst {burst}, below this cost: such requests could never "
-            f"pass. Lower the cost or raise that rule's burst.")
+def cost_limit(rule):
+    """Return the largest endpoint cost ``rule`` (a Rule row, saved or typed) lets through, or
+    None for a rule an endpoint cost is not checked against: disabled, for one endpoint (one
+    token per call), counting failed authentications, or of a kind that takes no cost in tokens
+    (``RuleKind.cost_limit``). The one place the endpoint-cost checks ask."""
+    if not rule.enabled or rule.endpoint or rule.counts != Counts.REQUESTS:
+        return None
+    return kind_of(rule).cost_limit(rule)
+
+
+def tightest_below(rules, cost):
+    """Return ``(rule, limit)`` for the rule of ``rules`` whose cost_limit is the smallest
+    below ``cost`` (requests of that cost could never pass it), or None."""
+    short = [(rule, limit) for rule in rules
+             if (limit := cost_limit(rule)) is not None and limit < cost]
+    return min(short, key=lambda found: found[1]) if short else None
+
+
+def cost_above_limit_message(rule, limit):
+    """The error for an endpoint cost above the ``limit`` (its cost_limit) of ``rule``."""
+    return kind_of(rule).cost_above_message(rule, limit)
 
 
 HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -492,13 +522,13 @@ class EndpointCost(models.Model):
             errors["__all__"] = (f"{self.describe()} already has a cost; edit that row instead "
                                  f"of adding a second one.")
         if self.cost:
-            rules = Rule.objects.filter(endpoint="", enabled=True, burst__lt=self.cost,
-                                        counts=Counts.REQUESTS)
+            # the rules that charge this cost (cost_limit says which kinds take it in tokens)
+            rules = Rule.objects.filter(endpoint="", enabled=True)
             if self.plan_id:
                 rules = rules.filter(Q(plan__isnull=True) | Q(plan_id=self.plan_id))
-            smallest = rules.order_by("burst").first()
-            if smallest:
-                errors["cost"] = cost_above_burst_message(smallest.name, smallest.burst)
+            tightest = tightest_below(rules, self.cost)
+            if tightest:
+                errors["cost"] = cost_above_limit_message(*tightest)
         if self.minimum and not self.metered:
             errors["minimum"] = ("Only a metered endpoint has a minimum charge (others are "
                                  "charged their cost); tick “metered” or set it to 0.")

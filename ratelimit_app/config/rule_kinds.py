@@ -26,7 +26,8 @@ from .choices import (
 from .wording import SCOPE_PHRASES, count, duration, per_period, status_words
 
 __all__ = ["RuleKind", "TokenBucket", "FailedAuthLimit", "CalendarQuota", "ConcurrencyLimit",
-           "PrepaidCredits", "FORM_KINDS", "kind_of", "form_kind_of", "burst_below_cost_message"]
+           "PrepaidCredits", "FORM_KINDS", "kind_of", "form_kind_of", "burst_below_cost_message",
+           "cost_above_burst_message"]
 
 # The fields every kind's form shows around its own numbers.
 _NAME_FIELDS = ("name", "plan", "scope", "endpoint")
@@ -37,6 +38,12 @@ def burst_below_cost_message(burst, cost, what):
     """The error for a rule whose burst cannot hold the ``cost`` of requests to ``what``."""
     return (f"Burst {burst} is below the cost of {what} ({cost} tokens): such requests could "
             f"never pass. Raise the burst to at least {cost}.")
+
+
+def cost_above_burst_message(rule_name, burst):
+    """The error for an endpoint cost above the burst of a rule that charges it."""
+    return (f"Rule “{rule_name}” has burst {burst}, below this cost: such requests could never "
+            f"pass. Lower the cost or raise that rule's burst.")
 
 
 class RuleKind:
@@ -61,18 +68,27 @@ class RuleKind:
     debt_refused = None
     alerts_refused = None
     failed_auth_refused = None
-    # whether an endpoint's cost is charged to this kind's bucket (token buckets and calendar
-    # quotas); a concurrency slot and a credit balance are never short of a cost's tokens
-    charged_by_cost = False
 
     def check(self, rule, errors):
         """Add to ``errors`` (field -> message) what is wrong with ``rule`` for this kind, and
         set the numbers the kind derives (burst, period). Called by ``Rule.clean()``."""
 
-    def cost_error(self, rule, cost, what):
-        """Return ``(field, message)`` if requests costing ``cost`` (to ``what``) could never
-        pass ``rule``, or None. Kinds that do not hold tokens are never short of them."""
+    def cost_limit(self, rule):
+        """Return the largest endpoint cost a request may have to pass ``rule`` (a token
+        bucket's burst, a calendar quota's units per period), or None for a kind an endpoint
+        cost is not charged to in tokens: a concurrency limit holds one slot per request in
+        flight whatever its cost, a credit balance has no burst (any cost its units cover
+        passes)."""
         return None
+
+    def limit_error(self, rule, limit, cost, what):
+        """Return ``(field, message)``: the error for ``rule`` whose cost limit ``limit``
+        cannot hold the ``cost`` of requests to ``what``."""
+        raise NotImplementedError
+
+    def cost_above_message(self, rule, limit):
+        """Return the error for an endpoint cost above the cost limit ``limit`` of ``rule``."""
+        raise NotImplementedError
 
     def limit_words(self, rule):
         """Return the limit in words without scope or status ("100 requests per minute,
@@ -118,8 +134,6 @@ class TokenBucket(RuleKind):
     }
     required = {"period_s": "A token bucket needs its period: how often the requests refill.",
                 "burst": "A token bucket needs its burst: the most a caller can spend at once."}
-    charged_by_cost = True
-
     def check(self, rule, errors):
         rule.calendar_period = ""
         if rule.burst is not None and rule.period_s and \
@@ -133,10 +147,14 @@ class TokenBucket(RuleKind):
                 f"mean much; alerts need a period of at least {ALERT_MIN_PERIOD_S} s (or a "
                 f"calendar quota). Clear this field.")
 
-    def cost_error(self, rule, cost, what):
-        if rule.burst and rule.burst < cost:
-            return "burst", burst_below_cost_message(rule.burst, cost, what)
-        return None
+    def cost_limit(self, rule):
+        return rule.burst
+
+    def limit_error(self, rule, limit, cost, what):
+        return "burst", burst_below_cost_message(limit, cost, what)
+
+    def cost_above_message(self, rule, limit):
+        return cost_above_burst_message(rule.name, limit)
 
     def limit_words(self, rule):
         if not (rule.rate and rule.period_s and rule.burst):
@@ -187,8 +205,6 @@ class CalendarQuota(RuleKind):
                      "every request. Set it to 0.")
     failed_auth_refused = ("Failed authentications are limited by a token bucket (a guesser "
                            "must not get a whole month's tries at once): choose “Token bucket”.")
-    charged_by_cost = True
-
     def check(self, rule, errors):
         if not rule.calendar_period:
             errors["calendar_period"] = self.required["calendar_period"]
@@ -199,12 +215,17 @@ class CalendarQuota(RuleKind):
             rule.burst = rule.rate
         rule.period_s = NOMINAL_PERIOD_S.get(rule.calendar_period, 24 * 3600)
 
-    def cost_error(self, rule, cost, what):
-        if rule.rate and rule.rate < cost:
-            return "rate", (f"A quota of {rule.rate} is below the cost of {what} ({cost} "
-                            f"units): such requests could never pass. Raise it to at least "
-                            f"{cost}.")
-        return None
+    def cost_limit(self, rule):
+        return rule.rate
+
+    def limit_error(self, rule, limit, cost, what):
+        return "rate", (f"A quota of {limit} is below the cost of {what} ({cost} units): such "
+                        f"requests could never pass. Raise it to at least {cost}.")
+
+    def cost_above_message(self, rule, limit):
+        return (f"Rule “{rule.name}” is a quota of {limit} units a {rule.calendar_period}, "
+                f"below this cost: such requests could never pass. Lower the cost or raise "
+                f"that quota.")
 
     def limit_words(self, rule):
         if not (rule.rate and rule.calendar_period in CalendarPeriod.values):

@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 
 from ..business.credits.ledger import TopUpConflict, balance, client_of, top_up
 from ..business.credits.refs import CreditInputError
+from ..business.credits.rules import AccountRules
 from ..decision.headers import plain_problem
 from ..decorators import ratelimit_exempt
 from ..runtime.limiter import default_limiter
@@ -56,7 +57,7 @@ def credit_balance_view(request, ref):
     if found is None:
         return plain_problem(404, "No credit account", f"{ref} has had no top-up, and no "
                              f"credits rule has charged it.")
-    return _json(balance_body(found), 200)
+    return _json(balance_body(found, AccountRules(default_limiter().snapshot())), 200)
 
 
 @ratelimit_exempt
@@ -101,17 +102,17 @@ def _json_object(request):
     return fields
 
 
-def balance_body(found):
-    """Return the JSON of a ledger.Balance: the units left and what they come from."""
+def balance_body(found, rules):
+    """Return the JSON of a ledger.Balance: the units left and what they come from, its
+    allowance found in ``rules`` (an AccountRules of the rules in force; see
+    business/credits/figures.py for what each figure counts)."""
     state, account = found.state, found.account
     return {
         "account": account.ref, "display": account.display,
-        "prepaid_left": found.prepaid_left, "granted": state.granted, "spent": state.spent,
+        **found.figures(rules).json_fields(),
+        "granted": state.granted, "spent": state.spent,
         # top-ups in the ledger that Redis has not been given yet (the next checkpoint does)
         "pending_top_up_units": found.pending_units,
-        "allowance_used": state.used,
-        "allowance_period_start": _iso_ms(state.period_start_ms) if state.period_start_ms
-        else None,
         # "redis": the live balance; "checkpoint": Redis holds none yet, the database's numbers
         "source": found.source,
         "checkpointed_at": _iso(account.checkpointed_at),
@@ -134,10 +135,6 @@ def top_up_fields(made):
 def _iso(moment):
     return moment.astimezone(datetime.timezone.utc).isoformat(timespec="seconds") \
         if moment else None
-
-
-def _iso_ms(ms):
-    return _iso(datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc))
 
 
 def _json(body, status):

@@ -42,17 +42,19 @@ from typing import NamedTuple
 from django.http import JsonResponse
 from django.views.decorators.http import require_safe
 
-from ..business.credits.ledger import last_top_up
+from ..business.credits.figures import Allowance, CreditFigures
+from ..business.credits.ledger import balance
 from ..business.usage.records import month_to_date
 from ..conf import get_config, meta_key
 from ..decision import engine
+from ..decision.balances import BalanceState
 from ..decision.headers import OWN_SCOPES, plain_problem, problem_response, window_s
 from ..decision.identity import identify
 from ..decorators import ratelimit_exempt
 from ..metrics.usage import usage_caller
 from ..runtime.guard import mark_authentication_failed
 from ..runtime.limiter import default_limiter
-from ..stores import StoreUnavailable
+from ..stores.base import READ_ERRORS
 
 __all__ = ["ANSWER_TTL_S", "MAX_ANSWERS", "READS_PER_S", "usage_view"]
 
@@ -68,8 +70,9 @@ class Reading(NamedTuple):
     statuses: tuple
     read_at_ms: int
     month_to_date: dict | None = None
-    # the last top-up of each credit balance among the buckets: {account ref: CreditTopUp}
-    top_ups: dict | None = None
+    # each credit balance among the buckets, read beside them: {account ref: ledger.Balance,
+    # None for an account never charged nor topped up}
+    balances: dict | None = None
 
 
 class _Readings:
@@ -147,14 +150,14 @@ def usage_view(request):
                 "lookups a second. Retry in 1 s.", retry_after_s=1)
         try:
             statuses, _allowed = limiter.peek_buckets(buckets)
-        except StoreUnavailable:
+            balances = _balances(limiter, buckets)
+        except READ_ERRORS:
             return _problem_response(
                 503, "Rate limiter store unavailable", "The rate limiter cannot reach its "
                 "store, so your usage cannot be read now. Your requests are still served "
                 "under its failure policy.", retry_after_s=_store_retry_s())
         now_ms = _now_ms(limiter)
-        reading = Reading(statuses, now_ms, _month_to_date(identity, now_ms),
-                          {b.account: last_top_up(b.account) for b in buckets if b.rule.credits})
+        reading = Reading(statuses, now_ms, _month_to_date(identity, now_ms), balances)
         readings.keep(key, reading)
     if engine.refusing_gate_statuses(buckets, reading.statuses):
         # the client IP is out of failed authentications: refused as on any endpoint (the same
@@ -166,6 +169,17 @@ def usage_view(request):
     body = _body(identity, False, _policies(buckets, reading))
     body["month_to_date"] = reading.month_to_date
     return _json_response(body)
+
+
+def _balances(limiter, buckets):
+    """Return the ledger.Balance of each credit balance among ``buckets`` (read after the
+    peek, which sets a balance Redis did not hold): ``{account ref: Balance or None}``.
+    Raises what Redis raises."""
+    refs = {b.account for b in buckets if b.rule.credits}
+    if not refs:
+        return {}
+    client = limiter.store.metrics_client()
+    return {ref: balance(ref, client) for ref in refs}
 
 
 def _month_to_date(identity, now_ms):
@@ -209,15 +223,21 @@ def _policies(buckets, reading):
                                                                    datetime.timezone.utc)
                           .isoformat(timespec="seconds"))
             if bucket.rule.credits:
-                policy["credits"] = _credits(bucket, status, reading.top_ups[bucket.account])
+                policy["credits"] = _credits(bucket, reading.balances[bucket.account],
+                                             reading.read_at_ms)
         policies.append(policy)
     return policies
 
 
-def _credits(bucket, status, top_up):
-    """A credit balance's own fields: the units left (below 0 in debt; ``remaining`` is never
-    below 0), the allowance's period (null: given once), and the last top-up."""
-    return {"units_left": status.level_units, "allowance_period": bucket.rule.refill or None,
+def _credits(bucket, found, read_at_ms):
+    """A credit balance's own fields: its figures (business/credits/figures.py: the
+    allowance, its period, used and left, the period's consumption, the prepaid units left and
+    the units left, below 0 in debt where ``remaining`` is never below 0) and the last
+    top-up."""
+    state = found.state if found is not None else BalanceState()  # never charged nor topped up
+    figures = CreditFigures.of(state, Allowance.of_rule(bucket.rule), read_at_ms)
+    top_up = found.last_top_up if found is not None else None
+    return {**figures.json_fields(),
             "last_top_up": None if top_up is None else {
                 "units": top_up.units,
                 "at": top_up.created.astimezone(datetime.timezone.utc).isoformat(

@@ -62,17 +62,10 @@ def inline_post(prefix, rows, initial=0):
     return data
 
 
-def plan_post(plan, rules=(), costs=(), rules_initial=0, costs_initial=0):
+def plan_post(plan, costs=(), costs_initial=0):
     data = {"slug": plan.slug, "name": plan.name, "description": ""}
-    data.update(inline_post("rules", rules, rules_initial))
     data.update(inline_post("costs", costs, costs_initial))
     return data
-
-
-def new_rule_row(plan, **fields):
-    return {"plan": str(plan.pk), "id": "", "name": "team-user", "scope": "user", "endpoint": "",
-            "rate": "60", "period_s": "60", "burst": "30", "mode": "enforce", "enabled": "on",
-            **fields}
 
 
 def new_cost_row(plan, **fields):
@@ -259,6 +252,47 @@ def test_plan_page_cost_is_checked_against_the_plan_rules(admin_client):
     assert page_errors(response) == {
         "costs-0-cost": [("Rule “team-user” has burst 10, below this cost: such requests could "
                           "never pass. Lower the cost or raise that rule's burst.")],
+    }
+    assert not plan.costs.exists()
+
+
+@pytest.mark.parametrize("rule", [
+    {"kind": "credits", "rate": 0},  # stores burst 1: not a burst it enforces
+    {"kind": "credits", "rate": 3, "calendar_period": "day"},
+    {"kind": "concurrency", "rate": 2, "period_s": 30},
+], ids=["credits-without-allowance", "credits-3-a-day", "concurrency-of-2"])
+def test_plan_page_rules_without_a_burst_accept_any_cost(admin_client, rule):
+    plan = make_plan("team")
+    saved = Rule(name="team-rule", plan=plan, scope="user", **rule)
+    saved.full_clean()
+    saved.save()
+    url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+    response = admin_client.post(url, plan_post(
+        plan, costs=[new_cost_row(plan, endpoint="api:reports", method="POST", cost="50")]))
+    assert response.status_code == 302, page_errors(response)
+    assert plan.costs.get().cost == 50
+
+
+def test_plan_page_token_bucket_and_calendar_quota_refuse_a_cost_above_them_in_their_words(
+        admin_client):
+    plan = make_plan("team")
+    url = reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+    cost = new_cost_row(plan, endpoint="api:reports", method="POST", cost="6")
+    bucket = make_rule(name="team-user", plan=plan, burst=5)
+    response = admin_client.post(url, plan_post(plan, costs=[cost]))
+    assert page_errors(response) == {
+        "costs-0-cost": [("Rule “team-user” has burst 5, below this cost: such requests could "
+                          "never pass. Lower the cost or raise that rule's burst.")],
+    }
+    bucket.delete()
+    quota = Rule(name="team-daily", plan=plan, scope="user", kind="calendar",
+                 calendar_period="day", rate=4)
+    quota.full_clean()
+    quota.save()
+    response = admin_client.post(url, plan_post(plan, costs=[cost | {"cost": "5"}]))
+    assert page_errors(response) == {
+        "costs-0-cost": [("Rule “team-daily” is a quota of 4 units a day, below this cost: such "
+                          "requests could never pass. Lower the cost or raise that quota.")],
     }
     assert not plan.costs.exists()
 

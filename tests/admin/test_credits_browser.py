@@ -41,14 +41,14 @@ def test_a_top_up_from_the_account_page_is_credited_once(signed_in_page):
     messages = page.locator(".messagelist").inner_text()
     assert "Credited 1500 units to tenant:acme" in messages
     assert "was credited before; nothing was credited again" in messages
-    assert page.locator("#credit-balance strong").inner_text() == "1500"
+    assert page.locator("#credit-balance [data-figure=prepaid_left]").inner_text() == "1500"
     assert "Live from Redis." in page.locator("#credit-balance").inner_text()
     assert CreditTopUp.objects.filter(account__ref="tenant:acme").count() == 1
 
     page.fill("#id_units", "500")  # the page shown again: a new form, a new top-up
     submit_top_up(page)
     assert "Credited 500 units" in page.locator(".messagelist").inner_text()
-    assert page.locator("#credit-balance strong").inner_text() == "2000"
+    assert page.locator("#credit-balance [data-figure=prepaid_left]").inner_text() == "2000"
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "credit-account.png"), full_page=True)
     assert CreditTopUp.objects.filter(account__ref="tenant:acme").count() == 2

@@ -16,8 +16,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ... import metrics
-from ...business.credits.ledger import last_top_up, stored_states
+from ...business.credits.figures import CreditFigures
+from ...business.credits.ledger import last_top_up, state_of, stored_states
 from ...business.credits.models import CreditAccount
+from ...business.credits.rules import AccountRules
 from ...conf import get_config
 from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
 from ...runtime.limiter import default_limiter
@@ -196,9 +198,10 @@ def temporary_rows(now):
 
 
 def credit_rows():
-    """Return the prepaid credit accounts with the fewest units left (those the last checkpoint
-    found lowest, CREDIT_ACCOUNTS_SHOWN of them), each with its live balance where Redis can be
-    read, its last top-up and its admin page; [] where credits are not used."""
+    """Return the prepaid credit accounts with the fewest prepaid units left (those the last
+    checkpoint found lowest, CREDIT_ACCOUNTS_SHOWN of them), each with its figures (see
+    business/credits/figures.py) from its live balance where Redis can be read, its last
+    top-up and its admin page; [] where credits are not used."""
     accounts = list(CreditAccount.objects.annotate(left=F("granted") - F("spent"))
                     .order_by("left", "ref")[:CREDIT_ACCOUNTS_SHOWN])
     if not accounts:
@@ -208,12 +211,20 @@ def credit_rows():
                              get_config()["KEY_PREFIX"], [a.ref for a in accounts])
     except READ_ERRORS:
         live = {}  # the checkpoint's numbers (the health panel says Redis is down)
+    rules = _account_rules()
     rows = []
     for account in accounts:
         state, last = live.get(account.ref), last_top_up(account)
+        figures = CreditFigures.of_account(rules, account.ref, state or state_of(account))
         rows.append({
             "account": str(account),
-            "prepaid_left": state.granted - state.spent if state else account.prepaid_left,
+            "units_left": figures.units_left,
+            "prepaid_left": figures.prepaid_left,
+            "allowance": figures.allowance.units,
+            "allowance_period": figures.allowance.period,
+            "allowance_used": figures.allowance_used,
+            "allowance_used_text": figures.allowance_used_in_words(),
+            "used_in_period": figures.used_in_period,
             "live": state is not None,
             "last_top_up": last.units if last else None,
             "last_top_up_at": timezone.localtime(last.created).strftime("%Y-%m-%d %H:%M")
@@ -222,6 +233,15 @@ def credit_rows():
         })
     rows.sort(key=lambda row: (row["prepaid_left"], row["account"]))
     return rows
+
+
+def _account_rules():
+    """The credits rules in force (which name each account's allowance); none when the policy
+    cannot be had now (the health panel says why): every allowance then reads unknown."""
+    try:
+        return AccountRules(default_limiter().snapshot())
+    except Exception:  # as in _shadow_rules: a store client that fails unexpectedly
+        return AccountRules(None)
 
 
 def _shadow_rules(rule_rows):

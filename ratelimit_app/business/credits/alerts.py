@@ -9,55 +9,14 @@ machinery (``store_crossings``: one QuotaAlert row, its webhooks, the signal): o
 threshold and top-up (the top-up's time is the alert's period start), however often the
 checkpoint runs. An alert is therefore noticed within one rollup interval.
 
-The rule charging an account is found as the request path finds it: the account's plan (its API
-key's, else its user's, else the default for signed-in callers; a PLAN_RESOLVER, which needs a
-request, is not consulted) and the credits rule of the account's scope for that plan or for
-every plan. A tenant's callers may be on several plans: only a tenant rule for every plan alerts.
+The rule charging an account is found by ``rules.AccountRules`` (as the request path finds
+it); an account whose rule cannot be named, or whose rule has no thresholds, does not alert.
 """
 
 from ...decision.balances import account_key
-from ...decision.identity import plan_of
-from ...decision.scopes import Scope
 from ..alerts.crossings import Crossing
 
-__all__ = ["AccountRules", "credit_crossings"]
-
-
-class AccountRules:
-    """The credits rules with alert thresholds of a policy snapshot, and which one charges an
-    account (built once per checkpoint)."""
-
-    def __init__(self, snapshot):
-        self.snapshot = snapshot
-        self.rules = [r for r in snapshot.rules if r.credits and r.alerts]
-        self._keys = None  # API key id -> ApiKeyEntry, built on first need
-
-    def __bool__(self):
-        return bool(self.rules)
-
-    def rule_for(self, ref):
-        """Return the CompiledRule with thresholds that charges the account ``ref``, or None."""
-        kind, _, value = ref.partition(":")
-        if kind == "tenant":
-            scope, plan = Scope.TENANT, None
-        else:
-            scope = Scope.USER
-            plan = self._plan(kind, value)
-        for rule in self.rules:
-            if rule.scope == scope and rule.plan in (None, plan):
-                return rule
-        return None
-
-    def _plan(self, kind, value):
-        snapshot = self.snapshot
-        if kind == "key":
-            if self._keys is None:
-                self._keys = {entry.id: entry for entry in snapshot.api_keys.values()}
-            key = self._keys.get(int(value))
-            if key is None:
-                return None  # revoked or deleted: it is charged nothing any more
-            return plan_of(key, snapshot.assignments.get(key.user_id), snapshot)
-        return plan_of(None, snapshot.assignments.get(value), snapshot)
+__all__ = ["credit_crossings"]
 
 
 def credit_crossings(account, state, last_top_up, rule, prefix):

@@ -30,7 +30,8 @@ from ...decision.balances import BalanceState, account_key
 from ...stores.base import READ_ERRORS
 from ..alerts.crossings import store_crossings
 from . import scripts
-from .alerts import AccountRules, credit_crossings
+from .alerts import credit_crossings
+from .figures import CreditFigures
 from .models import CreditAccount, CreditTopUp
 from .refs import (
     CreditInputError,
@@ -40,6 +41,7 @@ from .refs import (
     parse_top_up_id,
     parse_units,
 )
+from .rules import AccountRules
 
 __all__ = ["TopUpConflict", "top_up", "seed", "checkpoint", "CheckpointResult", "Balance",
            "balance", "last_top_up", "stored_states", "client_of", "state_of"]
@@ -197,7 +199,7 @@ def checkpoint(client, prefix=None, snapshot=None):
     accounts done so far stay done)."""
     prefix = prefix or get_config()["KEY_PREFIX"]
     run = client.register_script(scripts.CHECKPOINT)
-    rules = AccountRules(snapshot) if snapshot is not None else ()
+    rules = AccountRules(snapshot) if snapshot is not None else None
     outcomes = Counter()
     last_pk = 0
     while True:
@@ -221,7 +223,7 @@ def checkpoint(client, prefix=None, snapshot=None):
                 unchanged.append(account.pk)
             else:
                 _write_back(account.pk, stored, now)
-            if rules:
+            if rules is not None and rules.alerting:
                 found.extend(_crossings(account, stored, rules, prefix))
         CreditAccount.objects.filter(pk__in=unchanged).update(checkpointed_at=now)
         if found:
@@ -234,7 +236,7 @@ def checkpoint(client, prefix=None, snapshot=None):
 def _crossings(account, stored, rules, prefix):
     """The alert thresholds the account's balance ``stored`` has reached (alerts.py)."""
     rule = rules.rule_for(account.ref)
-    if rule is None:
+    if rule is None or not rule.alerts:
         return ()
     return credit_crossings(account, stored, last_top_up(account), rule, prefix)
 
@@ -276,10 +278,10 @@ class Balance(NamedTuple):
     source: str
     last_top_up: CreditTopUp | None
 
-    @property
-    def prepaid_left(self):
-        """Prepaid units left: granted − spent (below 0 only in debt)."""
-        return self.state.granted - self.state.spent
+    def figures(self, rules, now_ms=None):
+        """Return the CreditFigures of this balance (allowance used, prepaid left, units left,
+        ...) under ``rules``, an AccountRules of the rules in force."""
+        return CreditFigures.of_account(rules, self.account.ref, self.state, now_ms)
 
     @property
     def pending_units(self):

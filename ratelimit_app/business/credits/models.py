@@ -35,9 +35,10 @@ class CreditAccount(models.Model):
     spent = models.BigIntegerField(
         default=0, help_text="Prepaid units consumed, as of the last checkpoint.")
     used = models.BigIntegerField(
-        "allowance used", default=0,
-        help_text="Units of the rule's allowance used in its current period, as of the last "
-                  "checkpoint.")
+        "consumed in the period", default=0,
+        help_text="Units consumed in the allowance's period, as of the last checkpoint: the "
+                  "allowance first, then prepaid units (the allowance used is at most the "
+                  "allowance).")
     period_start_ms = models.BigIntegerField(
         "allowance period start (ms)", default=0,
         help_text="When that period started (ms since the epoch; 0: an allowance given once).")
@@ -57,11 +58,6 @@ class CreditAccount(models.Model):
 
     def __str__(self):
         return f"{self.ref} ({self.display})" if self.display else self.ref
-
-    @property
-    def prepaid_left(self):
-        """Return the prepaid units left as of the last checkpoint (granted − spent)."""
-        return self.granted - self.spent
 
 
 class CreditTopUp(models.Model):

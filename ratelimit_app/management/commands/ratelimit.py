@@ -44,6 +44,7 @@ from ...business.credits.ledger import (
     top_up,
 )
 from ...business.credits.refs import CreditInputError
+from ...business.credits.rules import AccountRules
 from ...business.usage.records import (
     DAY,
     FORMATS,
@@ -455,7 +456,7 @@ class Command(BaseCommand):
         if found is None:
             raise _bad_input(f"{account} has no credit account: it has had no top-up, and no "
                              f"credits rule has charged it.")
-        for line in _balance_lines(found):
+        for line in _balance_lines(found, AccountRules(default_limiter().snapshot())):
             self.stdout.write(line)
 
 
@@ -474,16 +475,26 @@ def _checkpointed(result):
             + "".join(f"; {count} {text}" for count, text in details) + ".")
 
 
-def _balance_lines(found):
-    """The lines of ``credits show``."""
+def _balance_lines(found, rules):
+    """The lines of ``credits show``: the allowance (found in ``rules``, an AccountRules of the
+    rules in force), what the period consumed and the units left (figures.py), then the
+    ledger's numbers."""
     state, account, last = found.state, found.account, found.last_top_up
-    lines = [f"{account}",
-             f"prepaid left   {counted(found.prepaid_left, 'unit')}",
-             f"granted        {counted(state.granted, 'unit')}",
-             f"spent          {counted(state.spent, 'unit')}"]
-    if state.used or state.period_start_ms:
-        lines.append(f"allowance      {counted(state.used, 'unit')} used in the period from "
-                     f"{_when(_from_ms(state.period_start_ms))}")
+    figures = found.figures(rules)
+    allowance = figures.allowance
+    lines = [f"{account}", f"allowance      {allowance.in_words()}"]
+    if allowance.known and allowance.units:
+        lines.append(f"allowance used {counted(figures.allowance_used, 'unit')}, "
+                     f"{figures.allowance_left} left")
+    period = f"in the period from {_when(figures.period_start)}" if figures.period_start \
+        else "so far"
+    lines += [f"consumed       {counted(figures.used_in_period, 'unit')} {period} (the "
+              f"allowance first, then prepaid units)",
+              f"prepaid left   {counted(figures.prepaid_left, 'unit')}",
+              "units left     " + (counted(figures.units_left, 'unit') if allowance.known
+                                   else "unknown, as the allowance is"),
+              f"granted        {counted(state.granted, 'unit')}",
+              f"spent          {counted(state.spent, 'unit')} (prepaid, in all)"]
     lines.append("last top-up    " + (
         f"{last.top_up_id}: {counted(last.units, 'unit')}, {_when(last.created)}, by "
         f"{last.actor}" + (f" ({last.note})" if last.note else "") if last else "none"))
@@ -496,7 +507,3 @@ def _balance_lines(found):
         lines.append(f"{counted(found.pending_units, 'unit')} of top-ups are not in Redis yet: "
                      f"the next checkpoint (manage.py ratelimit rollup) applies them.")
     return lines
-
-
-def _from_ms(ms):
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)

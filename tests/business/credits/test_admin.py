@@ -62,7 +62,7 @@ def test_the_top_up_form_credits_once_however_often_it_is_sent(admin_user, redis
     first = client.post(action, form, follow=True)
     assert first.redirect_chain == [(page_of(account), 302)]
     assert "Credited 250 units to tenant:acme" in first.content.decode()
-    assert "<strong>250</strong> prepaid units left" in first.content.decode()
+    assert '<td data-figure="prepaid_left">250</td>' in first.content.decode()
     again = client.post(action, form, follow=True)  # a double click, a reload
     assert "was credited before; nothing was credited again" in again.content.decode()
     made = CreditTopUp.objects.get()
@@ -93,7 +93,7 @@ def test_staff_without_the_top_up_permission_see_no_form_and_cannot_post(redis_c
     client = signed_in(viewer)
     page = client.get(page_of(account))
     assert page.status_code == 200 and b'id="credit-top-up-form"' not in page.content
-    assert b"<strong>5</strong> prepaid units left" in page.content
+    assert b'<td data-figure="prepaid_left">5</td>' in page.content
     refused = client.post(f"{LIST}{account.pk}/top-up/", {"units": "5", "top_up_id": "x"})
     assert refused.status_code == 403 and not CreditTopUp.objects.exists()
     # rows are made by top-ups only: no add, change or delete here

@@ -51,12 +51,16 @@ def test_show_prints_the_balance_granted_spent_and_last_top_up(redis_client):
     redis_client.set(account_key("rl", "tenant:acme"),
                      BalanceState(500, 120, 3, 1_767_225_600_000, 9).pack())
     lines = run("credits", "show", "tenant:acme").splitlines()
-    assert lines[:5] == ["tenant:acme (tenant acme)", "prepaid left   380 units",
-                         "granted        500 units", "spent          120 units",
-                         "allowance      3 units used in the period from 2026-01-01 00:00:00 UTC"]
-    assert lines[5].startswith("last top-up    inv-1: 500 units, 20")
-    assert lines[5].endswith(", by manage.py ratelimit credits top-up (March)")
-    assert lines[6:] == ["checkpointed   never"]
+    # no credits rule charges tenants: the allowance, and so the units left, are not known
+    assert lines[:7] == ["tenant:acme (tenant acme)",
+                         "allowance      unknown: no credits rule for tenants is in force",
+                         "consumed       3 units in the period from 2026-01-01 00:00:00 UTC (the "
+                         "allowance first, then prepaid units)",
+                         "prepaid left   380 units", "units left     unknown, as the allowance is",
+                         "granted        500 units", "spent          120 units (prepaid, in all)"]
+    assert lines[7].startswith("last top-up    inv-1: 500 units, 20")
+    assert lines[7].endswith(", by manage.py ratelimit credits top-up (March)")
+    assert lines[8:] == ["checkpointed   never"]
 
     redis_client.delete(account_key("rl", "tenant:acme"))
     out = run("credits", "show", "tenant:acme")

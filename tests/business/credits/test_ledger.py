@@ -309,13 +309,13 @@ def test_balance_shows_redis_or_else_the_checkpoint_and_the_last_top_up(
         credit(redis_client, "tenant:acme", 300, "inv-2", note="April")
     redis_client.delete(account_key(PREFIX, "tenant:acme"))
     found = balance("tenant:acme", redis_client, PREFIX)
-    assert found.source == "checkpoint" and found.prepaid_left == 400
+    assert found.source == "checkpoint" and found.state[:2] == (400, 0)  # granted, spent
     assert found.last_top_up.top_up_id == "inv-2" and found.pending_units == 0
 
     seed(redis_client, PREFIX, ["tenant:acme"])
     store(redis_client, "tenant:acme", BalanceState(400, 150, 0, 0, 9))
     found = balance("tenant:acme", redis_client, PREFIX)
-    assert found.source == "redis" and found.prepaid_left == 250
+    assert found.source == "redis" and found.state[:2] == (400, 150)
 
     CreditAccount.objects.filter(ref="tenant:acme").update(granted=450)  # a top-up not applied
     assert balance("tenant:acme", redis_client, PREFIX).pending_units == 50

@@ -72,11 +72,15 @@ def test_a_top_up_is_created_once_and_retries_get_the_same_answer(redis_client):
 
     balance = clerk.get(BALANCE)
     assert balance.status_code == 200 and balance["Cache-Control"] == "no-store"
+    # no credits rule charges tenants: the allowance (and so the units left) is not known
     assert balance.json() | {"checkpointed_at": None, "last_top_up": None} == {
-        "account": "tenant:acme", "display": "tenant acme", "prepaid_left": 500,
-        "granted": 500, "spent": 0, "pending_top_up_units": 0, "allowance_used": 0,
-        "allowance_period_start": None, "source": "redis", "checkpointed_at": None,
-        "last_top_up": None}
+        "account": "tenant:acme", "display": "tenant acme", "allowance": None,
+        "allowance_period": None, "allowance_rule": None,
+        "allowance_unknown": "no credits rule for tenants is in force",
+        "allowance_used": None, "allowance_left": None, "allowance_period_start": None,
+        "used_in_period": 0, "prepaid_left": 500, "units_left": None,
+        "granted": 500, "spent": 0, "pending_top_up_units": 0, "source": "redis",
+        "checkpointed_at": None, "last_top_up": None}
     assert balance.json()["last_top_up"]["top_up_id"] == "inv-2026-0042"
 
 
