@@ -12,6 +12,7 @@ class RatelimitAppConfig(AppConfig):
         from .conf import reset_config
         from .decision.identity import reset as reset_identity
         from .operations import system_checks  # noqa: F401  (registers the system checks)
+        from .operations.index_groups import missing_group_apps
         from .runtime import signals  # noqa: F401  (registers the receivers)
         from .runtime.limiter import forget_default_limiter
 
@@ -20,3 +21,7 @@ class RatelimitAppConfig(AppConfig):
         setting_changed.connect(reset_identity, dispatch_uid="ratelimit_app.reset_identity")
         setting_changed.connect(forget_default_limiter,
                                 dispatch_uid="ratelimit_app.forget_default_limiter")
+        if not missing_group_apps():
+            # the other pages are in the group apps' sections (ratelimit_app/groups/): this
+            # one keeps the quotas, named like its neighbours so the five sort together
+            self.verbose_name = "Rate limits · Quotas"

@@ -38,7 +38,6 @@ class WebhookEndpointForm(forms.ModelForm):
         return ",".join(self.cleaned_data["events"])
 
 
-@admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
     list_display = ["name", "url", "events", "enabled", "created"]
@@ -77,7 +76,6 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return response
 
 
-@admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
     # few columns: the list must fit beside the admin's sidebar (the rest is on the row's page)
     list_display = ["event", "endpoint", "status_cell", "last_error_cell", "next_attempt_cell"]
@@ -114,7 +112,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
                           messages.SUCCESS)
 
 
-@admin.register(QuotaAlert)
 class QuotaAlertAdmin(admin.ModelAdmin):
     list_display = ["rule", "identity", "threshold", "used", "limit", "period_start", "created"]
     list_filter = ["threshold", "rule"]

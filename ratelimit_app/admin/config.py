@@ -208,7 +208,6 @@ class EndpointCostInline(admin.TabularInline):
     verbose_name_plural = "endpoint costs for this plan (override the costs of every plan)"
 
 
-@admin.register(Plan)
 class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "rule_count", "cost_count", "default_for_authenticated",
                     "default_for_anonymous"]
@@ -249,7 +248,6 @@ class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return kwargs
 
 
-@admin.register(Rule)
 class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = RuleForm
     list_display = ["name", "plan", "scope", "endpoint_cell", "kind", "summary", "mode",
@@ -336,7 +334,6 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/ratelimit_app/simulator.html", context)
 
 
-@admin.register(EndpointCost)
 class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
     list_display = ["endpoint_cell", "method", "plan", "cost", "metered", "minimum"]
@@ -349,7 +346,6 @@ class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return _endpoint_cell(cost.endpoint, "—")
 
 
-@admin.register(PlanAssignment)
 class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
     list_filter = ["plan", ScheduleFilter]
@@ -358,7 +354,6 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     raw_id_fields = ["user"]
 
 
-@admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["prefix", "name", "user", "plan_and_schedule", "tenant", "active", "created"]
     list_filter = ["plan", ScheduleFilter, "active"]
@@ -409,7 +404,6 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return response
 
 
-@admin.register(IdentityOverride)
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["__str__", "rule", "exempt", schedule_cell, "reason", "note"]
     list_filter = ["exempt", ScheduleFilter, "rule"]

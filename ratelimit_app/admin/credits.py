@@ -35,6 +35,7 @@ from ..business.credits.refs import (
 from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["CreditAccountAdmin", "CreditTopUpAdmin", "TopUpForm"]
@@ -71,7 +72,6 @@ def _live_states(accounts):
     return {ref: state for ref, state in states.items() if state is not None}
 
 
-@admin.register(CreditAccount)
 class CreditAccountAdmin(ReadOnlyAdmin):
     list_display = ["ref", "display", "prepaid_left_cell", "granted", "last_top_up_cell",
                     "checkpointed_at"]
@@ -125,11 +125,11 @@ class CreditAccountAdmin(ReadOnlyAdmin):
         return {"balance": state, "prepaid_left": state.granted - state.spent,
                 "balance_is_live": live is not None,
                 "pending_units": max(0, account.granted - state.granted),
-                "top_ups_url": reverse("admin:ratelimit_app_credittopup_changelist")
+                "top_ups_url": reverse(admin_url_name(CreditTopUp, "changelist"))
                 + f"?account__id__exact={account.pk}"}
 
     def _top_up_url(self, account):
-        return reverse("admin:ratelimit_app_creditaccount_top_up", args=[quote(account.pk)])
+        return reverse(admin_url_name(CreditAccount, "top_up"), args=[quote(account.pk)])
 
     def top_up_view(self, request, object_id):
         """Credit the form's top-up (POST), or show the form on a page of its own (GET, or
@@ -157,7 +157,7 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                     self.message_user(request, f"This top-up ({made.units} units) was credited "
                                                f"before; nothing was credited again.",
                                       messages.WARNING)
-                return HttpResponseRedirect(reverse("admin:ratelimit_app_creditaccount_change",
+                return HttpResponseRedirect(reverse(admin_url_name(CreditAccount, "change"),
                                                     args=[quote(account.pk)]))
         context = {**self.admin_site.each_context(request), "title": f"Top up {account}",
                    "opts": self.opts, "original": account, "has_view_permission": True,
@@ -167,7 +167,6 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                                 context)
 
 
-@admin.register(CreditTopUp)
 class CreditTopUpAdmin(ReadOnlyAdmin):
     list_display = ["top_up_id", "account", "units", "created", "actor", "note"]
     list_select_related = ["account"]

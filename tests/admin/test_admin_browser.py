@@ -34,7 +34,7 @@ def test_login_and_admin_pages_have_no_console_error_not_even_a_favicon(page, li
     page.fill("#id_password", "admin")
     page.click("input[type=submit]")
     page.wait_for_selector("#user-tools")
-    for path in ("/admin/", "/admin/ratelimit_app/rule/", "/admin/ratelimit_app/apikey/add/"):
+    for path in ("/admin/", "/admin/ratelimit_app/rule/", "/admin/ratelimit_callers/apikey/add/"):
         # Each page settles before the next: leaving a page while its icons still load aborts
         # them, and the browser reports that as a failed request that is no fault of the page.
         page.goto(f"{live_server.url}{path}", wait_until="networkidle")
@@ -98,7 +98,7 @@ def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page
     assert simulator["links"] == ["Home", "Rate limits", "Rules"]
     assert simulator["text"].endswith("What would this request do?")
 
-    page.goto(f"{page.base}/admin/ratelimit_app/apikey/add/")
+    page.goto(f"{page.base}/admin/ratelimit_callers/apikey/add/")
     from django.contrib.auth import get_user_model
     page.fill("#id_user", str(get_user_model().objects.get(username="admin").pk))  # a raw id
     page.fill("#id_name", "breadcrumbs")

@@ -22,7 +22,7 @@ from ..helpers import SCREENSHOTS, breadcrumbs_of, limiter, poll_until
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("orm_beside_playwright")]
 
-DASHBOARD = "/admin/ratelimit_app/dashboard/"
+DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
 TIMEOUT_MS = 15_000
 
 

@@ -27,7 +27,6 @@ VIEW_PERMISSION = "ratelimit_app.view_dashboard"
 RESET_PERMISSION = "ratelimit_app.reset_buckets"
 
 
-@admin.register(Dashboard)
 class DashboardAdmin(ReadOnlyAdmin):
     """No rows to add, change or delete: the changelist is the dashboard."""
 
