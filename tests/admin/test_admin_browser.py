@@ -95,7 +95,7 @@ def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page
     page.click("text=Simulate a request")
     simulator = breadcrumbs_of(page)
     assert simulator["look"] == stock
-    assert simulator["links"] == ["Home", "Rate limits", "Rules"]
+    assert simulator["links"] == ["Home", "Rate limits · Monitoring", "Simulator"]
     assert simulator["text"].endswith("What would this request do?")
 
     page.goto(f"{page.base}/admin/ratelimit_callers/apikey/add/")
@@ -106,7 +106,7 @@ def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page
     page.wait_for_selector("#new-api-key")
     created = breadcrumbs_of(page)
     assert created["look"] == stock
-    assert created["links"] == ["Home", "Rate limits", "API keys"]
+    assert created["links"] == ["Home", "Rate limits · Callers", "API keys"]
     assert created["text"].endswith("breadcrumbs")
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_new_api_key.png")
