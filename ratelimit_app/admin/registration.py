@@ -6,10 +6,11 @@ the app's models; when one is installed, the model's admin is registered on the 
 pages live under the group (``/admin/ratelimit_billing/creditaccount/``), and the index, the
 sidebar and the breadcrumbs name the group. The admin classes are the same either way.
 
-Three promises keep a project's existing staff and links working:
+These promises keep a project's existing staff and links working:
 
 - Permissions are the app model's (``ratelimit_app.view_creditaccount``): ``GroupPlacedAdmin``
   asks each permission of the same admin class registered on the app's model.
+- Django's history page of an object lists its changes from before the move too.
 - The old addresses answer: ``MovedAdmin``, hidden from the index, is registered on the app's
   model and sends each of its paths to the same path under the group (308: a POST is sent again
   with its body), and keeps its URL names (``admin:ratelimit_app_creditaccount_change``)
@@ -22,6 +23,10 @@ sit above the admin in the layers, ``.importlinter``).
 
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import PAGE_VAR
+from django.contrib.contenttypes.models import ContentType
 from django.http import HttpResponsePermanentRedirect
 from django.urls import URLPattern, re_path, reverse
 
@@ -121,6 +126,23 @@ class GroupPlacedAdmin:
 
     def has_delete_permission(self, request, obj=None):
         return self.permissions_of.has_delete_permission(request, obj)
+
+    def history_view(self, request, object_id, extra_context=None):
+        """Django's history page, listing the changes logged against the app's model too (those
+        made before the group app was installed: the admin logs a proxy's as the proxy's)."""
+        response = super().history_view(request, object_id, extra_context)
+        context = getattr(response, "context_data", None)
+        if not context or "action_list" not in context:  # no such object: a redirect
+            return response
+        types = ContentType.objects.get_for_models(
+            self.model, self.concrete_opts.model, for_concrete_models=False).values()
+        entries = LogEntry.objects.filter(object_id=unquote(object_id),
+                                          content_type__in=types).select_related()
+        paginator = self.get_paginator(request, entries.order_by("action_time"), 100)
+        page = paginator.get_page(request.GET.get(PAGE_VAR, 1))
+        context.update(action_list=page, page_range=paginator.get_elided_page_range(page.number),
+                       pagination_required=paginator.count > 100)
+        return response
 
     def get_urls(self):
         # The admin classes name their own extra views after the app's label

@@ -9,7 +9,6 @@ through ``admin_site.admin_view`` (others are sent to the admin login) and then 
 import zoneinfo
 
 from django import forms
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.template.response import TemplateResponse

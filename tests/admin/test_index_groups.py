@@ -303,3 +303,23 @@ def test_without_the_group_apps_everything_is_in_one_section_and_w007_says_so():
     assert "Callers, Billing, Alerts, Monitoring" in message
     assert '"ratelimit_app.groups.callers", "ratelimit_app.groups.billing", ' \
            '"ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring"' in hint
+
+
+def test_an_objects_history_keeps_the_changes_logged_before_its_group_was_installed(
+        admin_client, admin_user):
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    override = IdentityOverride.objects.create(ip="10.0.0.1", exempt=True, note="launch")
+    LogEntry.objects.create(  # as the admin logged it on the app's model, before
+        user=admin_user, content_type=ContentType.objects.get_for_model(IdentityOverride),
+        object_id=str(override.pk), object_repr=str(override), action_flag=CHANGE,
+        change_message="Changed the note before the move.")
+    page = f"/admin/ratelimit_callers/identityoverride/{override.pk}/"
+    data = {"ip": "10.0.0.1", "exempt": "on", "note": "launch week", "reason": "",
+            "starts_at_0": "", "starts_at_1": "", "ends_at_0": "", "ends_at_1": "",
+            "user": "", "api_key": "", "rule": ""}
+    assert admin_client.post(f"{page}change/", data).status_code == 302
+    history = admin_client.get(f"{page}history/").content.decode()
+    assert "Changed the note before the move." in history
+    assert "Changed Note." in history  # the change just made, logged as the proxy's

@@ -6,7 +6,7 @@ to reset a client's buckets. Every view goes through ``admin_site.admin_view`` (
 non-staff users are sent to the admin login) and then checks the permission (403 otherwise).
 """
 
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
