@@ -18,6 +18,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "ratelimit_app",
+    # the admin index by task: each a section of its own (docs/howto/install.md)
+    "ratelimit_app.groups.callers",
+    "ratelimit_app.groups.billing",
+    "ratelimit_app.groups.alerts",
+    "ratelimit_app.groups.monitoring",
     "project.demo",
 ]
 

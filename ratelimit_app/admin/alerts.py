@@ -8,8 +8,6 @@ from django.template.response import TemplateResponse
 from ..business.alerts.models import (
     DeliveryStatus,
     Event,
-    QuotaAlert,
-    WebhookDelivery,
     WebhookEndpoint,
     new_webhook_secret,
 )
@@ -38,7 +36,6 @@ class WebhookEndpointForm(forms.ModelForm):
         return ",".join(self.cleaned_data["events"])
 
 
-@admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
     list_display = ["name", "url_cell", "events_cell", "enabled", "created_cell"]
@@ -91,7 +88,6 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return response
 
 
-@admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
     # few columns: the list must fit beside the admin's sidebar (the rest is on the row's page)
     list_display = ["event", "endpoint", "status_cell", "last_error_cell", "next_attempt_cell"]
@@ -128,7 +124,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
                           messages.SUCCESS)
 
 
-@admin.register(QuotaAlert)
 class QuotaAlertAdmin(admin.ModelAdmin):
     list_display = ["rule", "identity_cell", "crossed", "period_cell", "created_cell"]
     list_filter = ["threshold", "rule"]

@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from ..config import audit
 from ..config.models import AuditEntry, AuditSource
 from ..config.quotas_as_code import QuotaFileError, describe_change
+from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["AuditedAdminMixin", "AuditEntryAdmin", "RESTORE_PERMISSION"]
@@ -31,7 +32,7 @@ def history_url(obj):
     token = audit.object_token(obj)
     if token is None:
         return None
-    return reverse("admin:ratelimit_app_auditentry_changelist") + "?" + \
+    return reverse(admin_url_name(AuditEntry, "changelist")) + "?" + \
         urlencode({TouchedFilter.parameter_name: token})
 
 
@@ -77,7 +78,6 @@ class TouchedFilter(admin.SimpleListFilter):
         return queryset
 
 
-@admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
     """Read-only: entries are written by ``config/audit.py`` only."""
 
@@ -109,7 +109,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="restore")
     def restore_link(self, entry):
-        url = reverse("admin:ratelimit_app_auditentry_restore", args=[entry.pk])
+        url = reverse(admin_url_name(AuditEntry, "restore"), args=[entry.pk])
         return format_html('<a class="ratelimit-restore" href="{}">Restore this '
                            'configuration…</a>', url)
 
@@ -127,7 +127,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
         entry = AuditEntry.objects.filter(pk=entry_id).first()
         if entry is None:
             raise Http404("No such audit entry.")
-        changelist = reverse("admin:ratelimit_app_auditentry_changelist")
+        changelist = reverse(admin_url_name(AuditEntry, "changelist"))
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             try:
                 plan = audit.restore(entry, request.user)

@@ -20,10 +20,8 @@ from ..config.endpoints import endpoint_names
 from ..config.models import (
     ApiKey,
     EndpointCost,
-    IdentityOverride,
     Kind,
     Mode,
-    Plan,
     PlanAssignment,
     Rule,
     Schedule,
@@ -42,6 +40,7 @@ from .forms import (
     is_missing_endpoint,
 )
 from .list_cells import day
+from .placement import admin_url_name
 from .rule_forms import kind_for, rule_fieldsets, rule_form_class, rule_from_input
 from .simulator import simulate
 from .traffic import impact_of_new_numbers, last_hour_traffic
@@ -149,7 +148,6 @@ class EndpointCostInline(admin.TabularInline):
     verbose_name_plural = "endpoint costs for this plan (override the costs of every plan)"
 
 
-@admin.register(Plan)
 class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """The plan page is the hub: its rules in words (each a link to edit it, and a link to add
     one of each kind), its endpoint costs inline, who is on it and its last hour's traffic."""
@@ -239,17 +237,16 @@ def plan_hub(plan):
         "add_links": [{"label": kind.label, "url": add_url + "?" + urlencode(
             {"kind": key, "plan": plan.pk})} for key, kind in FORM_KINDS.items()],
         "assignments": plan.assignments.count(),
-        "assignments_url": reverse("admin:ratelimit_app_planassignment_changelist")
+        "assignments_url": reverse(admin_url_name(PlanAssignment, "changelist"))
         + f"?plan__id__exact={plan.pk}",
         "api_keys": ApiKey.objects.filter(plan=plan).count(),
-        "api_keys_url": reverse("admin:ratelimit_app_apikey_changelist")
+        "api_keys_url": reverse(admin_url_name(ApiKey, "changelist"))
         + f"?plan__id__exact={plan.pk}",
         "traffic": traffic.get(plan.slug) if traffic is not None else None,
         "traffic_known": traffic is not None,
     }
 
 
-@admin.register(Rule)
 class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Rules: a form per kind of limit (the add page asks the kind first, as Django's user
     form asks the password first), the rule in words as it is typed, and a list that reads at
@@ -400,7 +397,6 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/ratelimit_app/simulator.html", context)
 
 
-@admin.register(EndpointCost)
 class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = EndpointCostForm
     list_display = ["endpoint_cell", "method", "plan_cell", "cost_cell"]
@@ -425,7 +421,6 @@ class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return f"{tokens} to start, then what it reports (at least {cost.minimum})"
 
 
-@admin.register(PlanAssignment)
 class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
     list_filter = ["plan", ScheduleFilter]
@@ -435,7 +430,6 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     formfield_overrides = LABELLED_DATETIMES
 
 
-@admin.register(ApiKey)
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "why", "tenant",
                     "active", "created_cell"]
@@ -497,7 +491,6 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return response
 
 
-@admin.register(IdentityOverride)
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
     list_filter = ["exempt", ScheduleFilter, "rule"]

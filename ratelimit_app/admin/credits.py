@@ -38,6 +38,7 @@ from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
 from .list_cells import day, moment, wrapping
+from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["CreditAccountAdmin", "CreditTopUpAdmin", "TopUpForm"]
@@ -86,7 +87,6 @@ def _rules_in_force():
     return AccountRules(default_limiter().snapshot())
 
 
-@admin.register(CreditAccount)
 class CreditAccountAdmin(ReadOnlyAdmin):
     list_display = ["ref", "display", "units_left_cell", "prepaid_left_cell",
                     "allowance_used_cell", "used_in_period_cell", "last_top_up_cell",
@@ -164,11 +164,11 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                 "figures": CreditFigures.of_account(_rules_in_force(), account.ref, state),
                 "balance_is_live": live,
                 "pending_units": max(0, account.granted - state.granted),
-                "top_ups_url": reverse("admin:ratelimit_app_credittopup_changelist")
+                "top_ups_url": reverse(admin_url_name(CreditTopUp, "changelist"))
                 + f"?account__id__exact={account.pk}"}
 
     def _top_up_url(self, account):
-        return reverse("admin:ratelimit_app_creditaccount_top_up", args=[quote(account.pk)])
+        return reverse(admin_url_name(CreditAccount, "top_up"), args=[quote(account.pk)])
 
     def top_up_view(self, request, object_id):
         """Credit the form's top-up (POST), or show the form on a page of its own (GET, or
@@ -196,7 +196,7 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                     self.message_user(request, f"This top-up ({made.units} units) was credited "
                                                f"before; nothing was credited again.",
                                       messages.WARNING)
-                return HttpResponseRedirect(reverse("admin:ratelimit_app_creditaccount_change",
+                return HttpResponseRedirect(reverse(admin_url_name(CreditAccount, "change"),
                                                     args=[quote(account.pk)]))
         context = {**self.admin_site.each_context(request), "title": f"Top up {account}",
                    "opts": self.opts, "original": account, "has_view_permission": True,
@@ -206,7 +206,6 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                                 context)
 
 
-@admin.register(CreditTopUp)
 class CreditTopUpAdmin(ReadOnlyAdmin):
     list_display = ["top_up_cell", "account", "units", "created_cell", "actor", "note"]
     list_select_related = ["account"]

@@ -9,7 +9,6 @@ through ``admin_site.admin_view`` (others are sent to the admin login) and then 
 import zoneinfo
 
 from django import forms
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.template.response import TemplateResponse
@@ -20,6 +19,7 @@ from django.utils.http import urlencode
 from ..business.usage.models import UsageRecord
 from ..business.usage.records import DAY, FORMATS, MONTH, render, usage_rows
 from ..conf import get_config
+from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["UsageRecordAdmin", "UsageRangeForm", "today"]
@@ -75,7 +75,6 @@ def _form_from(params):
     return UsageRangeForm(data)
 
 
-@admin.register(UsageRecord)
 class UsageRecordAdmin(ReadOnlyAdmin):
     """The changelist is the usage page; ``download/`` serves the same rows as CSV or JSON."""
 
@@ -103,7 +102,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
             data = form.cleaned_data
             rows = usage_rows(data["date_from"], data["date_to"],
                               tenant=data["tenant"] or None, period=data["period"])
-            url = reverse("admin:ratelimit_app_usagerecord_download")
+            url = reverse(admin_url_name(UsageRecord, "download"))
             downloads = {name: f"{url}?{urlencode({**form.query(), 'format': name})}"
                          for name in FORMATS}
         totals = {metric: sum(row[metric] for row in rows)

@@ -7,6 +7,7 @@ installed versions only.
 
 import ipaddress
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
@@ -20,6 +21,7 @@ from ..conf import (
 )
 from ..decision.periods import valid_time_zone
 from . import support
+from .index_groups import missing_group_apps
 
 TAG = "ratelimit_app"
 
@@ -208,6 +210,24 @@ def _unexpected_error(what, detail):
              "(ratelimit_app.E009 names any outside them), then report the error with this "
              "message. Silencing this check does not make requests limited.",
         id="ratelimit_app.E008")
+
+
+@register(TAG)
+def check_index_groups(app_configs=None, **kwargs):
+    """W007 when the admin index is not grouped by task: a group app is missing (the pages it
+    would hold stay in the one "Rate limits" section)."""
+    missing = missing_group_apps()
+    if not missing or not apps.is_installed("django.contrib.admin"):
+        return []
+    groups = ", ".join(name.rsplit(".", 1)[1].capitalize() for name in missing)
+    lines = ", ".join(f'"{name}"' for name in missing)
+    return [Warning(
+        f"The admin index groups the rate-limit pages by task only with the group apps "
+        f"installed: the pages of {groups} are in the one \"Rate limits\" section.",
+        hint=f"Add {lines} to INSTALLED_APPS after \"ratelimit_app\" (their migrations make "
+             f"proxies only, no table; the pages' old addresses redirect). To keep one "
+             f"section, add \"ratelimit_app.W007\" to SILENCED_SYSTEM_CHECKS.",
+        id="ratelimit_app.W007")]
 
 
 @register(TAG)

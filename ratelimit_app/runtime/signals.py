@@ -13,6 +13,7 @@ found by the workers' comparison of the rows (``policy.PolicyCache``, every
 
 import logging
 
+from django.apps import apps
 from django.contrib.auth.signals import user_login_failed
 from django.db.models.signals import post_delete, post_migrate, post_save
 
@@ -59,7 +60,8 @@ class _Announcement:
 def _on_change(sender, using=None, **kwargs):
     # once per transaction, however many rows it changed (an admin save with its inlines, an
     # import, loaddata of a whole fixture): one audit entry and one new version at the commit
-    row = (sender._meta.model_name, getattr(kwargs.get("instance"), "pk", None))
+    row = (sender._meta.concrete_model._meta.model_name,
+           getattr(kwargs.get("instance"), "pk", None))
     audit.note_change(using, *row)
     waiting = waiting_for_commit("config-version", using)
     if waiting is not None:
@@ -70,9 +72,18 @@ def _on_change(sender, using=None, **kwargs):
         on_commit_once("config-version", announcement, using=using)
 
 
-for model in WATCHED_MODELS:
-    post_save.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.save.{model.__name__}")
-    post_delete.connect(_on_change, sender=model, dispatch_uid=f"ratelimit_app.delete.{model.__name__}")
+def _senders():
+    """Return the watched models and every installed proxy of one: a save through a proxy is
+    sent as the proxy (the index's group apps edit API keys, plan assignments and overrides
+    through proxies, ratelimit_app/groups/)."""
+    return [model for model in apps.get_models() if model._meta.concrete_model in WATCHED_MODELS]
+
+
+for model in _senders():
+    post_save.connect(_on_change, sender=model,
+                      dispatch_uid=f"ratelimit_app.save.{model._meta.label}")
+    post_delete.connect(_on_change, sender=model,
+                        dispatch_uid=f"ratelimit_app.delete.{model._meta.label}")
 
 
 def _on_migrate(sender, app_config=None, plan=None, **kwargs):

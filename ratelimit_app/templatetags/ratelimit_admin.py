@@ -2,6 +2,9 @@
 
 import django
 from django import template
+from django.urls import reverse
+
+from ..admin.placement import simulator_url_name
 
 register = template.Library()
 
@@ -19,3 +22,10 @@ def admin_breadcrumbs(opts, current=""):
     markup of the running Django version, as the admin's own change form renders them.
     """
     return {"opts": opts, "current": current, "as_list": BREADCRUMBS_AS_LIST}
+
+
+@register.simple_tag
+def simulator_url():
+    """Return the simulator's URL: its entry under Monitoring when that group app is installed,
+    else the page beside the rules (``admin/placement.py``)."""
+    return reverse(simulator_url_name())

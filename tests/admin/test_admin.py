@@ -350,7 +350,7 @@ def test_rule_list_spells_rules_out_searches_and_filters(admin_client):
     changelist = reverse("admin:ratelimit_app_rule_changelist")
     response = admin_client.get(changelist)
     assert b"100 requests per minute, bursts up to 20" in response.content
-    assert b'href="/admin/ratelimit_app/rule/simulate/"' in response.content
+    assert b'href="/admin/ratelimit_monitoring/simulator/"' in response.content
     found = admin_client.get(changelist, {"q": "free"}).context["cl"].result_list
     assert [r.name for r in found] == ["free-user"]
     found = admin_client.get(changelist, {"scope__exact": "ip"}).context["cl"].result_list
@@ -413,7 +413,7 @@ def cookie_texts(client, response):
 
 def test_d7_new_api_key_is_shown_once_never_in_a_cookie_or_log(admin_client, admin_user, caplog):
     caplog.set_level(logging.DEBUG)
-    response = admin_client.post(reverse("admin:ratelimit_app_apikey_add"),
+    response = admin_client.post(reverse("admin:ratelimit_callers_apikey_add"),
                                  {"user": str(admin_user.pk), "name": "ci", "plan": "",
                                   "tenant": "", "active": "on"})
     # the POST's own response shows it (no redirect, so no URL or message carries it)
@@ -427,7 +427,7 @@ def test_d7_new_api_key_is_shown_once_never_in_a_cookie_or_log(admin_client, adm
 
     assert raw_key.encode() not in response.serialize_headers()  # e.g. no Location
     assert not [text for text in cookie_texts(admin_client, response) if raw_key in text]
-    later = admin_client.get(reverse("admin:ratelimit_app_apikey_changelist"))
+    later = admin_client.get(reverse("admin:ratelimit_callers_apikey_changelist"))
     assert raw_key.encode() not in later.content  # no message left to show it again
     assert not [text for text in cookie_texts(admin_client, later) if raw_key in text]
     assert raw_key not in str(dict(admin_client.session))
@@ -435,7 +435,7 @@ def test_d7_new_api_key_is_shown_once_never_in_a_cookie_or_log(admin_client, adm
     assert not LogEntry.objects.filter(change_message__contains=raw_key).exists()
     assert not LogEntry.objects.filter(object_repr__contains=raw_key).exists()
 
-    change_url = reverse("admin:ratelimit_app_apikey_change", args=[key.pk])
+    change_url = reverse("admin:ratelimit_callers_apikey_change", args=[key.pk])
     assert raw_key.encode() not in admin_client.get(change_url).content
     response = admin_client.post(change_url, {"user": str(admin_user.pk), "name": "ci-renamed",
                                               "plan": "", "tenant": "", "active": "on"},
@@ -473,7 +473,7 @@ def test_d4_no_warning_without_a_cost_header(admin_client, settings):
 
 
 def test_d4_an_override_burst_below_the_cost_header_maximum_is_warned_about(admin_client):
-    response = admin_client.post(reverse("admin:ratelimit_app_identityoverride_add"),
+    response = admin_client.post(reverse("admin:ratelimit_callers_identityoverride_add"),
                                  {"ip": "192.0.2.1", "rate": "5", "period_s": "60",
                                   "burst": "10", "note": ""}, follow=True)
     assert len(warnings_shown(response)) == 1

@@ -34,7 +34,7 @@ def test_login_and_admin_pages_have_no_console_error_not_even_a_favicon(page, li
     page.fill("#id_password", "admin")
     page.click("input[type=submit]")
     page.wait_for_selector("#user-tools")
-    for path in ("/admin/", "/admin/ratelimit_app/rule/", "/admin/ratelimit_app/apikey/add/"):
+    for path in ("/admin/", "/admin/ratelimit_app/rule/", "/admin/ratelimit_callers/apikey/add/"):
         # Each page settles before the next: leaving a page while its icons still load aborts
         # them, and the browser reports that as a failed request that is no fault of the page.
         page.goto(f"{live_server.url}{path}", wait_until="networkidle")
@@ -95,10 +95,10 @@ def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page
     page.click("text=Simulate a request")
     simulator = breadcrumbs_of(page)
     assert simulator["look"] == stock
-    assert simulator["links"] == ["Home", "Rate limits", "Rules"]
+    assert simulator["links"] == ["Home", "Rate limits · Monitoring", "Simulator"]
     assert simulator["text"].endswith("What would this request do?")
 
-    page.goto(f"{page.base}/admin/ratelimit_app/apikey/add/")
+    page.goto(f"{page.base}/admin/ratelimit_callers/apikey/add/")
     from django.contrib.auth import get_user_model
     page.fill("#id_user", str(get_user_model().objects.get(username="admin").pk))  # a raw id
     page.fill("#id_name", "breadcrumbs")
@@ -106,7 +106,7 @@ def test_the_apps_own_admin_pages_wear_the_admins_breadcrumbs_bar(signed_in_page
     page.wait_for_selector("#new-api-key")
     created = breadcrumbs_of(page)
     assert created["look"] == stock
-    assert created["links"] == ["Home", "Rate limits", "API keys"]
+    assert created["links"] == ["Home", "Rate limits · Callers", "API keys"]
     assert created["text"].endswith("breadcrumbs")
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_new_api_key.png")

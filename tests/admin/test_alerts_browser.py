@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
 
 def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):
     page = signed_in_page
-    page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/add/")
+    page.goto(f"{page.base}/admin/ratelimit_alerts/webhookendpoint/add/")
     # every event is ticked for a new endpoint
     assert page.locator("input[name=events]:checked").count() == len(Event.values)
     page.fill("#id_name", "billing")
@@ -40,7 +40,7 @@ def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):
     page.click("text=Edit this endpoint")
     page.wait_for_selector("#id_url")
     assert endpoint.secret not in page.content()  # never shown again
-    page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/")
+    page.goto(f"{page.base}/admin/ratelimit_alerts/webhookendpoint/")
     assert endpoint.secret not in page.content()
 
     # a lost secret is replaced, and the new one shown once
@@ -51,7 +51,7 @@ def test_an_endpoint_is_added_with_its_secret_shown_once(signed_in_page):
     endpoint.refresh_from_db()
     assert rotated == endpoint.secret and rotated != shown
     assert "was replaced" in page.locator(".messagelist").inner_text()
-    page.goto(f"{page.base}/admin/ratelimit_app/webhookendpoint/")
+    page.goto(f"{page.base}/admin/ratelimit_alerts/webhookendpoint/")
     assert rotated not in page.content()
     assert page.problems == []
 
@@ -68,7 +68,7 @@ def test_the_deliveries_list_shows_failures_and_resends_them(signed_in_page):
     WebhookDelivery.objects.update(status="failed", attempts=9,
                                    last_error="ConnectionRefusedError: [Errno 111] refused")
 
-    page.goto(f"{page.base}/admin/ratelimit_app/webhookdelivery/")
+    page.goto(f"{page.base}/admin/ratelimit_alerts/webhookdelivery/")
     row = page.locator("#result_list tbody tr").first
     text = row.inner_text()
     assert "Failed (gave up)" in text and "quota.exhausted" in text and "billing" in text
@@ -85,6 +85,6 @@ def test_the_deliveries_list_shows_failures_and_resends_them(signed_in_page):
     assert WebhookDelivery.objects.get().status == "pending"
 
     # the alert itself, listed read-only
-    page.goto(f"{page.base}/admin/ratelimit_app/quotaalert/")
+    page.goto(f"{page.base}/admin/ratelimit_alerts/quotaalert/")
     assert "key:1 (key rk_ab12…)" in page.locator("#result_list").inner_text()
     assert page.problems == []

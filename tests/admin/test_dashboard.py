@@ -23,7 +23,7 @@ from ratelimit_app.models import ApiKey, Rule
 
 from ..helpers import limiter, poll_until
 
-DASHBOARD = "/admin/ratelimit_app/dashboard/"
+DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
 DATA = DASHBOARD + "data.json"
 INSPECT = DASHBOARD + "inspect/"
 RESET = DASHBOARD + "reset/"

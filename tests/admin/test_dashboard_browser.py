@@ -22,7 +22,7 @@ from ..helpers import SCREENSHOTS, breadcrumbs_of, limiter, poll_until
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("orm_beside_playwright")]
 
-DASHBOARD = "/admin/ratelimit_app/dashboard/"
+DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
 TIMEOUT_MS = 15_000
 
 
@@ -140,12 +140,12 @@ def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live
     the dashboard and the inspector must look like a stock admin page of the running version."""
     page, errors = dashboard
     on_dashboard = breadcrumbs_of(page)
-    assert on_dashboard["links"] == ["Home", "Rate limits"]
+    assert on_dashboard["links"] == ["Home", "Rate limits · Monitoring"]
     assert on_dashboard["text"].endswith("Dashboard")
     page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
     expect(page.locator('[data-table="buckets"]')).to_be_visible()
     in_inspector = breadcrumbs_of(page)
-    assert in_inspector["links"] == ["Home", "Rate limits", "Dashboard"]
+    assert in_inspector["links"] == ["Home", "Rate limits · Monitoring", "Dashboard"]
     assert in_inspector["text"].endswith("Bucket inspector")
     page.goto(f"{live_server.url}/admin/ratelimit_app/rule/")  # Django's own changelist
     stock = breadcrumbs_of(page)["look"]

@@ -16,8 +16,8 @@ from ..helpers import limiter
 
 pytestmark = pytest.mark.django_db
 
-DASHBOARD = "/admin/ratelimit_app/dashboard/"
-SIMULATE = "/admin/ratelimit_app/rule/simulate/"
+DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
+SIMULATE = "/admin/ratelimit_monitoring/simulator/"
 
 ODD = [
     "key:²", "user:²", "key:١٢٣", "user:𝟙", "key:" + "9" * 30, "user:-1", "key:1e3", "key:",

@@ -50,7 +50,7 @@ def test_the_admin_lists_dated_overrides_and_the_dashboard_shows_the_active_one(
         signed_in_page):
     page = signed_in_page
     dated_overrides()
-    page.goto(f"{page.base}/admin/ratelimit_app/identityoverride/")
+    page.goto(f"{page.base}/admin/ratelimit_callers/identityoverride/")
     listed = schedules(page)
     assert listed["198.51.100.1"] == "active"
     assert listed["198.51.100.2"] == "scheduled"
@@ -67,7 +67,7 @@ def test_the_admin_lists_dated_overrides_and_the_dashboard_shows_the_active_one(
         page.wait_for_load_state()
         assert list(schedules(page)) == [ip], state
 
-    page.goto(f"{page.base}/admin/ratelimit_app/dashboard/")
+    page.goto(f"{page.base}/admin/ratelimit_monitoring/dashboard/")
     rows = page.locator("[data-table=temporary] tbody tr")
     assert rows.count() == 1
     text = rows.first.inner_text()
@@ -83,7 +83,7 @@ def test_the_admin_lists_keys_by_the_schedule_of_their_plan_and_the_dashboard_th
     page = signed_in_page
     without_the_demos_override()
     keys_with_dated_plans()
-    page.goto(f"{page.base}/admin/ratelimit_app/apikey/")
+    page.goto(f"{page.base}/admin/ratelimit_callers/apikey/")
     listed = {}
     for row in page.locator("#result_list tbody tr").all():
         schedules = row.locator(".ratelimit-schedule")  # none: no plan of its own
@@ -93,7 +93,7 @@ def test_the_admin_lists_keys_by_the_schedule_of_their_plan_and_the_dashboard_th
                       "permanent": "permanent", "demo": None}
     page.screenshot(path=str(SCREENSHOTS / "api-keys-plan-schedule.png"), full_page=True)
 
-    page.goto(f"{page.base}/admin/ratelimit_app/dashboard/")
+    page.goto(f"{page.base}/admin/ratelimit_monitoring/dashboard/")
     rows = page.locator("[data-table=temporary] tbody tr")
     assert rows.count() == 1
     text = rows.first.inner_text()
@@ -125,7 +125,7 @@ def test_a_rule_edited_in_the_admin_is_restored_from_the_audit_trail(signed_in_p
     page.wait_for_url("**/auditentry/?touched=*")
     assert page.locator("#result_list tbody tr").first.inner_text().count(edit.summary) == 1
 
-    page.goto(f"{page.base}/admin/ratelimit_app/auditentry/")
+    page.goto(f"{page.base}/admin/ratelimit_monitoring/auditentry/")
     # the list counts its entries (its plural was once "audit trail": "2 audit trail"); the
     # paginator is a <p> before Django 6.0 and a <nav> since
     count = AuditEntry.objects.count()

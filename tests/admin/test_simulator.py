@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 NOW_MS = 1_700_000_000_000
 IP = "203.0.113.7"
-SIMULATOR_URL = "/admin/ratelimit_app/rule/simulate/"
+SIMULATOR_URL = "/admin/ratelimit_monitoring/simulator/"
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_a_date_range_shows_its_records_and_downloads_them(signed_in_page):
 
 def test_a_range_that_ends_before_it_starts_says_so(signed_in_page):
     page = signed_in_page
-    page.goto(f"{page.base}/admin/ratelimit_app/usagerecord/")
+    page.goto(f"{page.base}/admin/ratelimit_billing/usagerecord/")
     page.fill("#id_date_from", "2026-03-31")
     page.fill("#id_date_to", "2026-03-01")
     submit(page)

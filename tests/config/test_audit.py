@@ -106,7 +106,7 @@ def test_an_admin_edit_records_one_entry_with_its_diff_and_user(config, admin_cl
 
     # the change page links to the object's history, which lists the entry
     page = admin_client.get(url).content.decode()
-    history = reverse("admin:ratelimit_app_auditentry_changelist") + "?touched=rules%7Cfree-user"
+    history = reverse("admin:ratelimit_monitoring_auditentry_changelist") + "?touched=rules%7Cfree-user"
     assert f'href="{history}"' in page
     listed = admin_client.get(history).content.decode()
     assert "rate 60 → 120; burst 30 → 40" in listed
@@ -203,7 +203,7 @@ def test_a_restore_brings_back_the_old_export_with_one_version_bump(config, admi
     IdentityOverride.objects.create(ip="192.0.2.1", exempt=True)
     version_writes.clear()
 
-    url = reverse("admin:ratelimit_app_auditentry_restore", args=[old.pk])
+    url = reverse("admin:ratelimit_monitoring_auditentry_restore", args=[old.pk])
     page = admin_client.get(url).content.decode()
     assert "Dry run" in page and "burst: 99 → 30" in page and "- rule “extra”" in page
     assert export_document() != old_export  # the dry run changed nothing
@@ -223,7 +223,7 @@ def test_a_restore_that_names_a_deleted_user_says_so_and_changes_nothing(config,
     old = latest()
     PlanAssignment.objects.all().delete()
     User.objects.filter(username="carol").delete()
-    url = reverse("admin:ratelimit_app_auditentry_restore", args=[old.pk])
+    url = reverse("admin:ratelimit_monitoring_auditentry_restore", args=[old.pk])
     for response in (admin_client.get(url), admin_client.post(url, {"confirm": "yes"})):
         page = response.content.decode()
         assert "cannot be restored" in page
@@ -235,11 +235,11 @@ def test_the_trail_is_read_only_and_restoring_needs_its_permission(config, clien
     staff = User.objects.create_user("viewer", password="x", is_staff=True)
     staff.user_permissions.add(Permission.objects.get(codename="view_auditentry"))
     client.force_login(staff)
-    changelist = reverse("admin:ratelimit_app_auditentry_changelist")
+    changelist = reverse("admin:ratelimit_monitoring_auditentry_changelist")
     assert client.get(changelist).status_code == 200
     entry = latest()
-    restore = reverse("admin:ratelimit_app_auditentry_restore", args=[entry.pk])
+    restore = reverse("admin:ratelimit_monitoring_auditentry_restore", args=[entry.pk])
     assert client.get(restore).status_code == 403
-    assert client.post(reverse("admin:ratelimit_app_auditentry_delete", args=[entry.pk]),
+    assert client.post(reverse("admin:ratelimit_monitoring_auditentry_delete", args=[entry.pk]),
                        {"post": "yes"}).status_code == 403
     assert AuditEntry.objects.filter(pk=entry.pk).exists()

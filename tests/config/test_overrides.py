@@ -374,7 +374,7 @@ def test_the_admin_lists_and_filters_keys_by_the_schedule_of_their_plan(admin_cl
     from django.urls import reverse
 
     keys_with_dated_plans()
-    url = reverse("admin:ratelimit_app_apikey_changelist")
+    url = reverse("admin:ratelimit_callers_apikey_changelist")
     html = admin_client.get(url).content.decode()
     assert listed_schedules(html) == {"active": "active", "scheduled": "scheduled",
                                       "expired": "expired", "permanent": "permanent"}
@@ -390,7 +390,7 @@ def test_the_admin_saves_the_dates_of_a_keys_plan_and_refuses_dates_without_a_pl
 
     keys_with_dated_plans()
     key = ApiKey.objects.get(name="permanent")
-    url = reverse("admin:ratelimit_app_apikey_change", args=[key.pk])
+    url = reverse("admin:ratelimit_callers_apikey_change", args=[key.pk])
     form = {"user": key.user_id, "name": key.name, "plan": key.plan_id, "tenant": "",
             "active": "on", "starts_at_0": "", "starts_at_1": "",
             "ends_at_0": "2030-01-31", "ends_at_1": "18:00:00", "reason": "until January"}

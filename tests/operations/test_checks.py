@@ -222,3 +222,20 @@ def test_app_checks_carry_their_own_tag():
     with override_settings(MIDDLEWARE=without_middleware()):
         assert "ratelimit_app.W001" in {m.id for m in run_checks(tags=["ratelimit_app"])}
     assert ids == set()
+
+
+def test_w007_names_the_group_apps_missing_from_installed_apps():
+    assert "ratelimit_app.W007" not in messages()  # the demo installs all four
+    partial = [app for app in django_settings.INSTALLED_APPS
+               if app not in ("ratelimit_app.groups.billing", "ratelimit_app.groups.alerts")]
+    with override_settings(INSTALLED_APPS=partial):
+        found = messages()
+    warning = found["ratelimit_app.W007"]
+    assert "the pages of Billing, Alerts are in the one \"Rate limits\" section" in warning.msg
+    assert warning.hint.startswith('Add "ratelimit_app.groups.billing", '
+                                   '"ratelimit_app.groups.alerts" to INSTALLED_APPS after '
+                                   '"ratelimit_app"')
+    assert "SILENCED_SYSTEM_CHECKS" in warning.hint
+    without_admin = [app for app in partial if app != "django.contrib.admin"]
+    with override_settings(INSTALLED_APPS=without_admin):
+        assert "ratelimit_app.W007" not in messages()  # no index to group

@@ -6,7 +6,7 @@ to reset a client's buckets. Every view goes through ``admin_site.admin_view`` (
 non-staff users are sent to the admin login) and then checks the permission (403 otherwise).
 """
 
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
@@ -14,7 +14,6 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 
 from ...conf import get_config
-from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
 from ...stores import StoreUnavailable
 from ..readonly import ReadOnlyAdmin
@@ -27,7 +26,6 @@ VIEW_PERMISSION = "ratelimit_app.view_dashboard"
 RESET_PERMISSION = "ratelimit_app.reset_buckets"
 
 
-@admin.register(Dashboard)
 class DashboardAdmin(ReadOnlyAdmin):
     """No rows to add, change or delete: the changelist is the dashboard."""
 

@@ -22,8 +22,10 @@ from ...business.credits.models import CreditAccount
 from ...business.credits.rules import AccountRules
 from ...conf import get_config
 from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
+from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
 from ...stores.base import READ_ERRORS
+from ..placement import admin_url_name
 from .charts import requests_chart
 
 __all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id"]
@@ -58,7 +60,7 @@ def rate(denied, total):
 
 
 def inspect_url(ref):
-    return reverse("admin:ratelimit_app_dashboard_inspect") + "?" + urlencode({"q": ref})
+    return reverse(admin_url_name(Dashboard, "inspect")) + "?" + urlencode({"q": ref})
 
 
 def _outcome_rows(items, dimension):
@@ -229,7 +231,7 @@ def credit_rows():
             "last_top_up": last.units if last else None,
             "last_top_up_at": timezone.localtime(last.created).strftime("%Y-%m-%d %H:%M")
             if last else "",
-            "url": reverse("admin:ratelimit_app_creditaccount_change", args=[account.pk]),
+            "url": reverse(admin_url_name(CreditAccount, "change"), args=[account.pk]),
         })
     rows.sort(key=lambda row: (row["prepaid_left"], row["account"]))
     return rows

@@ -14,7 +14,7 @@ from ratelimit_app.models import CreditAccount, CreditTopUp
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real commits: top-ups reach Redis
 
-LIST = "/admin/ratelimit_app/creditaccount/"
+LIST = "/admin/ratelimit_billing/creditaccount/"
 
 
 def signed_in(user):
@@ -99,8 +99,8 @@ def test_staff_without_the_top_up_permission_see_no_form_and_cannot_post(redis_c
     # rows are made by top-ups only: no add, change or delete here
     assert client.get(f"{LIST}add/").status_code == 403
     assert client.post(f"{LIST}{account.pk}/delete/").status_code == 403
-    assert client.get("/admin/ratelimit_app/credittopup/").status_code == 200
-    assert client.get("/admin/ratelimit_app/credittopup/add/").status_code == 403
+    assert client.get("/admin/ratelimit_billing/credittopup/").status_code == 200
+    assert client.get("/admin/ratelimit_billing/credittopup/add/").status_code == 403
 
 
 def test_the_ledger_of_top_ups_lists_an_accounts_top_ups(admin_user):

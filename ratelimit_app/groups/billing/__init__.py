@@ -1,0 +1,1 @@
+"""Billing: the prepaid credit accounts, their top-ups and the usage records."""
