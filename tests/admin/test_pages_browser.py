@@ -77,7 +77,8 @@ def registry_pages(superuser):
         pages.append(AdminPage(f"{label} list", _url(f"{prefix}_changelist")))
         if model_admin.has_add_permission(request) and _url(f"{prefix}_add"):
             pages.append(AdminPage(f"{label} add", _url(f"{prefix}_add")))
-        row = model._default_manager.order_by("pk").first() if opts.managed else None
+        row = model._default_manager.order_by("pk").first() \
+            if opts.concrete_model._meta.managed else None
         if row is not None and _url(f"{prefix}_change", row.pk):
             pages.append(AdminPage(f"{label} change", _url(f"{prefix}_change", row.pk)))
     return pages
