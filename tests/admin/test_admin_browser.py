@@ -1,4 +1,4 @@
-"""The admin pages in Debian's Chromium: the simulator round trip, the plan page's pickers,
+"""The admin pages in Debian's Chromium: the simulator round trip, the plan page as the hub,
 and rules of each kind (token bucket, calendar quota, concurrency limit) typed in and enforced.
 
 Screenshots go to ``screenshots/`` (git-ignored) for a person to look at.
@@ -68,17 +68,19 @@ def test_simulator_round_trip_from_the_rule_list(signed_in_page):
     assert page.problems == []
 
 
-def test_plan_page_offers_real_endpoints_in_its_inlines(signed_in_page):
+def test_plan_page_is_the_hub_and_offers_real_endpoints_in_its_costs(signed_in_page):
     page = signed_in_page
     page.goto(f"{page.base}/admin/ratelimit_app/plan/")
     page.click("#result_list a:text-is(\"Free\")")
-    page.wait_for_selector("#id_rules-0-endpoint")
-    options = page.eval_on_selector_all("#id_rules-0-endpoint option",
+    page.wait_for_selector("#plan-hub")
+    # its rules in words, each a link to its page
+    assert page.locator('li[data-rule="free-ip"]').inner_text() == \
+        "free-ip: 20 requests per minute per client IP, bursts up to 40; enforced"
+    page.click("text=Add another Endpoint cost for this plan")
+    options = page.eval_on_selector_all("#id_costs-0-endpoint option",
                                         "options => options.map(o => o.textContent)")
     assert "api:items — GET /api/items/ (Item List)" in options
     assert not [o for o in options if o.startswith("admin:")]
-    summaries = page.locator("td.field-summary").all_inner_texts()
-    assert "20 per 60 s, burst 40" in summaries  # the free-ip rule, spelled out
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_plan.png", full_page=True)
     assert page.problems == []
@@ -125,7 +127,7 @@ def test_endpoint_pickers_offer_djangos_own_blank_choice(signed_in_page):
     page.click("text=Simulate a request")
     assert first_option_text(page, "#id_api_key") == djangos  # a ModelChoiceField's own
     assert first_option_text(page, "#id_endpoint") == djangos
-    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/")
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/?kind=token_bucket")
     assert first_option_text(page, "#id_endpoint") == "Every endpoint"  # a rule's blank means it
     assert page.problems == []
 
@@ -164,21 +166,24 @@ def test_a_rule_edited_in_the_admin_is_enforced_without_a_restart(signed_in_page
 
 
 def add_rule(page, *, name, plan, scope, kind, rate, endpoint="", calendar_period="",
-             period_s=""):
-    """Fill the admin's "Add rule" page as an operator would and press Save."""
+             period=None):
+    """Fill the admin's "Add rule" page of ``kind`` as an operator would and press Save:
+    "Add rule" on the list, the kind on the page that asks it, then that kind's form."""
     page.goto(f"{page.base}/admin/ratelimit_app/rule/")
     page.click(".object-tools a.addlink")  # the changelist's "Add rule" button
+    page.click(f'li[data-kind="{kind}"] a')
     page.wait_for_selector("#id_name")
     page.fill("#id_name", name)
     page.select_option("#id_plan", label=plan)
     page.select_option("#id_scope", scope)
     if endpoint:
         page.select_option("#id_endpoint", endpoint)
-    page.select_option("#id_kind", kind)
     if calendar_period:
         page.select_option("#id_calendar_period", calendar_period)
     page.fill("#id_rate", str(rate))
-    page.fill("#id_period_s", str(period_s))
+    if period is not None:
+        page.fill("#id_period_s_0", str(period[0]))
+        page.select_option("#id_period_s_1", period[1])
     page.click("input[name=_save]")
 
 
@@ -227,18 +232,16 @@ def test_a_calendar_quota_created_in_the_admin_is_listed_explained_and_enforced(
     assert "free-ip-month" in page.locator(".messagelist .success").inner_text()
     row = changelist_row(page, "free-ip-month")
     assert row.count() == 1
-    assert row.locator("td.field-kind").inner_text() == \
-        "Calendar quota (N per day or month, reset at the boundary)"
-    assert row.locator("td.field-summary").inner_text() == "1000 per month"
-    assert row.locator("td.field-scope").inner_text() == "Client IP (each address)"
+    assert row.locator("td.field-limit_cell").inner_text() == \
+        "1,000 requests per month, reset at midnight on the 1st (UTC)"
+    assert row.locator("td.field-scope_cell").inner_text() == "client IP"
 
     row.locator("th.field-name a").click()
     page.wait_for_selector("#id_name")
-    assert page.locator("#id_kind").input_value() == "calendar"
     assert page.locator("#id_calendar_period").input_value() == "month"
-    assert page.locator(".field-in_words .readonly").inner_text() == (
-        "Each client IP: 1000 units (each request its cost) per month, all usable at once; the "
-        "count starts again at midnight on the 1st (UTC).")
+    assert page.locator("#id_period_s_0").count() == 0  # a quota has no period in seconds
+    assert page.locator("#rule-in-words").inner_text() == (
+        "1,000 requests per month per client IP, reset at midnight on the 1st (UTC); enforced")
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_rule_calendar.png", full_page=True)
 
@@ -258,31 +261,31 @@ def test_a_calendar_quota_created_in_the_admin_is_listed_explained_and_enforced(
 
 
 def test_a_concurrency_limit_created_in_the_admin_is_listed_and_explained(signed_in_page):
-    """“5 in flight, timeout 60 s”: the period field is the timeout, the rate the slots."""
+    """“at most 5 in flight, a crashed request's slot freed after 1 minute”: its own form, its
+    own words."""
     page = signed_in_page
-    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/")
+    page.goto(f"{page.base}/admin/ratelimit_app/rule/add/?kind=concurrency")
     # the fields a concurrency limit is typed in say what they mean for it
-    assert "most requests in flight" in page.locator(".field-rate .help").inner_text()
-    assert "timeout in seconds" in page.locator(".field-period_s .help").inner_text()
+    assert page.locator("label[for=id_rate]").inner_text() == "At most, in flight"
+    assert page.locator(".fieldBox.field-period_s label").inner_text() == \
+        "a crashed request's slot freed after"
+    assert page.locator("#id_burst").count() == 0
 
     add_rule(page, name="hello-in-flight", plan="Free", scope="ip", endpoint="hello",
-             kind="concurrency", rate=5, period_s=60)
+             kind="concurrency", rate=5, period=(1, "minute"))
     page.wait_for_selector(".messagelist .success")
     row = changelist_row(page, "hello-in-flight")
     assert row.count() == 1
-    assert row.locator("td.field-kind").inner_text() == \
-        "Concurrency limit (at most N requests in flight)"
-    assert row.locator("td.field-summary").inner_text() == "5 in flight, timeout 60 s"
-    assert row.locator("td.field-endpoint_cell").inner_text() == "hello"
+    assert row.locator("td.field-limit_cell").inner_text() == \
+        "at most 5 requests to hello in flight, a crashed request's slot freed after 1 minute"
 
     row.locator("th.field-name a").click()
     page.wait_for_selector("#id_name")
-    assert page.locator("#id_kind").input_value() == "concurrency"
-    assert page.locator("#id_period_s").input_value() == "60"
-    assert page.locator(".field-in_words .readonly").inner_text() == (
-        "Each client IP: at most 5 requests to hello in flight at once (whatever their cost); a "
-        "slot is freed when its response is finished, or 60 s after it was taken if its worker "
-        "died.")
+    assert page.locator("#id_period_s_0").input_value() == "1"
+    assert page.locator("#id_period_s_1").input_value() == "minute"
+    assert page.locator("#rule-in-words").inner_text() == (
+        "at most 5 requests to hello in flight per client IP, a crashed request's slot freed "
+        "after 1 minute; enforced")
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "admin_rule_concurrency.png", full_page=True)
 
@@ -320,22 +323,15 @@ def test_a_rule_with_a_mistake_shows_the_operators_message_and_is_not_saved(sign
     page.wait_for_selector(".errornote")
     assert page.locator(".field-calendar_period .errorlist").inner_text() == \
         "Choose when the quota starts again: every day or every month."
-    assert page.locator(".field-in_words .readonly").inner_text() == \
-        "Shown once the rule is saved."
+    assert page.locator("#rule-in-words").inner_text() == \
+        "Type the numbers to read the rule in words."
     # what the operator typed is kept for the correction
-    assert page.locator("#id_kind").input_value() == "calendar"
     assert page.locator("#id_rate").input_value() == "1000"
-
-    page.select_option("#id_kind", "concurrency")  # now a concurrency limit without a timeout
-    page.click("input[name=_save]")
-    page.wait_for_selector(".errornote")
-    assert page.locator(".field-period_s .errorlist").inner_text().startswith(
-        "A concurrency limit needs its timeout in seconds")
     assert not Rule.objects.filter(name="no-period").exists()
 
-    page.fill("#id_period_s", "60")  # corrected: saved
+    page.select_option("#id_calendar_period", "day")  # corrected: saved
     page.click("input[name=_save]")
     page.wait_for_selector(".messagelist .success")
-    assert changelist_row(page, "no-period").locator("td.field-summary").inner_text() == \
-        "1000 in flight, timeout 60 s"
+    assert changelist_row(page, "no-period").locator("td.field-limit_cell").inner_text() == \
+        "1,000 requests per day, reset at midnight (UTC)"
     assert page.problems == []
