@@ -5,10 +5,14 @@ preview endpoint's words and the plan page as the hub."""
 import re
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from ratelimit_app.admin.rule_forms import rule_from_input
 from ratelimit_app.config.rule_kinds import FORM_KINDS
 from ratelimit_app.models import ApiKey, Plan, PlanAssignment, Rule
+
+from .rule_word_cases import CASES, PENDING, as_form_data
 
 pytestmark = pytest.mark.django_db
 
@@ -217,3 +221,53 @@ def test_a_rule_added_from_the_plan_page_returns_to_it(admin_client):
         alert_thresholds="", _save="Save"))
     assert response.status_code == 302, page_errors(response)
     assert response["Location"] == reverse("admin:ratelimit_app_plan_change", args=[plan.pk])
+
+
+@pytest.mark.parametrize("key, fields, words", CASES)
+def test_the_server_renders_the_word_cases(key, fields, words):
+    """The table the browser test types into the forms, rendered by the server."""
+    rule = rule_from_input(key, {"scope": "user", **as_form_data(fields)})
+    assert (rule.describe() if rule.describe() != "—" else PENDING) == words
+    assert preview_words(key, fields) == words
+
+
+def preview_words(key, fields):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.get_or_create(
+        username="words", defaults={"is_staff": True, "is_superuser": True})[0])
+    return preview(client, kind=key, **as_form_data(fields))["words"]
+
+
+def test_new_numbers_are_measured_against_the_last_hour_heaviest_callers():
+    """alice's free key spent 12 tokens in the last hour, an anonymous free caller 3: numbers
+    allowing 6 an hour would have refused alice, not the other."""
+    from django.test import Client
+
+    from tests.helpers import limiter, load_demo_data
+
+    load_demo_data()
+    admin_client = Client()
+    admin_client.force_login(get_user_model().objects.get(username="admin"))
+    api = Client()
+    for _ in range(12):
+        assert api.get("/hello/", HTTP_X_API_KEY="rk_alice_free").status_code == 200
+    for _ in range(3):
+        assert api.get("/hello/", REMOTE_ADDR="198.51.100.9").status_code == 200
+    limiter().flusher.flush_now()
+    rule = Rule.objects.get(name="free-user")  # 60 per minute, bursts up to 30
+    url = reverse("admin:ratelimit_app_rule_change", args=[rule.pk])
+    numbers = {"kind": "token_bucket", "rule": rule.pk, "scope": "user", "rate": "1",
+               "period_s_0": "1", "period_s_1": "hour", "burst": "5"}
+    assert preview(admin_client, **numbers)["impact"] == (
+        "Estimate: at least 1 of the 2 heaviest callers of the last hour would have been "
+        "refused: each used more than the 6 tokens an hour the new numbers allow.")
+    # alice's 12 tokens are just what 11 + 1 an hour allow: none refused
+    assert preview(admin_client, **{**numbers, "burst": "11"})["impact"] == (
+        "Estimate: none of the 2 heaviest callers of the last hour would have been refused; "
+        "each used at most the 12 tokens an hour the new numbers allow.")
+    # the saved numbers, unchanged: nothing to estimate
+    same = {**numbers, "rate": "60", "period_s_0": "1", "period_s_1": "minute", "burst": "30"}
+    assert preview(admin_client, **same)["impact"] == ""
+    assert admin_client.get(url).status_code == 200
