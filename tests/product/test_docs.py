@@ -72,3 +72,21 @@ def test_the_readme_links_to_pages_that_exist():
     assert any(t.startswith("docs/") for t in targets)
     missing = [t for t in targets if not (PROJECT_ROOT / t.split("#")[0]).exists()]
     assert missing == []
+
+
+def test_the_admin_howto_shows_every_screenshot_the_script_makes():
+    """docs/howto/admin.md embeds what scripts/admin-screenshots.py writes, and nothing else
+    under img/admin/ (the script is run by hand, not by the suite: it takes a minute)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("admin_screenshots",
+                                                  root / "scripts" / "admin-screenshots.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shown = re.findall(r"\]\(img/admin/([^)]+)\)", (root / "docs/howto/admin.md").read_text())
+    assert sorted(shown) == sorted(script.image_names())
+    assert sorted(p.name for p in (root / "docs/howto/img/admin").iterdir()) == \
+        sorted(script.image_names())
