@@ -44,8 +44,9 @@ urlpatterns = [
     path("ratelimit/", include("ratelimit_app.urls")),
 ]
 
-ACCOUNTS = "/admin/ratelimit_app/creditaccount/"
-DASHBOARD = "/admin/ratelimit_app/dashboard/"
+# where the admin shows them (under Billing and Monitoring when the group apps are installed)
+ACCOUNTS = "/admin/ratelimit_billing/creditaccount/"
+DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
 # the figures every path must show, by the staff API's names
 NAMES = ("allowance", "allowance_used", "allowance_left", "used_in_period", "prepaid_left",
          "units_left")
