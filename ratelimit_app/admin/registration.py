@@ -136,8 +136,9 @@ class GroupPlacedAdmin:
             return response
         types = ContentType.objects.get_for_models(
             self.model, self.concrete_opts.model, for_concrete_models=False).values()
-        entries = LogEntry.objects.filter(object_id=unquote(object_id),
-                                          content_type__in=types).select_related("user", "content_type")
+        entries = LogEntry.objects.filter(
+            object_id=unquote(object_id), content_type__in=types,
+        ).select_related("user", "content_type")
         paginator = self.get_paginator(request, entries.order_by("action_time"), 100)
         page = paginator.get_page(request.GET.get(PAGE_VAR, 1))
         context.update(action_list=page, page_range=paginator.get_elided_page_range(page.number),
