@@ -4,9 +4,11 @@ Validation lives in the models' ``clean()`` and in ``forms.py``; the simulator's
 ``simulator.py``. This module wires them into the admin.
 """
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import Count
 from django.http import HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
@@ -159,6 +161,9 @@ class PlanAdmin(AuditedAdminMixin, admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
     inlines = [EndpointCostInline]
     change_form_template = "admin/ratelimit_app/plan/change_form.html"
+    # a short description box: the plan's rules and callers follow it on the same screen
+    formfield_overrides = {models.TextField: {"widget": forms.Textarea(attrs={"rows": 3,
+                                                                             "cols": 80})}}
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(

@@ -365,7 +365,7 @@ class Rule(models.Model):
             super().clean_fields(exclude)
         except ValidationError as exc:
             errors = exc.update_error_dict(errors)
-        kind = self.kind_rules
+        kind = form_kind_of(self)  # (a failed-authentication limit words its own fields)
         if isinstance(self.rate, int) and self.rate < kind.minimum_rate and \
                 "rate" not in exclude and "rate" not in errors:
             # (the field allows 0 for a credits rule's allowance; every other kind needs 1)

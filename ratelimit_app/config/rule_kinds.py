@@ -174,6 +174,8 @@ class FailedAuthLimit(TokenBucket):
     advanced_fields = ()
     labels = {"rate": "Failed authentications", "period_s": "per",
               "burst": "up to, in a row"}
+    required = {"period_s": "Give the period the failed authentications are counted over.",
+                "burst": "Give how many failed authentications in a row an address may have."}
     help_texts = {"burst": "While none are left, every request from the address is refused."}
 
     def limit_words(self, rule):

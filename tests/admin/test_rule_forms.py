@@ -149,6 +149,10 @@ def test_errors_name_the_field_in_the_kind_words(admin_client):
         alert_thresholds=""))
     assert page_errors(response) == {"period_s": [
         "The period can be at most 366 days (31622400 seconds)."]}
+    response = admin_client.post(add_url("failed_auth"), base_post(
+        rate="10", period_s_0="1", period_s_1="minute", burst=""))
+    assert page_errors(response) == {"burst": [
+        "Give how many failed authentications in a row an address may have."]}
     assert not Rule.objects.exists()
 
 
