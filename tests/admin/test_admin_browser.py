@@ -269,7 +269,7 @@ def test_a_concurrency_limit_created_in_the_admin_is_listed_and_explained(signed
     assert page.locator("label[for=id_rate]").inner_text() == "At most, in flight"
     # (the timeout's label, beside the number: found by its words, as Django's markup of a
     # line of fields differs between versions)
-    assert page.locator("label:text-is(\"a crashed request's slot freed after\")").count() == 1
+    assert page.get_by_text("a crashed request's slot freed after", exact=True).count() == 1
     assert page.locator("#id_burst").count() == 0
 
     add_rule(page, name="hello-in-flight", plan="Free", scope="ip", endpoint="hello",
