@@ -63,6 +63,11 @@ def _endpoint_cell(endpoint, empty_text):
 WORDS_PENDING = "Type the numbers to read the rule in words."
 
 
+def rule_words(rule):
+    """Return the words panel's sentence for ``rule`` (saved or typed so far)."""
+    return form_kind_of(rule).sentence(rule) or WORDS_PENDING
+
+
 def max_cost_warning(burst, what):
     """Return the warning for ``what`` (a rule or an override) whose ``burst`` is below the
     largest cost a client may declare in COST_HEADER, or None. Not an error: the operator may
@@ -334,7 +339,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         rule = rule_from_input(key, form.data, obj) if form.is_bound else obj
         context.update({
             "rule_kind": form.rule_kind, "rule_kind_key": key,
-            "rule_words": (form_kind_of(rule).sentence(rule) if rule else None) or WORDS_PENDING,
+            "rule_words": rule_words(rule) if rule else WORDS_PENDING,
             "preview_url": reverse("admin:ratelimit_app_rule_preview"),
         })
         return super().render_change_form(request, context, add, change, form_url, obj)
@@ -352,9 +357,8 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         if rule_id.isascii() and rule_id.isdigit() and len(rule_id) <= 18:
             saved = Rule.objects.select_related("plan").filter(pk=int(rule_id)).first()
         rule = rule_from_input(key, request.GET, saved)
-        words = form_kind_of(rule).sentence(rule) or WORDS_PENDING
         impact = impact_of_new_numbers(saved, rule) if saved is not None else ""
-        response = JsonResponse({"words": words, "impact": impact})
+        response = JsonResponse({"words": rule_words(rule), "impact": impact})
         response["Cache-Control"] = "no-store"
         return response
 

@@ -12,6 +12,7 @@ from ..config.wording import count
 from ..decision.scopes import Scope
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .dashboard.data import outcome_rows
 
 __all__ = ["last_hour_traffic", "impact_of_new_numbers", "hourly_allowance", "HEAVIEST_SHOWN"]
 
@@ -19,25 +20,15 @@ __all__ = ["last_hour_traffic", "impact_of_new_numbers", "hourly_allowance", "HE
 HEAVIEST_SHOWN = 20
 
 
-def _rate(denied, total):
-    return round(100 * denied / total, 1) if total else 0.0
-
-
 def last_hour_traffic(dimension):
-    """Return ``{name: {"requests", "denied", "rate"}}`` of the last hour for ``dimension``
-    ("rule": by rule name, "plan": by plan slug), or None if Redis cannot be read."""
+    """Return ``{name: {"requests", "denied", "rate", …}}`` of the last hour for ``dimension``
+    ("rule": by rule name, "plan": by plan slug), counted as the dashboard counts them, or None
+    if Redis cannot be read."""
     try:
         breakdown = default_limiter().reader.breakdown("1h")
     except READ_ERRORS:
         return None
-    rows = {}
-    for name, counts in breakdown.get(dimension, {}).items():
-        denied = counts.get("denied", 0)
-        # a rule counts the requests it was checked on; a plan, what it allowed and refused
-        total = counts.get("checked", 0) if dimension == "rule" else \
-            counts.get("allowed", 0) + denied
-        rows[name] = {"requests": total, "denied": denied, "rate": _rate(denied, total)}
-    return rows
+    return {row["name"]: row for row in outcome_rows(breakdown.get(dimension, {}), dimension)}
 
 
 def hourly_allowance(rule):

@@ -328,14 +328,9 @@ class Rule(models.Model):
         needs is missing."""
         return form_kind_of(self).sentence(self) or "—"
 
-    @property
-    def kind_rules(self):
-        """The RuleKind of this row: what its kind checks, derives and reads as."""
-        return kind_of(self)
-
     def clean(self):
         errors = {}
-        kind = self.kind_rules
+        kind = kind_of(self)  # what the row's kind checks and derives
         kind.check(self, errors)
         if self.name and not RULE_NAME_RE.match(self.name):
             errors["name"] = ("Use 1–64 letters, digits, '.', '_' or '-', starting with a letter "

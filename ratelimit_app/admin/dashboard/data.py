@@ -28,7 +28,7 @@ from ...stores.base import READ_ERRORS
 from ..placement import admin_url_name
 from .charts import requests_chart
 
-__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id"]
+__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id", "outcome_rows"]
 
 # Fragment name -> template; each is a <div data-fragment="name"> on the page.
 FRAGMENTS = {
@@ -63,7 +63,10 @@ def inspect_url(ref):
     return reverse(admin_url_name(Dashboard, "inspect")) + "?" + urlencode({"q": ref})
 
 
-def _outcome_rows(items, dimension):
+def outcome_rows(items, dimension):
+    """Return the rows of a breakdown's ``items`` of ``dimension`` ("rule": the requests it was
+    checked on; others: what they allowed and refused), most refused first: ``{"name",
+    "requests", "denied", "shadow", "rate"}``."""
     rows = []
     for name, counts in items.items():
         if dimension == "rule":
@@ -280,7 +283,7 @@ def dashboard_data(window="1h", now=None, with_html=True):
             _read_failed(health, exc)
     overall = breakdown.get("all", {}).get("", {})
     allowed, denied = overall.get("allowed", 0), overall.get("denied", 0)
-    rules = _outcome_rows(breakdown.get("rule", {}), "rule")
+    rules = outcome_rows(breakdown.get("rule", {}), "rule")
     labels = _labels({row["ref"] for rows in (*hot.values(), near) for row in rows})
     data = {
         "window": window,
@@ -291,9 +294,9 @@ def dashboard_data(window="1h", now=None, with_html=True):
                     "degraded": sum(c.get("count", 0)
                                     for c in breakdown.get("degraded", {}).values())},
         "series": series,
-        "rates": {"plan": _outcome_rows(breakdown.get("plan", {}), "plan"),
+        "rates": {"plan": outcome_rows(breakdown.get("plan", {}), "plan"),
                   "rule": [row for row in rules if row["requests"] or row["denied"]],
-                  "endpoint": _outcome_rows(breakdown.get("endpoint", {}), "endpoint")},
+                  "endpoint": outcome_rows(breakdown.get("endpoint", {}), "endpoint")},
         "shadow_rules": _shadow_rules(rules),
         "hot_keys": {metric: _decorate(rows, labels) for metric, rows in hot.items()},
         "near_limit": _decorate(near, labels),
