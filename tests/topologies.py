@@ -12,9 +12,9 @@ from ratelimit_app.testing import RedisCluster, SentinelSetup
 
 
 @pytest.fixture(scope="session")
-def redis_cluster():
+def redis_cluster(server_executable):
     """A real Redis Cluster on 127.0.0.1: 3 masters, 1 replica each, cluster-node-timeout 2 s."""
-    cluster = RedisCluster().start()  # start() stops what it started if it fails
+    cluster = RedisCluster(executable=server_executable).start()  # start() stops what it started if it fails
     try:
         yield cluster
     finally:
@@ -39,10 +39,10 @@ def cluster(redis_cluster, settings):
 
 
 @pytest.fixture(scope="session")
-def redis_sentinel():
+def redis_sentinel(server_executable):
     """A real Sentinel setup on 127.0.0.1: master, replica, three sentinels (quorum 2)
     watching ``mymaster`` with down-after 1 s and failover-timeout 2 s."""
-    setup = SentinelSetup().start()
+    setup = SentinelSetup(executable=server_executable).start()
     try:
         yield setup
     finally:

@@ -30,6 +30,7 @@ __all__ = [
     "SupersededRules",
     "TakeReply",
     "is_misconfiguration",
+    "reply_code",
     "script_source",
     "settled_pairs",
     "store_error",
@@ -79,10 +80,21 @@ class StoreMisconfigured(StoreUnavailable):
 
 
 # Error replies that a retry (or a failover finishing) cures: redirects, a cluster or master
-# in transition, a node loading its data or busy, a script cache emptied by a restart.
+# in transition, a node loading its data or busy running a script, too few replicas in sync
+# for a write, a script cache emptied by a restart. Known by the code a reply starts with,
+# never by its words, which servers change (Valkey answers "NOSCRIPT No matching script.",
+# Redis 7 adds "Please use EVAL."). redis-py raises some codes as classes of their own (and
+# drops the code from the message); the rest are a ResponseError whose message starts with it.
 _TRANSIENT_REPLIES = (AskError, ClusterError, TryAgainError, BusyLoadingError, MasterDownError,
                       ReadOnlyError, NoScriptError)
-_TRANSIENT_PREFIXES = ("BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+_TRANSIENT_CODES = frozenset({"BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
+                              "NOREPLICAS"})
+
+
+def reply_code(error):
+    """The code of an error reply redis-py raised as a plain ResponseError: the message's first
+    word ("BUSY", "BUSYKEY", "WRONGTYPE", "ERR")."""
+    return str(error).split(" ", 1)[0]
 
 
 def is_misconfiguration(error):
@@ -93,7 +105,7 @@ def is_misconfiguration(error):
     if isinstance(error, StoreUnavailable):
         error = error.__cause__
     return (isinstance(error, ResponseError) and not isinstance(error, _TRANSIENT_REPLIES)
-            and not str(error).startswith(_TRANSIENT_PREFIXES))
+            and reply_code(error) not in _TRANSIENT_CODES)
 
 
 def store_error(error):

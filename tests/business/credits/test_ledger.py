@@ -240,10 +240,10 @@ def test_an_older_balance_in_redis_is_restored_to_the_checkpoint(redis_client, c
 
 @pytest.mark.django_db
 def test_a_top_up_redis_missed_is_applied_by_the_next_checkpoint(
-        redis_client, django_capture_on_commit_callbacks, caplog):
+        redis_client, django_capture_on_commit_callbacks, caplog, server_executable):
     # a Redis of its own, stopped (SIGSTOP: it holds its data, and answers nothing) while the
     # top-up commits
-    server = RedisServer().start()
+    server = RedisServer(executable=server_executable).start()
     try:
         client = quick_client(server)
         CreditAccount.objects.create(ref="tenant:acme", granted=100)
@@ -270,9 +270,9 @@ def test_a_top_up_redis_missed_is_applied_by_the_next_checkpoint(
 
 @pytest.mark.django_db
 def test_a_top_up_while_redis_is_down_is_set_by_the_checkpoint_once_it_is_back(
-        django_capture_on_commit_callbacks):
+        django_capture_on_commit_callbacks, server_executable):
     # the server gone entirely (its data with it, no persistence): the checkpoint seeds
-    server = RedisServer().start()
+    server = RedisServer(executable=server_executable).start()
     try:
         CreditAccount.objects.create(ref="tenant:acme", granted=100, spent=30, seq=4)
         seed(server.client(), PREFIX, ["tenant:acme"])
