@@ -47,8 +47,11 @@ def test_every_process_of_the_suite_runs_the_server_the_cell_names(
     processes = [redis_server, *redis_cluster.nodes, *redis_sentinel.data_nodes,
                  *redis_sentinel.sentinel_servers]
     assert [server_kind_of(process) for process in processes] == [server_kind] * 12
-    with redis_sentinel.sentinel_servers[0].client() as client:
-        assert client.info("server")["server_mode"] == "sentinel"
+    for sentinel in redis_sentinel.sentinel_servers:
+        with sentinel.client() as client:
+            info = client.info("server")
+        # (Redis names the field redis_mode, Valkey server_mode)
+        assert info.get("server_mode", info.get("redis_mode")) == "sentinel"
 
 
 # -- Cluster ----------------------------------------------------------------------------------
