@@ -25,7 +25,7 @@ class WebhookEndpointForm(forms.ModelForm):
 
     class Meta:
         model = WebhookEndpoint
-        fields = ["name", "url", "events", "enabled"]
+        fields = ["name", "url", "events", "signature_scheme", "enabled"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -39,7 +39,7 @@ class WebhookEndpointForm(forms.ModelForm):
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
     list_display = ["name", "url_cell", "events_cell", "enabled", "created_cell"]
-    list_filter = ["enabled"]
+    list_filter = ["enabled", "signature_scheme"]
     search_fields = ["name", "url"]
     actions = ["rotate_secret"]
 
