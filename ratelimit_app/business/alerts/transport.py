@@ -27,12 +27,15 @@ class _Deadline:
         self.timeout_s = timeout_s
         self.end = time.monotonic() + timeout_s
 
+    def expired(self):
+        return TimeoutError(f"timed out: no whole answer within WEBHOOK_TIMEOUT_S "
+                            f"({self.timeout_s:g} s)")
+
     def left_s(self):
         """Return the seconds left; raises TimeoutError once there are none."""
         left = self.end - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"timed out: no whole answer within WEBHOOK_TIMEOUT_S "
-                               f"({self.timeout_s:g} s)")
+            raise self.expired()
         return left
 
 
@@ -85,9 +88,8 @@ def _read_status(sock, deadline):
         sock.settimeout(deadline.left_s())
         chunk = sock.recv(16 * 1024)
         if not chunk:
-            if b"\r\n" in received:  # closed after the status line: that is the answer
-                return _status(received)
-            raise ConnectionError("the receiver closed the connection without answering")
+            raise ConnectionError("the receiver closed the connection before its answer's "
+                                  "headers ended")
         received += chunk
 
 
@@ -123,14 +125,18 @@ def post(url, body, headers, timeout_s, networks, resolve=socket.getaddrinfo):
     except UnicodeError as exc:
         raise ValueError(f"the URL cannot be sent as ASCII: {exc}") from None
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    sock = _connect(resolve_checked(host, port, networks, resolve), deadline)
+    targets = resolve_checked(host, port, networks, resolve)
     try:
-        if parts.scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(
-                sock, server_hostname=host, do_handshake_on_connect=False)
-            sock.settimeout(deadline.left_s())
-            sock.do_handshake()
-        _send_all(sock, request, deadline)
-        return _read_status(sock, deadline)
-    finally:
-        sock.close()
+        sock = _connect(targets, deadline)
+        try:
+            if parts.scheme == "https":
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=host, do_handshake_on_connect=False)
+                sock.settimeout(deadline.left_s())
+                sock.do_handshake()
+            _send_all(sock, request, deadline)
+            return _read_status(sock, deadline)
+        finally:
+            sock.close()
+    except TimeoutError:  # a socket's own (its timeout was what was left): the same deadline
+        raise deadline.expired() from None
