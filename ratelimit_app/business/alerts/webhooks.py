@@ -24,6 +24,7 @@ for endpoints whose scheme is "both").
 """
 
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import logging
@@ -31,7 +32,7 @@ import random
 import time
 from http import HTTPStatus
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 
 from ...conf import get_config
@@ -116,10 +117,15 @@ class Sender:
         due = Q(status__in=[DeliveryStatus.PENDING, DeliveryStatus.SENDING],
                 next_attempt_at__lte=now)
         claimed, endpoints = [], set(busy_endpoints)
-        with transaction.atomic():
-            rows = list(WebhookDelivery.objects.select_for_update(skip_locked=True)
-                        .filter(due).exclude(endpoint_id__in=endpoints)
-                        .order_by("next_attempt_at", "id")
+        rows = WebhookDelivery.objects.filter(due).exclude(endpoint_id__in=endpoints)
+        # skipping locked rows needs a transaction; without it (SQLite) a transaction would
+        # only fail as "database is locked" when its read turns into a write beside another
+        # sender's: each conditional UPDATE alone then waits for the lock
+        locking = connection.features.has_select_for_update_skip_locked
+        with transaction.atomic() if locking else contextlib.nullcontext():
+            if locking:
+                rows = rows.select_for_update(skip_locked=True)
+            rows = list(rows.order_by("next_attempt_at", "id")
                         .values_list("id", "next_attempt_at", "endpoint_id")[:SCAN_SIZE])
             for pk, seen_next, endpoint_id in rows:
                 if len(claimed) >= limit:
