@@ -8,6 +8,7 @@ from django.template.response import TemplateResponse
 from ..business.alerts.models import (
     DeliveryStatus,
     Event,
+    SignatureScheme,
     WebhookEndpoint,
     new_webhook_secret,
 )
@@ -70,7 +71,10 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
             return None
         endpoint = queryset.get()
         endpoint.secret = new_webhook_secret()
-        endpoint.save(update_fields=["secret"])
+        # a receiver given the new secret verifies the standard headers: the former one keyed
+        # with the former secret's text, which a new secret does not have
+        endpoint.signature_scheme = SignatureScheme.STANDARD
+        endpoint.save(update_fields=["secret", "signature_scheme"])
         return self._secret_page(request, endpoint, rotated=True)
 
     def _secret_page(self, request, endpoint, *, rotated):

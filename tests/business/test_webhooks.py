@@ -156,6 +156,10 @@ def test_an_endpoint_made_before_the_standard_loses_no_delivery_across_the_migra
     wrapped = "whsec_" + base64.b64encode(former.encode()).decode()  # what the docs tell
     assert verified(wrapped, got)["type"] == "quota.exhausted"
 
+    migration.unwrap_secrets(apps, None)  # migrating back gives the former secret again
+    assert WebhookEndpoint.objects.get().secret == former
+    migration.wrap_secrets(apps, None)
+
     # the operator's switch, once the receiver checks the standard headers: those alone
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(signature_scheme="standard")
     WebhookDelivery.objects.update(status=DeliveryStatus.FAILED)
@@ -362,3 +366,25 @@ def test_resend_queues_sent_and_failed_deliveries_again(receiver):
         datetime.timedelta(hours=23)
     assert Sender().send_due() == (1, 0) and len(receiver.received) == 2
     assert QuotaAlert.objects.count() == 1  # the same alert, sent again
+
+
+def test_replacing_a_secret_in_the_admin_signs_by_the_standard_alone(receiver, admin_client):
+    endpoint = WebhookEndpoint.objects.create(name="former", url=receiver.url,
+                                              signature_scheme="both")
+    page = admin_client.post("/admin/ratelimit_alerts/webhookendpoint/", {
+        "action": "rotate_secret", "_selected_action": [endpoint.pk]})
+    endpoint.refresh_from_db()
+    assert endpoint.secret in page.content.decode() and "no-store" in page["Cache-Control"]
+    assert endpoint.signature_scheme == "standard"
+
+
+def test_no_secret_reaches_the_log_or_the_delivery_row(receiver, caplog):
+    receiver.status = 500
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    with caplog.at_level("DEBUG", logger="ratelimit_app"):
+        assert Sender().send_due() == (0, 1)
+    assert "failed (attempt 1): HTTP 500" in caplog.text
+    delivery = WebhookDelivery.objects.get()
+    for secret_text in (endpoint.secret, endpoint.secret.removeprefix("whsec_")):
+        assert secret_text not in caplog.text
+        assert secret_text not in delivery.last_error + delivery.body

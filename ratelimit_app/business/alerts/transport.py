@@ -117,7 +117,7 @@ def post(url, body, headers, timeout_s, networks, resolve=socket.getaddrinfo):
     deadline = _Deadline(timeout_s)
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise ValueError("not an http(s) URL with a host")
     try:
         host = parts.hostname.encode("idna").decode("ascii")
         request = _request(parts._replace(netloc=parts.netloc.encode("idna").decode("ascii")),

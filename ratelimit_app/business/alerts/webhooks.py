@@ -150,12 +150,6 @@ class Sender:
                 self._collect(in_flight, counts, wait_s=None)
         return tuple(counts)
 
-    def send(self, delivery):
-        """POST one claimed delivery (in this thread) and record the outcome. Returns True if
-        the receiver answered 2xx."""
-        config = self.config()
-        return self.record(delivery, *self.exchange(delivery, config), config)
-
     def run(self, stop, on_round=None):
         """Send due deliveries until ``stop`` (an Event) is set, looking for new ones every
         WEBHOOK_POLL_INTERVAL_S (and whenever a POST ends). The POSTs in flight when it is set
