@@ -248,3 +248,37 @@ def test_a_setting_that_is_not_a_list_of_networks_is_a_system_check_error(settin
     assert [e.id for e in check_webhook_networks()] == ["ratelimit_app.E013"]
     webhook_settings(settings, WEBHOOK_ALLOWED_NETWORKS=["10.0.0.0/8"])
     assert check_webhook_networks() == []
+
+
+def test_an_https_receiver_that_never_finishes_its_handshake_is_cut_at_the_timeout(
+        settings, listener):
+    webhook_settings(settings, WEBHOOK_TIMEOUT_S=0.3)
+    outbox(f"https://127.0.0.1:{listener.port}/")  # accepted by the kernel, never answered
+    started = time.monotonic()
+    assert Sender().send_due() == (0, 1)
+    assert time.monotonic() - started < 2
+    assert WebhookDelivery.objects.get().last_error.startswith("TimeoutError: timed out")
+
+
+def test_an_answer_that_is_not_http_is_a_failed_attempt(settings):
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage():
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        outbox(f"http://127.0.0.1:{server.getsockname()[1]}/")
+        assert Sender().send_due() == (0, 1)
+    finally:
+        thread.join(5)
+        server.close()
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.last_error == "ConnectionError: not an HTTP answer: b'SSH-2.0-OpenSSH'"
+    assert delivery.last_status_code is None

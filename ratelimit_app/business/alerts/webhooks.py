@@ -152,7 +152,8 @@ class Sender:
 
     def run(self, stop, on_round=None):
         """Send due deliveries until ``stop`` (an Event) is set, looking for new ones every
-        WEBHOOK_POLL_INTERVAL_S (and whenever a POST ends). The POSTs in flight when it is set
+        WEBHOOK_POLL_INTERVAL_S (and whenever a POST ends); ``on_round`` is called after each
+        round with ``(sent, failed attempts)`` so far. The POSTs in flight when ``stop`` is set
         are finished and recorded."""
         from django.db import connections
 
@@ -174,8 +175,12 @@ class Sender:
                                    type(exc).__name__, exc)
                     connections.close_all()
                     stop.wait(poll_s)
-            while in_flight:
-                self._collect(in_flight, counts, wait_s=None)
+            try:
+                while in_flight:
+                    self._collect(in_flight, counts, wait_s=None)
+            except Exception as exc:  # not recorded: their claims lapse and they are sent again
+                logger.warning("ratelimit_app: webhook sender stopped before recording %d "
+                               "deliveries (%s: %s)", len(in_flight), type(exc).__name__, exc)
 
     def _pool(self):
         workers = max(1, int(self.config()["WEBHOOK_CONCURRENCY"]))
