@@ -138,10 +138,16 @@ def test_an_endpoint_made_before_the_standard_loses_no_delivery_across_the_migra
     was given, accepts the delivery; with the secret's wrapped form the standardwebhooks
     package verifies the same request."""
     import importlib
+    from pathlib import Path
 
     from django.apps import apps
 
-    migration = importlib.import_module("ratelimit_app.migrations.0020_standard_webhooks")
+    import ratelimit_app.migrations
+
+    # found by its name, whatever number the migration's chain gives it
+    [name] = [path.stem for path in Path(ratelimit_app.migrations.__file__).parent.glob(
+        "*_standard_webhooks.py")]
+    migration = importlib.import_module(f"ratelimit_app.migrations.{name}")
     former = "whsec_" + "Zm9v-_bar" * 4  # token_urlsafe's alphabet: not standard base64
     endpoint = alert_with_deliveries(receiver.url, thresholds="100")
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(secret=former, signature_scheme="both")
@@ -281,25 +287,26 @@ def test_rows_another_sender_is_claiming_are_skipped_not_waited_for(receiver):
                     f"keeps senders apart there)")
     from ratelimit_app.business.alerts.webhooks import first_attempt_times
 
-    endpoint = WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
     next_at, give_up_at = first_attempt_times()
-    pks = [WebhookDelivery.objects.create(endpoint=endpoint, event="e", body="{}",
-                                          next_attempt_at=next_at, give_up_at=give_up_at).pk
-           for _ in range(4)]
+    # four endpoints (a sender takes one delivery per endpoint at a time), one row each
+    pks = [WebhookDelivery.objects.create(
+        endpoint=WebhookEndpoint.objects.create(name=f"receiver {n}", url=receiver.url),
+        event="e", body="{}", next_attempt_at=next_at, give_up_at=give_up_at).pk
+        for n in range(4)]
     locked, release = threading.Event(), threading.Event()
     other = threading.Thread(target=hold_row_locks, args=(pks[:2], locked, release))
     other.start()
     try:
         assert locked.wait(10)
         started = time.monotonic()
-        claimed = [delivery.pk for delivery in Sender().claim()]
+        claimed = [delivery.pk for delivery in Sender().claim(10)]
         waited_s = time.monotonic() - started
     finally:
         release.set()
         other.join(10)
     assert sorted(claimed) == pks[2:]  # the locked rows skipped...
     assert waited_s < 5  # ...not waited for (the other claim holds its locks until released)
-    assert sorted(d.pk for d in Sender().claim()) == pks[:2]  # free again: taken now
+    assert sorted(d.pk for d in Sender().claim(10)) == pks[:2]  # free again: taken now
 
 
 def test_a_receiver_that_does_not_answer_times_out(settings):
