@@ -282,3 +282,9 @@ def test_an_answer_that_is_not_http_is_a_failed_attempt(settings):
     delivery = WebhookDelivery.objects.get()
     assert delivery.last_error == "ConnectionError: not an HTTP answer: b'SSH-2.0-OpenSSH'"
     assert delivery.last_status_code is None
+
+
+def test_a_path_outside_ascii_is_sent_percent_encoded(receiver):
+    outbox(receiver.url + "alertes/données?équipe=ops&x=%2F")
+    assert Sender().send_due() == (1, 0)
+    assert receiver.received[0].path == "/hooks/alertes/donn%C3%A9es?%C3%A9quipe=ops&x=%2F"

@@ -40,7 +40,7 @@ class _Deadline:
 
 
 def _connect(targets, deadline):
-    error = None
+    error = OSError("the host resolves to no address")
     for family, sockaddr in targets:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -98,6 +98,8 @@ def _request(parts, body, headers):
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
+    # an IRI's characters outside ASCII, percent-encoded (what is encoded already stays)
+    target = urllib.parse.quote(target, safe="/?=&;:@!$'()*+,%-._~")
     lines = [f"POST {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}",
              "Connection: close"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
