@@ -158,6 +158,8 @@ RATELIMIT_APP = {
     "MAX_COST": 50,
     "TRUSTED_PROXIES": ["127.0.0.1/32"] if os.environ.get("DEMO_BEHIND_PROXY") else [],
     "CLUSTER_NODES": CLUSTER_NODES,
+    # the demo's own webhook receiver is on this machine (project/demo/receiver.py)
+    "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
 }
 
 LANGUAGE_CODE = "en-us"

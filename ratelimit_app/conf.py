@@ -110,14 +110,19 @@ DEFAULTS = {
     # stores them.
     "ALERTS_QUEUE_SIZE": 10_000,
     "ALERTS_DRAIN_INTERVAL_S": 1.0,
-    # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a receiver has
-    # to answer, how long a delivery is retried before it is marked failed, the first retry's delay
-    # (doubled each attempt, with jitter, up to the max), and how often the sender looks for work.
+    # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a whole POST
+    # may take (connect, send, the answer's head), how long a delivery is retried before it is
+    # marked failed, the first retry's delay (doubled each attempt, with jitter, up to the max),
+    # how often the sender looks for work, how many receivers one sender posts to at once (one
+    # delivery per endpoint at a time), and the networks that are not public but may receive
+    # webhooks (loopback, private and link-local addresses are refused otherwise), as CIDRs.
     "WEBHOOK_TIMEOUT_S": 5.0,
     "WEBHOOK_RETRY_FOR_S": 24 * 3600,
     "WEBHOOK_BACKOFF_BASE_S": 10.0,
     "WEBHOOK_BACKOFF_MAX_S": 3600.0,
     "WEBHOOK_POLL_INTERVAL_S": 1.0,
+    "WEBHOOK_CONCURRENCY": 4,
+    "WEBHOOK_ALLOWED_NETWORKS": [],
 }
 
 

@@ -11,10 +11,10 @@ class ReceivedWebhook(models.Model):
 
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     delivery_id = models.CharField("delivery", max_length=40, blank=True, db_index=True,
-                                   help_text="X-Ratelimit-Delivery: the sender's delivery id.")
-    event = models.CharField(max_length=50, blank=True, help_text="X-Ratelimit-Event.")
+                                   help_text="webhook-id: the sender's delivery id.")
+    event = models.CharField(max_length=50, blank=True, help_text="The body's type.")
     signature = models.CharField(max_length=200, blank=True,
-                                 help_text="X-Ratelimit-Signature, as received.")
+                                 help_text="webhook-signature, as received.")
     signature_valid = models.BooleanField(
         "signature valid",
         help_text="Signed with the secret of a webhook endpoint pointing here, and recent.")

@@ -8,6 +8,7 @@ from django.template.response import TemplateResponse
 from ..business.alerts.models import (
     DeliveryStatus,
     Event,
+    SignatureScheme,
     WebhookEndpoint,
     new_webhook_secret,
 )
@@ -25,7 +26,7 @@ class WebhookEndpointForm(forms.ModelForm):
 
     class Meta:
         model = WebhookEndpoint
-        fields = ["name", "url", "events", "enabled"]
+        fields = ["name", "url", "events", "signature_scheme", "enabled"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -39,7 +40,7 @@ class WebhookEndpointForm(forms.ModelForm):
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
     list_display = ["name", "url_cell", "events_cell", "enabled", "created_cell"]
-    list_filter = ["enabled"]
+    list_filter = ["enabled", "signature_scheme"]
     search_fields = ["name", "url"]
     actions = ["rotate_secret"]
 
@@ -70,7 +71,10 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
             return None
         endpoint = queryset.get()
         endpoint.secret = new_webhook_secret()
-        endpoint.save(update_fields=["secret"])
+        # a receiver given the new secret verifies the standard headers: the former one keyed
+        # with the former secret's text, which a new secret does not have
+        endpoint.signature_scheme = SignatureScheme.STANDARD
+        endpoint.save(update_fields=["secret", "signature_scheme"])
         return self._secret_page(request, endpoint, rotated=True)
 
     def _secret_page(self, request, endpoint, *, rotated):

@@ -307,3 +307,25 @@ def check_publish_lead(app_configs=None, **kwargs):
         "precedes its version, for the workers to compile the new rules ahead of it. "
         "Until then the default (0.1) applies.",
         "ratelimit_app.E012")
+
+
+@register(TAG)
+def check_webhook_networks(app_configs=None, **kwargs):
+    """E013 when WEBHOOK_ALLOWED_NETWORKS is not a list of networks (the entries that are not
+    one allow nothing)."""
+    networks = get_config()["WEBHOOK_ALLOWED_NETWORKS"]
+    if isinstance(networks, str):
+        return [Error("RATELIMIT_APP['WEBHOOK_ALLOWED_NETWORKS'] is a string, not a list of "
+                      "networks.", hint=f"Write it as a list: [{networks!r}].",
+                      id="ratelimit_app.E013")]
+    errors = []
+    for entry in networks or ():
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except (TypeError, ValueError):
+            errors.append(Error(
+                f"RATELIMIT_APP['WEBHOOK_ALLOWED_NETWORKS'] holds {entry!r}, which is not an "
+                f"address or network: it allows nothing.",
+                hint="Use CIDR networks such as '10.1.0.0/16' or '127.0.0.1/32'.",
+                id="ratelimit_app.E013"))
+    return errors

@@ -125,7 +125,7 @@ def test_alerts_on_three_masters_are_stored_signalled_and_delivered_once(
     assert len(receiver.received) == 6
     bodies = []
     for got in receiver.received:
-        assert verify_signature(endpoint.secret, got.headers["X-Ratelimit-Signature"], got.body)
+        assert verify_signature(endpoint.secret, got.headers, got.body)
         bodies.append(got.body)
     assert len(set(bodies)) == 6
     assert set(WebhookDelivery.objects.values_list("status", "attempts")) == {("sent", 1)}

@@ -1,12 +1,11 @@
 """Webhook deliveries (business/alerts/webhooks.py, ``manage.py ratelimit deliver``) against a real
-HTTP receiver
-started by the test: signed bodies, retries with backoff while the receiver is down, failure
-after the retry window, claims that keep two senders apart, a timeout for a receiver that does
-not answer, and the admin's re-send."""
+HTTP receiver started by the test: bodies signed by Standard Webhooks and verified with the
+``standardwebhooks`` package, retries with backoff while the receiver is down, failure after the
+retry window, claims that keep two senders apart, a timeout for a receiver that does not answer,
+and the admin's re-send. Slow receivers and refused addresses: test_webhook_transport.py."""
 
+import base64
 import datetime
-import hashlib
-import hmac
 import io
 import json
 import threading
@@ -15,6 +14,7 @@ import time
 import pytest
 from django.core.management import call_command
 from django.test import Client
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from ratelimit_app.business.alerts.models import (
     DeliveryStatus,
@@ -22,12 +22,12 @@ from ratelimit_app.business.alerts.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from ratelimit_app.business.alerts.signing import legacy_signature_header, standard_headers
 from ratelimit_app.business.alerts.webhooks import (
     CLAIM_MARGIN_S,
     Sender,
     backoff_s,
     resend,
-    signature_header,
     verify_signature,
 )
 from ratelimit_app.models import Rule
@@ -58,45 +58,121 @@ def deliver_once():
     return out.getvalue()
 
 
-def verified_by_hand(secret, headers, body):
-    """The receiver's check as the docs spell it: HMAC-SHA256 of "<t>.<body>"."""
-    fields = dict(part.split("=", 1) for part in headers["X-Ratelimit-Signature"].split(","))
-    expected = hmac.new(secret.encode(), f"{fields['t']}.".encode() + body,
-                        hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, fields["v1"]) and abs(time.time() - int(fields["t"])) < 60
+def verified(secret, got):
+    """The receiver's check, with the standardwebhooks package: returns the body's JSON."""
+    return Webhook(secret).verify(got.body, got.headers)
 
 
 def docs_verify():
-    """The receiver's ``verify`` function from docs/howto/alerts.md, run as printed."""
+    """The receiver's ``verify`` function from docs/howto/receive-webhooks.md, run as printed."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "alerts.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "receive-webhooks.md") \
+        .read_text()
     code = next(block for block in text.split("```python")[1:] if "def verify(" in block)
     namespace = {}
     exec(code.split("```")[0], namespace)  # noqa: S102  (our own docs)
     return namespace["verify"]
 
 
-def test_the_docs_receiver_snippet_accepts_a_real_delivery_and_rejects_a_forgery(receiver):
+def test_a_delivery_verifies_with_the_standardwebhooks_package_and_a_replay_does_not(receiver):
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    assert Sender().send_due() == (1, 0)
+    [got] = receiver.received
+    assert endpoint.secret.startswith("whsec_")
+    assert verified(endpoint.secret, got)["data"]["threshold_percent"] == 100
+    assert got.headers["webhook-id"] == str(WebhookDelivery.objects.get().pk)
+    assert got.headers["webhook-signature"].startswith("v1,")
+    assert "X-Ratelimit-Signature" not in got.headers  # a new endpoint: the standard alone
+    # the same signed body and signature replayed under new delivery ids: refused
+    for new_id in ("2", "3", f"{got.headers['webhook-id']}0"):
+        with pytest.raises(WebhookVerificationError):
+            verified(endpoint.secret, type(got)(got.path, {**got.headers, "webhook-id": new_id},
+                                                got.body))
+    with pytest.raises(WebhookVerificationError):  # another body
+        verified(endpoint.secret, type(got)(got.path, got.headers, got.body + b" "))
+
+
+def test_the_docs_receiver_snippet_accepts_a_real_delivery_and_rejects_forgeries(receiver):
     endpoint = alert_with_deliveries(receiver.url, thresholds="100")
     assert Sender().send_due() == (1, 0)
     [got] = receiver.received
     verify = docs_verify()
-    signature = got.headers["X-Ratelimit-Signature"]
-    assert verify(endpoint.secret, signature, got.body)
-    assert not verify(endpoint.secret, signature, got.body.replace(b"100", b"101"))
-    assert not verify("whsec_wrong", signature, got.body)
-    stale = signature_header(endpoint.secret, time.time() - 3600, got.body)
-    assert not verify(endpoint.secret, stale, got.body)  # a replay an hour later
+    assert verify(endpoint.secret, got.headers, got.body)["type"] == "quota.exhausted"
+    assert verify(endpoint.secret, got.headers, got.body.replace(b"100", b"101")) is None
+    assert verify("whsec_" + "A" * 43, got.headers, got.body) is None  # another secret
+    stale = standard_headers(endpoint.secret, got.headers["webhook-id"], time.time() - 3600,
+                             got.body)
+    assert verify(endpoint.secret, stale, got.body) is None  # a replay an hour later
+    # headers a client can send that make the package raise ValueError: "invalid", not a 500
+    for signature in ("v1,é", "v1,abc", "no comma", "v1,\u00ff\u00fe"):
+        assert verify(endpoint.secret, {**got.headers, "webhook-signature": signature},
+                      got.body) is None
 
 
-def test_a_signature_verifies_and_a_replay_or_a_changed_body_does_not():
-    header = signature_header("whsec_x", 1_000_000, b'{"a":1}')
-    assert verify_signature("whsec_x", header, b'{"a":1}', now=1_000_100)
-    assert not verify_signature("whsec_x", header, b'{"a":2}', now=1_000_100)
-    assert not verify_signature("whsec_y", header, b'{"a":1}', now=1_000_100)
-    assert not verify_signature("whsec_x", header, b'{"a":1}', now=1_000_000 + 301)  # replayed
-    assert not verify_signature("whsec_x", "garbage", b'{"a":1}', now=1_000_000)
+def test_the_apps_own_check_verifies_both_schemes_and_refuses_replays_and_bad_bytes():
+    secret = "whsec_" + "QUJD" * 8
+    body = b'{"a":1}'
+    headers = standard_headers(secret, "7", 1_000_000, body)
+    assert verify_signature(secret, headers, body, now=1_000_100)
+    assert not verify_signature(secret, {**headers, "webhook-id": "8"}, body, now=1_000_100)
+    assert not verify_signature(secret, headers, b'{"a":2}', now=1_000_100)
+    assert not verify_signature(secret, headers, body, now=1_000_000 + 301)  # too old
+    assert not verify_signature(secret, {**headers, "webhook-signature": "v1,é"}, body,
+                                now=1_000_100)
+    assert not verify_signature("not base64 !", headers, body, now=1_000_100)
+    # the former header (a string), checked with the former secret: the key is its text
+    former = "whsec_former-secret_text"
+    wrapped = "whsec_" + base64.b64encode(former.encode()).decode()
+    legacy = legacy_signature_header(wrapped, 1_000_000, body)
+    assert verify_signature(former, legacy, body, now=1_000_100)
+    assert not verify_signature(former, legacy, b'{"a":2}', now=1_000_100)
+    assert not verify_signature(former, legacy, body, now=1_000_000 + 301)
+    assert not verify_signature(former, "t=1000000,v1=é", body, now=1_000_000)
+    assert not verify_signature(former, "garbage", body, now=1_000_000)
+
+
+def test_an_endpoint_made_before_the_standard_loses_no_delivery_across_the_migration(receiver):
+    """An endpoint and a pending delivery as 0.1 made them (a secret of the former form), then
+    migration 0020's step: the receiver, still checking the former header with the secret it
+    was given, accepts the delivery; with the secret's wrapped form the standardwebhooks
+    package verifies the same request."""
+    import importlib
+    from pathlib import Path
+
+    from django.apps import apps
+
+    import ratelimit_app.migrations
+
+    # found by its name, whatever number the migration's chain gives it
+    [name] = [path.stem for path in Path(ratelimit_app.migrations.__file__).parent.glob(
+        "*_standard_webhooks.py")]
+    migration = importlib.import_module(f"ratelimit_app.migrations.{name}")
+    former = "whsec_" + "Zm9v-_bar" * 4  # token_urlsafe's alphabet: not standard base64
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(secret=former, signature_scheme="both")
+    migration.wrap_secrets(apps, None)
+    endpoint.refresh_from_db()
+    assert endpoint.secret == "whsec_" + base64.b64encode(former.encode()).decode()
+
+    assert Sender().send_due() == (1, 0)  # the delivery made before the migration
+    [got] = receiver.received
+    assert verify_signature(former, got.headers["X-Ratelimit-Signature"], got.body)
+    assert got.headers["X-Ratelimit-Delivery"] == got.headers["webhook-id"]
+    wrapped = "whsec_" + base64.b64encode(former.encode()).decode()  # what the docs tell
+    assert verified(wrapped, got)["type"] == "quota.exhausted"
+
+    migration.unwrap_secrets(apps, None)  # migrating back gives the former secret again
+    assert WebhookEndpoint.objects.get().secret == former
+    migration.wrap_secrets(apps, None)
+
+    # the operator's switch, once the receiver checks the standard headers: those alone
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(signature_scheme="standard")
+    WebhookDelivery.objects.update(status=DeliveryStatus.FAILED)
+    resend(WebhookDelivery.objects.all())
+    assert Sender().send_due() == (1, 0)
+    assert "X-Ratelimit-Signature" not in receiver.received[1].headers
+    assert verified(wrapped, receiver.received[1])
 
 
 def test_deliver_once_sends_each_delivery_signed_then_nothing_more(receiver):
@@ -104,11 +180,11 @@ def test_deliver_once_sends_each_delivery_signed_then_nothing_more(receiver):
     assert deliver_once() == "2 deliveries sent, 0 attempts failed (retried later).\n"
     assert len(receiver.received) == 2
     for got in receiver.received:
-        assert verified_by_hand(endpoint.secret, got.headers, got.body)
+        assert verified(endpoint.secret, got)["type"] in ("quota.threshold_crossed",
+                                                          "quota.exhausted")
         assert got.headers["Content-Type"] == "application/json"
-        delivery = WebhookDelivery.objects.get(pk=got.headers["X-Ratelimit-Delivery"])
-        assert got.body == delivery.body.encode() and got.headers["X-Ratelimit-Event"] == \
-            delivery.event
+        delivery = WebhookDelivery.objects.get(pk=got.headers["webhook-id"])
+        assert got.body == delivery.body.encode()
     bodies = sorted((json.loads(got.body) for got in receiver.received),
                     key=lambda b: b["data"]["threshold_percent"])
     assert [(b["type"], b["data"]["threshold_percent"], b["data"]["used"], b["data"]["limit"])
@@ -178,9 +254,9 @@ def test_backoff_jitter_stays_within_half_to_all_of_the_wait():
 
 def test_a_claimed_delivery_is_not_taken_by_another_sender_until_its_claim_lapses(receiver):
     alert_with_deliveries(receiver.url)
-    first = Sender()
-    assert len(first.claim()) == 2
-    assert Sender().claim() == []  # claimed (status "sending"): another sender skips them
+    # one delivery per endpoint at a time: each sender takes one of the two
+    assert len(Sender().claim(10)) == 1 and len(Sender().claim(10)) == 1
+    assert Sender().claim(10) == []  # claimed (status "sending"): another sender skips them
     assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"sending"}
     # the first sender died mid-send: after its claim lapses, another takes the rows again
     lapse_s = 5.0 + CLAIM_MARGIN_S + 1
@@ -211,25 +287,26 @@ def test_rows_another_sender_is_claiming_are_skipped_not_waited_for(receiver):
                     f"keeps senders apart there)")
     from ratelimit_app.business.alerts.webhooks import first_attempt_times
 
-    endpoint = WebhookEndpoint.objects.create(name="receiver", url=receiver.url)
     next_at, give_up_at = first_attempt_times()
-    pks = [WebhookDelivery.objects.create(endpoint=endpoint, event="e", body="{}",
-                                          next_attempt_at=next_at, give_up_at=give_up_at).pk
-           for _ in range(4)]
+    # four endpoints (a sender takes one delivery per endpoint at a time), one row each
+    pks = [WebhookDelivery.objects.create(
+        endpoint=WebhookEndpoint.objects.create(name=f"receiver {n}", url=receiver.url),
+        event="e", body="{}", next_attempt_at=next_at, give_up_at=give_up_at).pk
+        for n in range(4)]
     locked, release = threading.Event(), threading.Event()
     other = threading.Thread(target=hold_row_locks, args=(pks[:2], locked, release))
     other.start()
     try:
         assert locked.wait(10)
         started = time.monotonic()
-        claimed = [delivery.pk for delivery in Sender().claim()]
+        claimed = [delivery.pk for delivery in Sender().claim(10)]
         waited_s = time.monotonic() - started
     finally:
         release.set()
         other.join(10)
     assert sorted(claimed) == pks[2:]  # the locked rows skipped...
     assert waited_s < 5  # ...not waited for (the other claim holds its locks until released)
-    assert sorted(d.pk for d in Sender().claim()) == pks[:2]  # free again: taken now
+    assert sorted(d.pk for d in Sender().claim(10)) == pks[:2]  # free again: taken now
 
 
 def test_a_receiver_that_does_not_answer_times_out(settings):
@@ -296,3 +373,25 @@ def test_resend_queues_sent_and_failed_deliveries_again(receiver):
         datetime.timedelta(hours=23)
     assert Sender().send_due() == (1, 0) and len(receiver.received) == 2
     assert QuotaAlert.objects.count() == 1  # the same alert, sent again
+
+
+def test_replacing_a_secret_in_the_admin_signs_by_the_standard_alone(receiver, admin_client):
+    endpoint = WebhookEndpoint.objects.create(name="former", url=receiver.url,
+                                              signature_scheme="both")
+    page = admin_client.post("/admin/ratelimit_alerts/webhookendpoint/", {
+        "action": "rotate_secret", "_selected_action": [endpoint.pk]})
+    endpoint.refresh_from_db()
+    assert endpoint.secret in page.content.decode() and "no-store" in page["Cache-Control"]
+    assert endpoint.signature_scheme == "standard"
+
+
+def test_no_secret_reaches_the_log_or_the_delivery_row(receiver, caplog):
+    receiver.status = 500
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    with caplog.at_level("DEBUG", logger="ratelimit_app"):
+        assert Sender().send_due() == (0, 1)
+    assert "failed (attempt 1): HTTP 500" in caplog.text
+    delivery = WebhookDelivery.objects.get()
+    for secret_text in (endpoint.secret, endpoint.secret.removeprefix("whsec_")):
+        assert secret_text not in caplog.text
+        assert secret_text not in delivery.last_error + delivery.body

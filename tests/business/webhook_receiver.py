@@ -74,3 +74,70 @@ class Receiver:
             self._server.server_close()
             self._thread.join(5)
             self._server = None
+
+
+class DribblingReceiver:
+    """A raw socket server on a free 127.0.0.1 port that answers ``HTTP/1.1 200 OK`` and then one
+    header line every ``interval_s``, never ending its answer, until the sender hangs up, the
+    test stops it, or ``max_lines`` (bounded, so it always stops by itself). With
+    ``dribble = False`` it answers a whole 200 at once. ``connections`` counts what it
+    accepted."""
+
+    def __init__(self, interval_s=0.1, max_lines=600):
+        self.port = _free_port()
+        self.interval_s, self.max_lines = interval_s, max_lines
+        self.dribble = True
+        self.connections = 0
+        self._stop = threading.Event()
+        self._listener = None
+        self._threads = []
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/slow/"
+
+    def start(self):
+        import socket
+
+        self._listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        self._listener.settimeout(0.2)
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # the accept's short timeout (to see the stop), or closed
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._answer, args=(connection,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _answer(self, connection):
+        with connection:
+            connection.settimeout(5)
+            try:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += connection.recv(65536)
+                if not self.dribble:
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    return
+                connection.sendall(b"HTTP/1.1 200 OK\r\n")
+                for line in range(self.max_lines):
+                    if self._stop.wait(self.interval_s):
+                        return
+                    connection.sendall(f"X-Line-{line}: still going\r\n".encode())
+            except OSError:  # the sender hung up
+                return
+
+    def stop(self):
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+        for thread in self._threads:
+            thread.join(5)

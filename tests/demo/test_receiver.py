@@ -1,9 +1,7 @@
-"""The demo's webhook receiver (project/demo/receiver.py): it accepts what is signed as
-docs/howto/alerts.md says, refuses and keeps the rest, stores a delivery once, is never limited,
-and receives what the app's own sender sends."""
+"""The demo's webhook receiver (project/demo/receiver.py): it accepts what the standardwebhooks
+package verifies, refuses and keeps the rest (a malformed signature included: never a 500), stores
+a delivery once, is never limited, and receives what the app's own sender sends."""
 
-import hashlib
-import hmac
 import io
 import json
 import time
@@ -15,6 +13,7 @@ from django.test import Client
 from project.demo import receiver
 from project.demo.models import ReceivedWebhook
 from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
+from ratelimit_app.business.alerts.signing import standard_headers
 from ratelimit_app.models import Rule, WebhookDelivery, WebhookEndpoint, new_webhook_secret
 from tests.helpers import load_demo_data
 
@@ -30,17 +29,14 @@ def secret(db):
     return WebhookEndpoint.objects.get(name="demo receiver").secret
 
 
-def signed(secret, body, timestamp=None):
-    """The signature header of ``body``, computed as the docs tell a receiver to check it."""
+def signed(secret, body, timestamp=None, delivery="1"):
+    """The Standard Webhooks headers of ``body`` sent as ``delivery``."""
     timestamp = int(time.time()) if timestamp is None else timestamp
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={digest.hexdigest()}"
+    return standard_headers(secret, delivery, timestamp, body)
 
 
-def post(body, signature=None, delivery="1"):
-    headers = {"X-Ratelimit-Delivery": delivery, "X-Ratelimit-Event": "quota.threshold_crossed"}
-    if signature is not None:
-        headers["X-Ratelimit-Signature"] = signature
+def post(body, headers=None, delivery="1"):
+    headers = {**(headers or {}), "webhook-id": delivery}
     # CSRF enforced as for a browser: the sender has no token, so the view must be exempt
     return Client(enforce_csrf_checks=True).post(RECEIVER, body, content_type="application/json",
                                                  headers=headers)
@@ -60,8 +56,12 @@ def test_a_delivery_signed_as_the_docs_say_is_stored_once(secret):
     lambda secret: signed(new_webhook_secret(), BODY),               # another secret
     lambda secret: signed(secret, BODY.replace(b"80", b"10")),       # another body
     lambda secret: signed(secret, BODY, int(time.time()) - 301),     # replayed: too old
-    lambda secret: "t=soon,v1=0",                                    # not a signature
-], ids=["wrong secret", "tampered body", "stale", "garbage"])
+    lambda secret: {**signed(secret, BODY, delivery="9")},           # replayed: another id
+    lambda secret: {**signed(secret, BODY), "webhook-signature": "v1,é"},  # not ASCII
+    lambda secret: {**signed(secret, BODY), "webhook-signature": "v1"},    # no comma
+    lambda secret: {**signed(secret, BODY), "webhook-timestamp": "soon"},  # not a time
+], ids=["wrong secret", "tampered body", "stale", "another id", "non-ASCII", "no comma",
+        "garbage time"])
 def test_a_bad_signature_is_refused_and_kept_as_invalid(secret, forge):
     response = post(BODY, forge(secret))
     assert response.status_code == 401
@@ -82,12 +82,14 @@ def test_a_secret_replaced_in_the_admin_applies_at_once(secret):
     endpoint.secret = new_webhook_secret()
     endpoint.save()
     assert post(BODY, signed(secret, BODY), delivery="1").status_code == 401
-    assert post(BODY, signed(endpoint.secret, BODY), delivery="2").status_code == 200
+    assert post(BODY, signed(endpoint.secret, BODY, delivery="2"),
+                delivery="2").status_code == 200
 
 
 def test_the_receiver_is_never_limited_and_charges_no_bucket(secret):
     # more posts than the anonymous free-ip bucket holds (40): none refused
-    statuses = {post(BODY, signed(secret, BODY), delivery=str(i)).status_code for i in range(45)}
+    statuses = {post(BODY, signed(secret, BODY, delivery=str(i)), delivery=str(i)).status_code
+                for i in range(45)}
     assert statuses == {200}
     hello = Client().get("/hello/")  # the same client IP, untouched by the 45 posts
     assert '"free-ip";r=39' in hello["RateLimit"]
@@ -100,7 +102,7 @@ def test_only_post_is_answered(secret):
 def test_old_rows_go_first(secret, monkeypatch):
     monkeypatch.setattr(receiver, "KEEP_ROWS", 3)
     for delivery in "12345":
-        post(BODY, signed(secret, BODY), delivery=delivery)
+        post(BODY, signed(secret, BODY, delivery=delivery), delivery=delivery)
     assert list(ReceivedWebhook.objects.values_list("delivery_id", flat=True)) == ["5", "4", "3"]
 
 
@@ -108,7 +110,8 @@ def test_the_page_of_what_was_received_is_for_staff_and_tells_valid_from_invalid
         secret, admin_client):
     post(BODY, signed(secret, BODY), delivery="1")
     post(BODY, signed(secret, BODY), delivery="1")
-    post(BODY, "t=1,v1=0", delivery="2")
+    post(BODY, {**signed(secret, BODY, delivery="2"), "webhook-signature": "v1,AAAA"},
+         delivery="2")
     page = "/admin/demo/receivedwebhook/"
     assert Client().get(page).status_code == 302  # to the admin's login
     html = admin_client.get(page).content.decode()

@@ -7,14 +7,18 @@ alert and subscribed endpoint, written in the same transaction as the alert, sen
 ``manage.py ratelimit deliver`` (webhooks.py). Nothing here is read on the request path.
 """
 
-import secrets
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import models
 
+from ...conf import get_config
+from .destinations import url_problem
+from .signing import new_secret
+
 __all__ = ["Event", "WebhookEndpoint", "QuotaAlert", "WebhookDelivery", "DeliveryStatus",
-           "new_webhook_secret"]
+           "SignatureScheme", "new_webhook_secret"]
 
 
 class Event(models.TextChoices):
@@ -25,12 +29,19 @@ class Event(models.TextChoices):
 
 
 def new_webhook_secret():
-    """Return a new endpoint secret: ``whsec_`` and 32 random bytes, URL-safe base64."""
-    return "whsec_" + secrets.token_urlsafe(32)
+    """Return a new endpoint secret as Standard Webhooks spell one: ``whsec_`` and 32 random
+    bytes in base64."""
+    return new_secret()
+
+
+class SignatureScheme(models.TextChoices):
+    STANDARD = "standard", "Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature)"
+    BOTH = "both", ("Standard Webhooks and the former X-Ratelimit-Signature (while a receiver "
+                    "made before 0.2.0 moves over)")
 
 
 class WebhookEndpoint(models.Model):
-    """A receiver of alert webhooks. Its secret signs every delivery (HMAC-SHA256); it is shown
+    """A receiver of alert webhooks. Its secret signs every delivery (signing.py); it is shown
     once, when the endpoint is added, and kept in the database to sign with (it cannot be a
     digest, as an API key's is: the sender needs the secret itself)."""
 
@@ -42,6 +53,11 @@ class WebhookEndpoint(models.Model):
         max_length=200, default=",".join(Event.values),
         help_text="The events this endpoint receives.")
     secret = models.CharField(max_length=100, editable=False, default=new_webhook_secret)
+    signature_scheme = models.CharField(
+        "signature", max_length=10, choices=SignatureScheme.choices,
+        default=SignatureScheme.STANDARD,
+        help_text="How deliveries are signed. Endpoints added before 0.2.0 send both; choose "
+                  "Standard Webhooks once the receiver verifies those headers.")
     enabled = models.BooleanField(default=True)
     created = models.DateTimeField(auto_now_add=True)
 
@@ -62,6 +78,10 @@ class WebhookEndpoint(models.Model):
                                              f"from {', '.join(Event.values)}."})
         if not self.event_list():
             raise ValidationError({"events": "Choose at least one event, or untick “enabled”."})
+        host = urlsplit(self.url).hostname
+        refused = host and url_problem(host, get_config())
+        if refused:
+            raise ValidationError({"url": f"{refused}."})
 
 
 class QuotaAlert(models.Model):
