@@ -16,7 +16,8 @@ from ..conf import get_config, meta_key
 from .keys import scope_token
 from .scopes import Scope, hash_api_key
 
-__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset"]
+__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset",
+           "is_trusted_proxy", "untrusted_forwarder"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -209,6 +210,23 @@ def _direct_client(text):
     if address is None:
         return "unknown"
     return None if _is_trusted(address) else _as_limited(address)
+
+
+def untrusted_forwarder(meta):
+    """Return REMOTE_ADDR (as text) when the request carries X-Forwarded-For but REMOTE_ADDR is
+    not a trusted proxy (so the header is ignored), else None."""
+    if not meta.get("HTTP_X_FORWARDED_FOR"):
+        return None
+    address = _parse_ip(meta.get("REMOTE_ADDR") or "")
+    if address is None or _is_trusted(address):
+        return None
+    return str(address)
+
+
+def is_trusted_proxy(text):
+    """True if the address ``text`` is in TRUSTED_PROXIES."""
+    address = _parse_ip(text or "")
+    return address is not None and _is_trusted(address)
 
 
 def limited_ip(text):

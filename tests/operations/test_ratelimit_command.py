@@ -355,11 +355,27 @@ def test_check_reports_every_line_ok(demo):
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
         "OK    system checks", "OK    store", "OK    script", "OK    decision",
-        "OK    config version", "OK    clock skew"]
+        "OK    config version", "OK    clock skew", "OK    forwarded requests"]
     assert lines[3].startswith("OK    decision: a scratch decision was allowed and its key "
                                "deleted (")
     assert lines[4] == f"OK    config version: {limiter().read_version()}"
     assert "Redis is 0.0" in lines[5] and "this machine" in lines[5]
+
+
+def test_check_warns_of_x_forwarded_for_from_an_untrusted_address(demo, settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["10.0.0.0/8"]}
+    Client().get("/hello/", HTTP_X_FORWARDED_FOR="203.0.113.5")  # from 127.0.0.1
+    limiter().flusher.flush_now()  # as the worker's flush thread does
+    last = run("check")[0].splitlines()[-1]
+    assert last.startswith("WARN  forwarded requests: a request from 127.0.0.1 carried "
+                           "X-Forwarded-For at ")
+    assert last.endswith("but 127.0.0.1 is not in TRUSTED_PROXIES: the header is ignored. If "
+                         "it is your proxy, every client behind it shares its address; add it "
+                         "to TRUSTED_PROXIES")
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["127.0.0.1"]}
+    last = run("check")[0].splitlines()[-1]
+    assert last.startswith("OK    forwarded requests: 127.0.0.1, which sent X-Forwarded-For at ")
+    assert last.endswith(", is in TRUSTED_PROXIES now")
 
 
 def test_check_reads_the_clock_of_every_primary_of_a_cluster(redis_cluster, settings):
