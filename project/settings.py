@@ -159,6 +159,8 @@ RATELIMIT_APP = {
     "TRUSTED_PROXIES": ["127.0.0.1/32"] if os.environ.get("DEMO_BEHIND_PROXY") else [],
     "CLUSTER_NODES": CLUSTER_NODES,
 }
+if os.environ.get("DEMO_ALERTS_AGGREGATE_S"):  # tests: a client-IP rule's webhooks sent at once
+    RATELIMIT_APP["ALERTS_AGGREGATE_S"] = float(os.environ["DEMO_ALERTS_AGGREGATE_S"])
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -112,6 +112,9 @@ DEFAULTS = {
     # stores them.
     "ALERTS_QUEUE_SIZE": 10_000,
     "ALERTS_DRAIN_INTERVAL_S": 1.0,
+    # A client-IP rule's alert is one row for every address (business/alerts/crossings.py): its
+    # webhook deliveries wait this many seconds, so that they say how many addresses crossed.
+    "ALERTS_AGGREGATE_S": 60.0,
     # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a receiver has
     # to answer, how long a delivery is retried before it is marked failed, the first retry's delay
     # (doubled each attempt, with jitter, up to the max), and how often the sender looks for work.
