@@ -293,3 +293,15 @@ def test_an_address_reported_by_two_workers_is_counted_once_while_among_the_top(
     assert alert.callers == 2 and [c["identity"] for c in alert.top_callers] == \
         ["ip:192.0.2.2", "ip:192.0.2.1"]
     assert (alert.identity, alert.used) == ("ip:192.0.2.2", 5)
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_an_aggregated_alert_as_its_count_of_addresses(admin_client):
+    from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
+
+    rule = calendar_rule()
+    store_crossings([Crossing(rule.id, f"rl:{{ip.{n}}}", f"ip:192.0.2.{n} (192.0.2.{n})", 80,
+                              HOUR_START_MS, 4, 5, True) for n in range(1, 8)])
+    html = admin_client.get("/admin/ratelimit_alerts/quotaalert/").content.decode()
+    assert "7 addresses, the most by ip:192.0.2.1 (192.0.2.1)" in html
+    assert "80 % (4 of 5 used)" in html
