@@ -161,6 +161,8 @@ RATELIMIT_APP = {
     # the demo's own webhook receiver is on this machine (project/demo/receiver.py)
     "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
 }
+if os.environ.get("DEMO_ALERTS_AGGREGATE_S"):  # tests: a client-IP rule's webhooks sent at once
+    RATELIMIT_APP["ALERTS_AGGREGATE_S"] = float(os.environ["DEMO_ALERTS_AGGREGATE_S"])
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -43,7 +43,9 @@ DEFAULTS = {
     # consumed (instead of request.ratelimit.charge()); read and removed before the response
     # leaves. None: only charge().
     "REPORTED_COST_HEADER": "X-Quota-Consumed",
-    # Path prefixes the middleware never limits.
+    # Paths the middleware never limits, matched on whole path segments: "/health" exempts
+    # "/health" and "/health/...", not "/healthcare/"; an entry ending in "/" exempts what lies
+    # beneath it; one ending in "*" is a plain string prefix ("/health*" also "/healthcare/").
     "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
     # Whether the middleware also limits DRF views (the throttle then reuses its decision).
     "MIDDLEWARE_INCLUDES_DRF": False,
@@ -110,6 +112,9 @@ DEFAULTS = {
     # stores them.
     "ALERTS_QUEUE_SIZE": 10_000,
     "ALERTS_DRAIN_INTERVAL_S": 1.0,
+    # A client-IP rule's alert is one row for every address (business/alerts/crossings.py): its
+    # webhook deliveries wait this many seconds, so that they say how many addresses crossed.
+    "ALERTS_AGGREGATE_S": 60.0,
     # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a whole POST
     # may take (connect, send, the answer's head), how long a delivery is retried before it is
     # marked failed, the first retry's delay (doubled each attempt, with jitter, up to the max),
@@ -137,11 +142,46 @@ def get_config():
     return MappingProxyType({**DEFAULTS, **user})
 
 
+class ExemptPaths:
+    """EXEMPT_PATHS compiled for matching a request path (see DEFAULTS for the entry forms).
+
+    An entry ``/health`` is the path itself (``exact``) and the prefix ``/health/``: matching on
+    segments, so that an exempt ``/health`` does not exempt ``/healthcare/``. Hashable: the
+    endpoint listing is cached per value.
+    """
+
+    __slots__ = ("exact", "prefixes")
+
+    def __init__(self, entries):
+        exact, prefixes = set(), []
+        for entry in entries:
+            if entry.endswith("*"):
+                prefixes.append(entry[:-1])
+            elif entry.endswith("/"):
+                prefixes.append(entry)
+            else:
+                exact.add(entry)
+                prefixes.append(entry + "/")
+        self.exact = frozenset(exact)
+        self.prefixes = tuple(prefixes)
+
+    def matches(self, path):
+        """True if ``path`` (a request's ``path_info``) is exempt."""
+        return path in self.exact or path.startswith(self.prefixes)
+
+    def __eq__(self, other):
+        return isinstance(other, ExemptPaths) and \
+            (self.exact, self.prefixes) == (other.exact, other.prefixes)
+
+    def __hash__(self):
+        return hash((self.exact, self.prefixes))
+
+
 @functools.cache
-def exempt_path_prefixes():
-    """Return EXEMPT_PATHS as the tuple ``str.startswith`` takes (built once per settings, like
-    ``get_config``: the middleware asks on every request)."""
-    return tuple(get_config()["EXEMPT_PATHS"])
+def exempt_paths():
+    """Return EXEMPT_PATHS as ExemptPaths (built once per settings, like ``get_config``: the
+    middleware asks on every request)."""
+    return ExemptPaths(get_config()["EXEMPT_PATHS"])
 
 
 @functools.cache
@@ -242,4 +282,4 @@ def reset_config(**kwargs):
     receivers that forget what was built from them)."""
     if kwargs.get("setting") in (None, "RATELIMIT_APP", "CACHES"):
         get_config.cache_clear()
-        exempt_path_prefixes.cache_clear()
+        exempt_paths.cache_clear()

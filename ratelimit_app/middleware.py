@@ -20,7 +20,7 @@ import logging
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
-from .conf import ensure_installed, exempt_path_prefixes, get_config
+from .conf import ensure_installed, exempt_paths, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
@@ -59,7 +59,7 @@ def _is_drf_view(view_func):
 def _limited_by(request, view_func):
     """Return what limits this request: "middleware", "throttle" (a DRF view left to its
     throttles) or None (an exempt path or view, or a preflight that is not charged)."""
-    if request.path_info.startswith(exempt_path_prefixes()) or \
+    if exempt_paths().matches(request.path_info) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
     if _is_drf_view(view_func) and not get_config()["MIDDLEWARE_INCLUDES_DRF"]:

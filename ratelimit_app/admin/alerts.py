@@ -134,7 +134,7 @@ class QuotaAlertAdmin(admin.ModelAdmin):
     list_select_related = ["rule"]
     search_fields = ["identity", "identity_key", "rule__name"]
     readonly_fields = ["rule", "identity", "identity_key", "threshold", "used", "limit",
-                       "period_start", "created"]
+                       "callers", "top_callers", "period_start", "created"]
 
     def has_add_permission(self, request):
         return False
@@ -144,11 +144,15 @@ class QuotaAlertAdmin(admin.ModelAdmin):
 
     @admin.display(description="caller", ordering="identity")
     def identity_cell(self, alert):
+        """The caller; a client-IP rule's alert: '300 addresses, the most by ip:… (…)'."""
+        if alert.aggregated:
+            count = f"{alert.callers} address{'' if alert.callers == 1 else 'es'}"
+            return wrapping(f"{count}, the most by {alert.identity}")
         return wrapping(alert.identity)
 
     @admin.display(description="crossed", ordering="threshold")
     def crossed(self, alert):
-        """'80 % (400 of 500 used)'."""
+        """'80 % (400 of 500 used)'; of the address that used the most when aggregated."""
         return f"{alert.threshold} % ({alert.used} of {alert.limit} used)"
 
     @admin.display(description="period from", ordering="period_start")

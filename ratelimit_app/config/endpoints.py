@@ -7,7 +7,7 @@ Routes read as Django routes: a regex pattern's named groups (a DRF router's ``(
 show as ``<pk>``, without anchors.
 
 An endpoint is *exempt* when no request to it is ever charged: QuotaMiddleware skips it (its
-route lies under an ``EXEMPT_PATHS`` prefix, or its view is marked ``@ratelimit_exempt``) and it
+route lies under an ``EXEMPT_PATHS`` entry, or its view is marked ``@ratelimit_exempt``) and it
 is not a DRF view that QuotaThrottle limits anyway (the throttle knows neither). The pickers do
 not offer exempt endpoints: a rule or cost on one would never apply.
 """
@@ -20,7 +20,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 from django.utils.regex_helper import normalize
 
-from ..conf import exempt_path_prefixes
+from ..conf import exempt_paths
 
 __all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
 
@@ -51,8 +51,7 @@ class Endpoint:
 def list_endpoints(urlconf=None):
     """Return the project's endpoints (admin excluded, exempt ones included), sorted by name,
     each name once."""
-    exempt_prefixes = exempt_path_prefixes()
-    return _endpoints_of(get_resolver(urlconf), exempt_prefixes)
+    return _endpoints_of(get_resolver(urlconf), exempt_paths())
 
 
 def limited_endpoints(urlconf=None):
@@ -73,16 +72,16 @@ def find_endpoint(name, urlconf=None):
 # Keyed by the resolver object: Django builds a new one when the URLconf changes (and in
 # tests with override_settings(ROOT_URLCONF=...)), so a stale list is never served.
 @functools.lru_cache(maxsize=8)
-def _endpoints_of(resolver, exempt_prefixes):
+def _endpoints_of(resolver, exempt):
     found = {}
-    for endpoint in _walk(resolver.url_patterns, (), "/", "/", exempt_prefixes):
+    for endpoint in _walk(resolver.url_patterns, (), "/", "/", exempt):
         found.setdefault(endpoint.name, endpoint)  # e.g. DRF format-suffix patterns repeat a name
     return tuple(sorted(found.values(), key=lambda e: e.name))
 
 
-def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt_prefixes):
+def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt):
     # literal_prefix: the start every path of the route shares (up to its first parameter),
-    # which is what EXEMPT_PATHS's prefixes are compared with
+    # which is what EXEMPT_PATHS is compared with
     for pattern in patterns:
         text = _route_text(pattern.pattern)
         route = route_prefix + text
@@ -92,9 +91,9 @@ def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt_prefixes):
             if pattern.app_name == "admin":  # any AdminSite, whatever its instance name
                 continue
             inner = namespaces + (pattern.namespace,) if pattern.namespace else namespaces
-            yield from _walk(pattern.url_patterns, inner, route, literal, exempt_prefixes)
+            yield from _walk(pattern.url_patterns, inner, route, literal, exempt)
         elif isinstance(pattern, URLPattern):
-            yield _endpoint(pattern, namespaces, route, literal.startswith(exempt_prefixes))
+            yield _endpoint(pattern, namespaces, route, exempt.matches(literal))
 
 
 def _route_text(pattern):

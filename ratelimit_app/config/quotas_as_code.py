@@ -24,6 +24,7 @@ import json
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from .document_values import DocumentValueError, Shown, document_value, shown, shown_names
 from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
 
 __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
@@ -32,12 +33,22 @@ __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document"
 FORMAT = "ratelimit_app.quotas/1"
 
 
+# How many of a document's errors its QuotaFileError's message gives (``errors`` holds all).
+ERRORS_SHOWN = 50
+
+
 class QuotaFileError(Exception):
-    """A document that cannot be imported; ``errors`` are sentences naming item and field."""
+    """A document that cannot be imported; ``errors`` are sentences naming item and field, each
+    of bounded length (values are ``shown``, never echoed whole)."""
 
     def __init__(self, errors):
-        super().__init__("\n".join(errors))
         self.errors = list(errors)
+        super().__init__("\n".join(self.shown_errors()))
+
+    def shown_errors(self):
+        """Return the first ERRORS_SHOWN errors, and a line saying how many more there are."""
+        more = len(self.errors) - ERRORS_SHOWN
+        return self.errors[:ERRORS_SHOWN] + ([f"… and {more:,} more."] if more > 0 else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +168,16 @@ def _label(section, item):
     """Return how an operator recognises ``item``: 'rule “free-user”', 'endpoint cost
     (endpoint api:search, method GET)'."""
     if len(section.key) == 1:
-        return f"{section.noun} “{item.get(section.key[0])}”"
-    parts = [f"{name} {item[name]}" for name in section.key if item.get(name) not in (None, "")]
+        return f"{section.noun} {shown(item.get(section.key[0]))}"
+    parts = [f"{name} {_shown_part(item[name])}" for name in section.key
+             if item.get(name) not in (None, "")]
     return f"{section.noun} ({', '.join(parts)})"
+
+
+def _shown_part(value):
+    """A key field's value in a label: as it is when it is short text, else ``shown``."""
+    text = shown(value)
+    return value if not isinstance(value, Shown) and text == f"“{value}”" else text
 
 
 def _where(section, position, item):
@@ -179,20 +197,16 @@ def _read_item(section, position, raw, errors):
     for name, field in fields.items():
         value = raw[name] if name in raw else \
             (None if field.is_relation else field.get_default())
-        item[name] = value
-        if field.is_relation:
-            if value is not None and not isinstance(value, str):
-                problems.append(f"{name}: a reference is written as text (a "
-                                f"{_natural_key_field(field.related_model)}) or null.")
-                item[name] = None
-            continue
+        reference = f"a {_natural_key_field(field.related_model)}" if field.is_relation else ""
         try:
-            item[name] = _json_value(field.to_python(value))
-        except ValidationError as exc:
-            problems.append(f"{name}: {' '.join(exc.messages)}")
-    unknown = sorted(set(raw) - set(fields))
+            item[name] = _json_value(document_value(field, value, reference=reference))
+        except DocumentValueError as exc:
+            problems.append(f"{name}: {exc.message}")
+            # the item is refused; what names it in errors is short (a key field's value too)
+            item[name] = None if field.is_relation else shown(value)
+    unknown = set(raw) - set(fields)
     if unknown:
-        problems.append(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)}).")
+        problems.append(f"unknown field(s) {shown_names(unknown)} (known: {', '.join(fields)}).")
     # the item still counts as present: references to it are not reported missing as well
     errors.extend(f"{_where(section, position, item)}: {problem}" for problem in problems)
     return item, not problems
@@ -232,7 +246,7 @@ class _References:
         if model in self.known:
             if value in self.known[model]:
                 return None
-            return f"no {model._meta.verbose_name} “{value}” in the file."
+            return f"no {model._meta.verbose_name} {shown(value)} in the file."
         field = _natural_key_field(model)
         count = self._found.get((model, value))
         if count is None:
@@ -242,8 +256,8 @@ class _References:
         if count == 0:
             creator = "API keys are issued in the admin" if model is ApiKey else \
                 "users are not created by an import"
-            return f"no {model._meta.verbose_name} with {field} “{value}” ({creator})."
-        return f"{count} API keys share the prefix “{value}”: rotate all but one of them."
+            return f"no {model._meta.verbose_name} with {field} {shown(value)} ({creator})."
+        return f"{count} API keys share the prefix {shown(value)}: rotate all but one of them."
 
 
 def _read_document(document, keep_missing):
@@ -253,12 +267,12 @@ def _read_document(document, keep_missing):
         raise QuotaFileError(["The file must hold a JSON object (what export writes)."])
     if document.get("format") != FORMAT:
         raise QuotaFileError([f"“format” must be “{FORMAT}” (found "
-                              f"{json.dumps(document.get('format'))})."])
+                              f"{shown(document.get('format'))})."])
     errors = []
     names = [section.name for section in SECTIONS]
-    unknown = sorted(set(document) - set(names) - {"format"})
+    unknown = set(document) - set(names) - {"format"}
     if unknown:
-        errors.append(f"Unknown list(s) {', '.join(unknown)} (known: {', '.join(names)}).")
+        errors.append(f"Unknown list(s) {shown_names(unknown)} (known: {', '.join(names)}).")
     for name in names:
         if not isinstance(document.get(name), list):
             errors.append(f"“{name}” must be a list (an empty list removes every row).")

@@ -16,7 +16,8 @@ from ..conf import get_config, meta_key
 from .keys import scope_token
 from .scopes import Scope, hash_api_key
 
-__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset"]
+__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset",
+           "is_trusted_proxy", "untrusted_forwarder"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -26,6 +27,8 @@ MAX_API_KEY_LENGTH = 200
 MAX_FORWARDED_HOPS = 20
 # The longest textual IP address ("ffff:...:255.255.255.255" is 45) with room for a zone id.
 MAX_ADDRESS_LENGTH = 64
+# A hop may add brackets, quotes and a port (":65535", or RFC 7239's obfuscated "_name").
+MAX_HOP_LENGTH = MAX_ADDRESS_LENGTH + 24
 # Longer tenant names (from a TENANT_RESOLVER, possibly request input) are kept as their digest,
 # so an identity, and every per-process memo keyed by one, stays small.
 MAX_TENANT_LENGTH = 100
@@ -142,9 +145,10 @@ def client_ip(meta):
     if address is None:
         return "unknown"
     if _is_trusted(address):
-        forwarded = (meta.get("HTTP_X_FORWARDED_FOR") or "").split(",")[-MAX_FORWARDED_HOPS:]
-        for hop in reversed(forwarded):
+        for hop in _last_hops(meta.get("HTTP_X_FORWARDED_FOR") or ""):
             hop_address = _parse_ip(hop)
+            if hop_address is None:
+                hop_address = _parse_node(hop)
             if hop_address is None:
                 logger.info("ratelimit_app: malformed X-Forwarded-For hop ignored")
                 break  # a forged or broken entry: trust nothing further left
@@ -152,6 +156,50 @@ def client_ip(meta):
             if not _is_trusted(hop_address):
                 break
     return _as_limited(address)
+
+
+def _last_hops(header):
+    """Yield the last MAX_FORWARDED_HOPS hops of an X-Forwarded-For value, nearest first. Only
+    those are split off (``rsplit``'s bound): a header of a million commas costs no more."""
+    hops = header.rsplit(",", MAX_FORWARDED_HOPS)
+    if len(hops) > MAX_FORWARDED_HOPS:
+        del hops[0]  # whatever lies beyond the last hops, unsplit
+    return reversed(hops)
+
+
+def _parse_node(hop):
+    """Return the address of a hop written as an RFC 7239 node (``1.2.3.4:5555``,
+    ``[2001:db8::1]``, ``[2001:db8::1]:443``, optionally quoted), or None.
+
+    A port is dropped: it tells apart connections, not clients. ``unknown`` and obfuscated
+    names (``_hidden``) name no address, so they are malformed here too.
+    """
+    text = hop.strip()
+    if len(text) > MAX_HOP_LENGTH:
+        return None
+    if len(text) > 1 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    if text.startswith("["):
+        host, bracket, port = text[1:].partition("]")
+        if not bracket or host.count(":") < 2:  # brackets hold an IPv6 address only
+            return None
+        if port and not (port[0] == ":" and _valid_port(port[1:])):
+            return None
+    else:
+        # one colon: an IPv4 address and its port (an IPv6 address, which has several, was
+        # parsed already if it is one)
+        host, colon, port = text.partition(":")
+        if not colon or "." not in host or not _valid_port(port):
+            return None
+    return _parse_ip(host)
+
+
+def _valid_port(port):
+    # RFC 7239: a port number, or an obfuscated port ("_" then letters, digits, ".", "_", "-")
+    if port.isdigit():
+        return port.isascii() and len(port) <= 5 and int(port) <= 65535
+    return len(port) > 1 and port[0] == "_" and port.isascii() and \
+        port[1:].replace(".", "").replace("_", "").replace("-", "").isalnum()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -162,6 +210,23 @@ def _direct_client(text):
     if address is None:
         return "unknown"
     return None if _is_trusted(address) else _as_limited(address)
+
+
+def untrusted_forwarder(meta):
+    """Return REMOTE_ADDR (as text) when the request carries X-Forwarded-For but REMOTE_ADDR is
+    not a trusted proxy (so the header is ignored), else None."""
+    if not meta.get("HTTP_X_FORWARDED_FOR"):
+        return None
+    address = _parse_ip(meta.get("REMOTE_ADDR") or "")
+    if address is None or _is_trusted(address):
+        return None
+    return str(address)
+
+
+def is_trusted_proxy(text):
+    """True if the address ``text`` is in TRUSTED_PROXIES."""
+    address = _parse_ip(text or "")
+    return address is not None and _is_trusted(address)
 
 
 def limited_ip(text):

@@ -17,6 +17,8 @@ from django.core import checks
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from ..decision.forwarding import read_sighting
+from ..decision.identity import is_trusted_proxy
 from ..runtime.limiter import default_limiter
 from ..stores import StoreUnavailable
 from . import round_trip
@@ -109,7 +111,30 @@ def run_operator_checks():
                                "0 (no quota change announced since Redis was emptied)"))
     except StoreUnavailable as exc:
         lines.append(CheckLine(FAIL, "config version", f"cannot be read: {exc}"))
-    return lines + _clock_skew(store)
+    return lines + _clock_skew(store) + [_forwarding_line(store, limiter.config["KEY_PREFIX"])]
+
+
+def _forwarding_line(store, prefix):
+    """WARN when a worker saw X-Forwarded-For from an address outside TRUSTED_PROXIES in the
+    last day (decision/forwarding.py), unless that address is trusted by now."""
+    name = "forwarded requests"
+    try:
+        sighting = read_sighting(store.metrics_client(), prefix)
+    except (RedisError, StoreUnavailable) as exc:
+        return CheckLine(FAIL, name, f"cannot be read: {exc}")
+    if sighting is None:
+        return CheckLine(OK, name, "no X-Forwarded-For from an address outside TRUSTED_PROXIES "
+                                   "seen in the last 24 h")
+    address = sighting["address"]
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(sighting["at"]))
+    if is_trusted_proxy(address):
+        return CheckLine(OK, name, f"{address}, which sent X-Forwarded-For at {at}, is in "
+                                   f"TRUSTED_PROXIES now")
+    return CheckLine(WARN, name, f"a request from {address} carried X-Forwarded-For at {at} "
+                                 f"(process {sighting['pid']}), but {address} is not in "
+                                 f"TRUSTED_PROXIES: the header is ignored. If it is your proxy, "
+                                 f"every client behind it shares its address; add it to "
+                                 f"TRUSTED_PROXIES")
 
 
 def _not_checked(reason):

@@ -36,6 +36,7 @@ from ..decision.buckets import ConcurrencySlot, CreditBalance, slot_member
 from ..decision.clock import SystemClock, process_clock
 from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
+from ..decision.forwarding import UntrustedForwarding
 from ..decision.identity import identify
 from ..decision.leases import Leases
 from ..decision.meter import Meter
@@ -186,7 +187,7 @@ class Limiter:
                                        config=lambda: self.config,
                                        request_errors=lambda: self.stats.redis_errors,
                                        unexpected=self.unexpected_error,
-                                       before_flush=store.collect_unanswered)
+                                       before_flush=self._before_flush)
         self.flusher.autostart = metrics_autostart
         # decisions are counted in batches while a later decision waits for Redis (recorder.py)
         store.run_while_waiting(self._count_metrics_while_waiting)
@@ -195,6 +196,8 @@ class Limiter:
         # (business/alerts/crossings.py)
         self.alerts = AlertQueue(lambda: int(wall_time() * 1000),
                                  config=lambda: self.config, autostart=metrics_autostart)
+        # X-Forwarded-For from an address not in TRUSTED_PROXIES: warned of once
+        self.untrusted_forwarding = UntrustedForwarding(wall_time)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -221,6 +224,12 @@ class Limiter:
             return
         if self.recorder.record(decision):  # once per counted batch or flush
             self._start_flushing()
+
+    def _before_flush(self):
+        """What the metrics flush thread does before each flush: read the replies of settles
+        sent without waiting, and publish a sighting of untrusted forwarding (forwarding.py)."""
+        self.store.collect_unanswered()
+        self.untrusted_forwarding.publish(self.store.metrics_client, self.config["KEY_PREFIX"])
 
     def _start_flushing(self):
         """Start the metrics flush thread if it may run here and does not: besides the counts,
@@ -327,6 +336,8 @@ class Limiter:
         """The steps of a decision before the store: return a Decision when no call is needed,
         else the _Pending decision to send."""
         identity = identify(request, user, snapshot)
+        if self.untrusted_forwarding.seen is None:
+            self.untrusted_forwarding.observe(request.META)
         cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
         buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
         if buckets is None:

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
+from ratelimit_app.conf import ExemptPaths
 from ratelimit_app.runtime import guard
 from ratelimit_app.throttling import QuotaThrottle
 
@@ -83,6 +84,32 @@ def test_exempt_paths_setting_is_honoured_and_costs_nothing(demo, settings, redi
     assert response.status_code == 200 and decision_of(response) is None
     assert redis_server.command_calls("evalsha") == calls
     assert decision_of(Client().get("/api/items/")) is not None  # other paths still limited
+
+
+@pytest.mark.parametrize("entry, exempt", [
+    ("/hello", True),     # the path and what lies beneath it
+    ("/hell", False),     # not a segment of /hello/ (as /health never exempts /healthcare/)
+    ("/hell*", True),     # an entry ending in * keeps a plain string prefix
+    ("/hello/", True),
+    ("/hello/x", False),
+])
+def test_exempt_paths_match_whole_path_segments(demo, settings, redis_server, entry, exempt):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "EXEMPT_PATHS": [entry]}
+    calls = redis_server.command_calls("evalsha")
+    response = Client().get("/hello/")
+    assert response.status_code == 200
+    assert (decision_of(response) is None) is exempt
+    assert (redis_server.command_calls("evalsha") == calls) is exempt
+
+
+def test_exempt_paths_entries_compile_to_segments_and_prefixes():
+    exempt = ExemptPaths(["/health", "/admin/", "/legacy*"])
+    assert [path for path in ("/health", "/health/", "/health/db", "/healthcare/", "/healthz",
+                              "/admin", "/admin/", "/admin/x", "/legacy", "/legacy-api/v1",
+                              "/other") if exempt.matches(path)] == \
+        ["/health", "/health/", "/health/db", "/admin/", "/admin/x", "/legacy", "/legacy-api/v1"]
+    assert exempt == ExemptPaths(["/health", "/admin/", "/legacy*"])
+    assert hash(exempt) == hash(ExemptPaths(["/health", "/admin/", "/legacy*"]))
 
 
 def test_unknown_urls_are_not_limited(demo):

@@ -5,6 +5,8 @@ period, the signal quota_threshold_crossed once per stored row, and the outbox r
 them."""
 
 import dataclasses
+import json
+import time
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -216,3 +218,90 @@ def test_a_request_holding_a_concurrency_slot_on_the_async_path_detects_crossing
     assert [(a.threshold, a.used) for a in limiter().alerts.drain()] == [(50, 2)]
     for decision in (first, second):
         limiter().release_slot(decision)
+
+
+# --- a client-IP rule: one alert for every address ---------------------------------------------
+
+@pytest.mark.django_db
+def test_300_addresses_crossing_in_a_minute_make_one_alert_and_one_delivery_per_threshold(
+        received):
+    clock = use_fake_clock(now_ms=HOUR_START_MS)
+    calendar_rule(rate=2, alert_thresholds="50,100")  # each address: 1 of 2, then 2 of 2
+    WebhookEndpoint.objects.create(name="all", url="http://127.0.0.1:9/a")
+    client = Client()
+    for n in range(300):  # 300 IPv6 /64 networks, within a minute
+        address = f"2001:db8:{n // 256:x}:{n % 256:x}::1"
+        for _ in range(1 + (n == 7)):  # one of them uses it all (both thresholds)
+            assert client.get("/hello/", REMOTE_ADDR=address).status_code == 200
+        clock.advance(150)
+    limiter().alerts.drain()
+    alerts = {a.threshold: a for a in QuotaAlert.objects.all()}
+    assert set(alerts) == {50, 100} and len(received) == 2  # one row (and signal) per threshold
+    half, full = alerts[50], alerts[100]
+    assert half.aggregated and half.callers == 300 and full.callers == 1
+    assert len(half.top_callers) == 5  # the few that used the most, not all 300
+    assert {caller["used"] for caller in half.top_callers} == {1}  # what the crossing left
+    assert full.top_callers == [{"identity": "ip:2001:db8:0:7::/64 (2001:db8:0:7::/64)",
+                                 "identity_key": full.top_callers[0]["identity_key"], "used": 2}]
+    assert (full.identity, full.used, full.limit) == (full.top_callers[0]["identity"], 2, 2)
+    deliveries = list(WebhookDelivery.objects.order_by("event"))
+    assert [d.event for d in deliveries] == ["quota.exhausted", "quota.threshold_crossed"]
+    body = json.loads(next(d.body for d in deliveries if d.alert_id == half.pk))["data"]
+    assert body["callers"] == 300 and len(body["top_callers"]) == 5
+    assert body["top_callers"][0] == {"identity": half.top_callers[0]["identity"], "used": 1}
+
+
+@pytest.mark.django_db
+def test_an_aggregated_delivery_waits_and_is_rewritten_until_sent(settings):
+    from ratelimit_app.business.alerts.webhooks import Sender
+
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "ALERTS_AGGREGATE_S": 60}
+    use_fake_clock(now_ms=HOUR_START_MS)
+    calendar_rule(rate=1, alert_thresholds="100")
+    WebhookEndpoint.objects.create(name="all", url="http://127.0.0.1:9/a")
+    client = Client()
+    assert client.get("/hello/", REMOTE_ADDR="198.51.100.1").status_code == 200
+    limiter().alerts.drain()  # the row and its delivery, due in 60 s
+    delivery = WebhookDelivery.objects.get()
+    assert Sender().claim() == []  # not due yet
+    assert json.loads(delivery.body)["data"]["callers"] == 1
+    for address in ("198.51.100.2", "198.51.100.3"):  # stored by a later drain
+        assert client.get("/hello/", REMOTE_ADDR=address).status_code == 200
+    limiter().alerts.drain()
+    delivery.refresh_from_db()
+    assert json.loads(delivery.body)["data"]["callers"] == 3
+    assert QuotaAlert.objects.get().callers == 3
+    late = Sender(clock=lambda: time.time() + 61)  # the clock seam: past the wait
+    assert [d.pk for d in late.claim()] == [delivery.pk]
+    assert client.get("/hello/", REMOTE_ADDR="198.51.100.4").status_code == 200
+    limiter().alerts.drain()
+    delivery.refresh_from_db()
+    assert json.loads(delivery.body)["data"]["callers"] == 3  # taken by a sender: as it was
+    assert QuotaAlert.objects.get().callers == 4  # the row still counts
+
+
+def test_an_address_reported_by_two_workers_is_counted_once_while_among_the_top(db):
+    from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
+
+    rule = calendar_rule()
+    first = Crossing(rule.id, "rl:{ip.a}", "ip:192.0.2.1", 80, HOUR_START_MS, 4, 5, True)
+    assert len(store_crossings([first])) == 1
+    assert store_crossings([first._replace(identity="ip:192.0.2.1 (again)")]) == []
+    assert QuotaAlert.objects.get().callers == 1
+    store_crossings([first._replace(identity_key="rl:{ip.b}", identity="ip:192.0.2.2", used=5)])
+    alert = QuotaAlert.objects.get()
+    assert alert.callers == 2 and [c["identity"] for c in alert.top_callers] == \
+        ["ip:192.0.2.2", "ip:192.0.2.1"]
+    assert (alert.identity, alert.used) == ("ip:192.0.2.2", 5)
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_an_aggregated_alert_as_its_count_of_addresses(admin_client):
+    from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
+
+    rule = calendar_rule()
+    store_crossings([Crossing(rule.id, f"rl:{{ip.{n}}}", f"ip:192.0.2.{n} (192.0.2.{n})", 80,
+                              HOUR_START_MS, 4, 5, True) for n in range(1, 8)])
+    html = admin_client.get("/admin/ratelimit_alerts/quotaalert/").content.decode()
+    assert "7 addresses, the most by ip:192.0.2.1 (192.0.2.1)" in html
+    assert "80 % (4 of 5 used)" in html

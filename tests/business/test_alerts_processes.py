@@ -96,7 +96,10 @@ def python(env, *args):
 def migrated_env(workdir, redis_server, database_env):
     """The environment of the demo project on a migrated database of its own."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **database_env(workdir),
-           "REDIS_URL": redis_server.url, "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
+           "REDIS_URL": redis_server.url, "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0",
+           # the deliveries of the client-IP rule's alerts due at once (test_alerts.py tests the
+           # wait on the clock seam)
+           "DEMO_ALERTS_AGGREGATE_S": "0"}
     python(env, "manage.py", "migrate", "--verbosity", "0")
     return env
 
@@ -182,6 +185,38 @@ def test_processes_storing_the_same_crossing_at_once_store_one_row_and_send_one_
     assert sorted(outcomes) == [(0, 0), (0, 0), (0, 0), (1, 1)]
     assert read(env, "QuotaAlert.objects.filter(threshold=90).count()") == 1
     assert read(env, "WebhookDelivery.objects.filter(alert__threshold=90).count()") == 1
+
+
+AGGREGATE_RACE = """
+import django
+django.setup()
+import sys
+from ratelimit_app.business.alerts.crossings import Crossing, store_crossings
+from ratelimit_app.models import Rule
+rule = Rule.objects.get(name="daily")
+n = int(sys.argv[1])
+stored = store_crossings([Crossing(rule.id, f"rl:{{ip.racer{n}}}", f"ip:10.8.1.{n}", 95,
+                                   1_700_000_000_000, 38, 40, True)])
+print(len(stored))
+"""
+
+
+def test_processes_adding_addresses_to_one_aggregated_alert_at_once_count_each(site):
+    port, env = site
+    racers = [subprocess.Popen([sys.executable, "-c", AGGREGATE_RACE, str(n)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for n in range(4)]
+    made = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        made.append(int(out))
+    assert sorted(made) == [0, 0, 0, 1]  # one process made the row, the others added to it
+    assert read(env, "list(QuotaAlert.objects.filter(threshold=95)"
+                     ".values_list('callers', flat=True))") == [4]
+    assert read(env, "len(QuotaAlert.objects.get(threshold=95).top_callers)") == 4
+    body = read(env, "WebhookDelivery.objects.get(alert__threshold=95).body")
+    assert json.loads(body)["data"]["callers"] == 4  # rewritten by each, not yet sent
 
 
 AT_EXIT = """

@@ -11,15 +11,22 @@ database-only.)
 """
 
 import datetime
+import time
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client, RequestFactory
 
-from ratelimit_app.business.alerts.models import QuotaAlert, WebhookDelivery, WebhookEndpoint
+from ratelimit_app.business.alerts.models import (
+    EVERY_ADDRESS_KEY,
+    QuotaAlert,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from ratelimit_app.business.alerts.webhooks import Sender, verify_signature
 from ratelimit_app.business.usage.rollup import UsageRollup
+from ratelimit_app.conf import DEFAULTS
 from ratelimit_app.decision.keys import bucket_key, scope_token
 from ratelimit_app.metrics import fields
 from ratelimit_app.models import IdentityOverride, Plan, PlanAssignment, Rule, UsageRecord
@@ -63,6 +70,9 @@ def one_ip_per_master(cluster):
     raise AssertionError("no address for some master")
 
 
+ALERTS_AGGREGATE_S = DEFAULTS["ALERTS_AGGREGATE_S"]
+
+
 def alert_rows():
     """``[(identity key, threshold, used, limit)]`` of every stored alert, sorted."""
     return sorted(QuotaAlert.objects.values_list("identity_key", "threshold", "used", "limit"))
@@ -97,9 +107,11 @@ def test_alerts_on_three_masters_are_stored_signalled_and_delivered_once(
     queue = limiter().alerts
     assert queue.pending() == 6  # 80 % and 100 % of each address; the refusals: nothing
     stored = queue.drain()
-    expected = sorted((key, threshold, used, 5) for key in keys
-                      for threshold, used in ((80, 4), (100, 5)))
+    # a client-IP rule: one row per threshold for every address, which counts the three
+    expected = [(EVERY_ADDRESS_KEY, 80, 4, 5), (EVERY_ADDRESS_KEY, 100, 5, 5)]
     assert alert_rows() == expected
+    assert [a.callers for a in stored] == [3, 3]
+    assert sorted(c["identity_key"] for c in stored[0].top_callers) == sorted(keys)
     assert {a.period_start.isoformat() for a in stored} == {DAY_START}
     assert sorted(a.pk for a in received) == sorted(a.pk for a in stored)
 
@@ -118,16 +130,18 @@ def test_alerts_on_three_masters_are_stored_signalled_and_delivered_once(
                 for _ in range(5)] == [200] * 5
     assert queue.pending() == 6
     assert queue.drain() == []
-    assert alert_rows() == expected and len(received) == 6
+    assert alert_rows() == expected and len(received) == 2
+    assert [a.callers for a in QuotaAlert.objects.all()] == [3, 3]  # each address counted once
 
-    assert Sender().send_due() == (6, 0)
-    assert Sender().send_due() == (0, 0)  # a restarted sender: nothing more
-    assert len(receiver.received) == 6
+    later = Sender(clock=lambda: time.time() + ALERTS_AGGREGATE_S + 1)  # past the wait
+    assert later.send_due() == (2, 0)
+    assert later.send_due() == (0, 0)  # a restarted sender: nothing more
+    assert len(receiver.received) == 2
     bodies = []
     for got in receiver.received:
         assert verify_signature(endpoint.secret, got.headers, got.body)
         bodies.append(got.body)
-    assert len(set(bodies)) == 6
+    assert len(set(bodies)) == 2
     assert set(WebhookDelivery.objects.values_list("status", "attempts")) == {("sent", 1)}
 
 

@@ -38,6 +38,13 @@ pytestmark = pytest.mark.django_db
 HOUR_START_MS = 1_699_999_200_000
 
 
+@pytest.fixture(autouse=True)
+def deliveries_due_at_once(settings):
+    """The outbox's mechanics are tested here: a client-IP rule's deliveries are due at once
+    rather than after ALERTS_AGGREGATE_S (test_alerts.py tests the wait)."""
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "ALERTS_AGGREGATE_S": 0}
+
+
 def alert_with_deliveries(url, thresholds="80,100", rate=5):
     """Make a calendar quota cross its thresholds through the request path; return the
     endpoint (its deliveries are in the outbox)."""

@@ -1,9 +1,11 @@
 """Who is calling: API key, user, tenant, plan, and the proxy-aware client address."""
 
+import tracemalloc
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 
 from ratelimit_app.decision.identity import client_ip, identify
 from ratelimit_app.decision.keys import scope_token
@@ -178,7 +180,15 @@ def test_all_hops_trusted_gives_the_leftmost_proxy(settings):
 @pytest.mark.parametrize("forwarded, expected", [
     ("", "10.0.0.1"),                                  # no header: the proxy itself
     ("not-an-ip", "10.0.0.1"),
-    ("203.0.113.5:443", "10.0.0.1"),                   # ports are not addresses
+    ("203.0.113.5:", "10.0.0.1"),                      # a port must be a port
+    ("203.0.113.5:99999", "10.0.0.1"),
+    ("203.0.113.5:http", "10.0.0.1"),
+    ("[203.0.113.5]", "10.0.0.1"),                     # brackets hold IPv6 only
+    ("[2001:db8::1", "10.0.0.1"),
+    ("[2001:db8::1]443", "10.0.0.1"),
+    ("unknown", "10.0.0.1"),                           # RFC 7239: no address given
+    ("_hidden", "10.0.0.1"),
+    ("[" + "1:" * 40 + "]:1", "10.0.0.1"),
     ("1.2.3.4, garbage, 10.0.0.2", "10.0.0.2"),        # nothing left of a broken hop is believed
     ("garbage, 203.0.113.5", "203.0.113.5"),           # forged junk left of the client is harmless
     ("1.2.3.4\x00", "10.0.0.1"),
@@ -190,6 +200,60 @@ def test_all_hops_trusted_gives_the_leftmost_proxy(settings):
 def test_malformed_hops(settings, forwarded, expected):
     ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
     assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}) == expected
+
+
+@pytest.mark.parametrize("hop, expected", [
+    ("203.0.113.5:5555", "203.0.113.5"),                 # a port tells connections apart
+    ("203.0.113.5:_abc-1.x", "203.0.113.5"),             # RFC 7239's obfuscated port
+    ("[2001:db8:1:2::1]", "2001:db8:1:2::/64"),
+    ("[2001:db8:1:2::1]:443", "2001:db8:1:2::/64"),
+    ('"[2001:db8:1:2::1]:443"', "2001:db8:1:2::/64"),    # quoted, as RFC 7239 writes it
+    ("[::ffff:203.0.113.5]:80", "203.0.113.5"),
+    (" 203.0.113.5:5555 ", "203.0.113.5"),
+])
+def test_hops_written_as_rfc_7239_nodes_give_their_address(settings, hop, expected):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
+    meta = {"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": f"6.6.6.6, {hop}, 10.0.0.7:80"}
+    assert client_ip(meta) == expected
+
+
+def test_two_clients_behind_ported_hops_are_two_clients(settings):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
+    first, second = ({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": hop}
+                     for hop in ("198.51.100.1:40000", "198.51.100.2:40000"))
+    assert (client_ip(first), client_ip(second)) == ("198.51.100.1", "198.51.100.2")
+
+
+def test_a_huge_header_is_split_only_as_far_as_the_last_hops(settings):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
+    # a million commas left of the hops our proxies added: never split into a million strings
+    # (which would take tens of megabytes)
+    forwarded = "," * 1_000_000 + "203.0.113.5, 10.0.0.2:8080"
+    tracemalloc.start()
+    try:
+        assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}) == \
+            "203.0.113.5"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(forwarded)  # the unsplit remainder, once
+    only_proxies = ", ".join(["10.0.0.9"] * 200_000)
+    assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": only_proxies}) == \
+        "10.0.0.9"  # the walk stops after MAX_FORWARDED_HOPS hops, at a proxy
+
+
+def test_clients_behind_ported_hops_get_buckets_of_their_own(settings, demo, redis_client):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["127.0.0.1"])
+    client = Client()
+    first = [client.get("/hello/", HTTP_X_FORWARDED_FOR="198.51.100.1:40000").status_code
+             for _ in range(41)]  # free-ip: burst 40
+    assert first == [200] * 40 + [429]
+    for hop, address in (("198.51.100.2:40000", "198.51.100.2"),
+                         ("[2001:db8::1]:443", "2001:db8::/64"),
+                         ("[2001:db8:0:1::1]", "2001:db8:0:1::/64")):
+        response = client.get("/hello/", HTTP_X_FORWARDED_FOR=hop)
+        assert response.status_code == 200, hop
+        assert response.wsgi_request.ratelimit.identity.ip == address
 
 
 def test_ipv6_clients_are_grouped_by_prefix(settings):

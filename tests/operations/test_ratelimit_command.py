@@ -250,10 +250,10 @@ def test_validation_errors_name_item_and_field_and_change_nothing(demo, tmp_path
     assert failure.value.returncode == 2
     assert str(failure.value) == f"{path}: 7 errors; nothing changed."
     assert err.getvalue().splitlines() == [
-        "plans[0] (plan “enterprise”): unknown field(s) colour (known: slug, name, description, "
+        "plans[0] (plan “enterprise”): unknown field(s) “colour” (known: slug, name, description, "
         "default_for_authenticated, default_for_anonymous).",
         "rules[3] (rule “free-ip”): scope: Value 'planet' is not a valid choice.",
-        "rules[7] (rule “global”): burst: “many” value must be an integer.",
+        "rules[7] (rule “global”): burst: must be a whole number, not “many”.",
         "rules[9] (rule “pro-user”): rate: The rate must be at least 1 token per period.",
         "rules[5] (rule “free-reports”): plan: no plan “platinum” in the file.",
         "plan_assignments[0] (plan assignment “mallory”): user: no user with username "
@@ -277,8 +277,96 @@ def test_duplicate_and_malformed_items_are_named(demo, tmp_path):
         "rules[13] (rule “global”): the same item as rules[7]; keep one.",
         "endpoint_costs[3]: an item must be a JSON object.",
         "plan_assignments[0] (plan assignment “alice”): plan: a reference is written as text "
-        "(a slug) or null.",
+        "(a slug) or null, not 7.",
     ]
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("rate", True, "rate: must be a whole number, not true."),
+    ("burst", 150.9, "burst: must be a whole number, not 150.9 (write it without a decimal "
+                     "point)."),
+    ("burst", 150.0, "burst: must be a whole number, not 150.0 (write it without a decimal "
+                     "point)."),
+    ("rate", "10", "rate: must be a whole number, not “10”."),
+    ("rate", float("nan"), "rate: must be a whole number, not NaN."),
+    ("rate", 10 ** 30, f"rate: {10 ** 30} is out of range (at most 9,223,372,036,854,775,807)."),
+    ("rate", int("9" * 4000), "rate: an integer of about 4001 digits is out of range (at most "
+                              "9,223,372,036,854,775,807)."),
+    ("burst", None, "burst: must not be null (a whole number)."),
+    ("enabled", 1, "enabled: must be true or false, not 1."),
+    ("enabled", "yes", "enabled: must be true or false, not “yes”."),
+    ("endpoint", 5, "endpoint: must be text, not 5."),
+    ("scope", ["ip"], "scope: must be text, not a list of 1 item."),
+    ("alert_thresholds", {"80": 1}, "alert_thresholds: must be text, not an object of 1 field."),
+    ("plan", ["pro"], "plan: a reference is written as text (a slug) or null, not a list of 1 "
+                      "item."),
+])
+def test_values_of_the_wrong_type_are_refused_not_converted(demo, tmp_path, field, value, error):
+    document = export_document()
+    item(document, "rules", name="free-user")[field] = value
+    path = tmp_path / "quotas.json"
+    path.write_text(json.dumps(document), encoding="utf-8")  # (NaN as JSON's NaN)
+    err = io.StringIO()
+    before = export_document()
+    with pytest.raises(CommandError) as failure:
+        call_command("ratelimit", "import", str(path), stdout=io.StringIO(), stderr=err)
+    assert failure.value.returncode == 2 and str(failure.value).endswith("1 error; nothing changed.")
+    assert err.getvalue().splitlines() == [f"rules[6] (rule “free-user”): {error}"]
+    assert export_document() == before
+
+
+def test_a_huge_value_is_described_not_echoed(demo, tmp_path):
+    document = export_document()
+    huge = "x" * 50_000_000
+    item(document, "rules", name="free-user")["name"] = huge + "-a"
+    item(document, "rules", name="global")["endpoint"] = huge
+    document["plans"][0][huge] = 1
+    path = write(tmp_path, document)
+    err = io.StringIO()
+    with pytest.raises(CommandError) as failure:
+        call_command("ratelimit", "import", path, stdout=io.StringIO(), stderr=err)
+    lines = err.getvalue().splitlines()
+    assert str(failure.value) == f"{path}: {len(lines)} errors; nothing changed."
+    assert max(len(line) for line in lines) < 300
+    shown = "“xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…” (50,000,002 characters)"
+    assert f"rules[6] (rule {shown}): name: {shown} is too long: at most 64 characters." in lines
+    assert "rules[7] (rule “global”): endpoint: “xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…” " \
+        "(50,000,000 characters) is too long: at most 200 characters." in lines
+    assert lines[0].startswith("plans[0] (plan “enterprise”): unknown field(s) “xxxxxxxxxxxxxxxx"
+                               "xxxxxxxxxxxxxxxxxxxxxxxx…” (50,000,000 characters) (known:")
+
+
+def test_a_file_of_many_errors_lists_the_first_fifty(demo, tmp_path):
+    document = export_document()
+    model = item(document, "rules", name="global")
+    document["rules"] += [dict(model, name=f"r{n}", rate=True) for n in range(500)]
+    path = write(tmp_path, document)
+    err = io.StringIO()
+    with pytest.raises(CommandError) as failure:
+        call_command("ratelimit", "import", path, stdout=io.StringIO(), stderr=err)
+    assert str(failure.value) == f"{path}: 500 errors; nothing changed."
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 51 and lines[-1] == "… and 450 more."
+
+
+def test_deep_values_given_to_plan_import_are_refused_without_recursing(demo):
+    from ratelimit_app.config.quotas_as_code import QuotaFileError, plan_import
+
+    deep = []
+    for _ in range(100_000):  # deeper than Python could recurse into
+        deep = [deep]
+    document = export_document()
+    item(document, "rules", name="free-user")["rate"] = deep
+    document["format"] = deep
+    with pytest.raises(QuotaFileError) as failure:
+        plan_import(document)
+    assert failure.value.errors == ["“format” must be “ratelimit_app.quotas/1” (found a list "
+                                    "of 1 item)."]
+    document["format"] = "ratelimit_app.quotas/1"
+    with pytest.raises(QuotaFileError) as failure:
+        plan_import(document)
+    assert failure.value.errors == ["rules[6] (rule “free-user”): rate: must be a whole "
+                                    "number, not a list of 1 item."]
 
 
 def test_export_to_an_unwritable_file_exits_2(tmp_path):
@@ -321,7 +409,11 @@ def test_rows_are_validated_together_and_a_late_error_rolls_everything_back(
     (None, "Cannot read {path}: No such file or directory."),
     ("{\"format\": ", "{path} is not valid JSON: Expecting value at line 1, column 12."),
     ("[]", "The file must hold a JSON object (what export writes)."),
-    ("{\"format\": \"v0\"}", "“format” must be “ratelimit_app.quotas/1” (found \"v0\")."),
+    ("{\"format\": \"v0\"}", "“format” must be “ratelimit_app.quotas/1” (found “v0”)."),
+    ("{\"format\": " + "[" * 100_000 + "]" * 100_000 + "}",
+     "{path} nests lists or objects too deeply to be a quotas file"),
+    ("{\"format\": " + "9" * 5000 + "}", "{path} cannot be read: Exceeds the limit (4300 "
+                                         "digits) for integer string conversion"),
     ("{\"format\": \"ratelimit_app.quotas/1\", \"plans\": []}",
      "“rules” must be a list (an empty list removes every row)."),
 ])
@@ -355,11 +447,27 @@ def test_check_reports_every_line_ok(demo):
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
         "OK    system checks", "OK    store", "OK    script", "OK    decision",
-        "OK    config version", "OK    clock skew"]
+        "OK    config version", "OK    clock skew", "OK    forwarded requests"]
     assert lines[3].startswith("OK    decision: a scratch decision was allowed and its key "
                                "deleted (")
     assert lines[4] == f"OK    config version: {limiter().read_version()}"
     assert "Redis is 0.0" in lines[5] and "this machine" in lines[5]
+
+
+def test_check_warns_of_x_forwarded_for_from_an_untrusted_address(demo, settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["10.0.0.0/8"]}
+    Client().get("/hello/", HTTP_X_FORWARDED_FOR="203.0.113.5")  # from 127.0.0.1
+    limiter().flusher.flush_now()  # as the worker's flush thread does
+    last = run("check")[0].splitlines()[-1]
+    assert last.startswith("WARN  forwarded requests: a request from 127.0.0.1 carried "
+                           "X-Forwarded-For at ")
+    assert last.endswith("but 127.0.0.1 is not in TRUSTED_PROXIES: the header is ignored. If "
+                         "it is your proxy, every client behind it shares its address; add it "
+                         "to TRUSTED_PROXIES")
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["127.0.0.1"]}
+    last = run("check")[0].splitlines()[-1]
+    assert last.startswith("OK    forwarded requests: 127.0.0.1, which sent X-Forwarded-For at ")
+    assert last.endswith(", is in TRUSTED_PROXIES now")
 
 
 def test_check_reads_the_clock_of_every_primary_of_a_cluster(redis_cluster, settings):

@@ -21,6 +21,15 @@ it; with the row, in the same transaction, one ``WebhookDelivery`` per subscribe
 outbox ``manage.py ratelimit deliver`` sends). The signal ``quota_threshold_crossed`` is sent
 once per stored row, by the process that stored it.
 
+A client-IP rule is the exception: addresses cost a client nothing (a /64 per subscriber, and
+many of them), so one row per address would let a client write rows and webhook deliveries
+without bound. Its crossings are stored in one row per rule, threshold and period for every
+address (``EVERY_ADDRESS_KEY``): the first crossing makes it, later ones add to its count of
+callers and its few top callers, and its deliveries wait ALERTS_AGGREGATE_S, rewritten by
+each crossing until sent, so that one delivery says how many addresses crossed. The count is
+what the workers report: an address seen by two workers in one period may be counted twice
+(unless it is among the top callers).
+
 Periods: a calendar quota's day or month; a token bucket's window of one period aligned to the
 epoch (a bucket of period 1 h alerts at most once per threshold per clock hour, UTC).
 """
@@ -37,6 +46,7 @@ from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 
 from ...decision import periods
+from ...decision.scopes import Scope
 from ...process.background import WorkerThread
 
 __all__ = ["quota_threshold_crossed", "Crossing", "crossings", "ReportedCrossings", "AlertQueue",
@@ -59,6 +69,8 @@ class Crossing(NamedTuple):
     period_start_ms: int
     used: int
     limit: int
+    # a client-IP rule's: stored in its rule's one row for every address (store_crossings)
+    aggregate: bool = False
 
 
 def crossings(buckets, statuses, identity, now_ms, tokens=None):
@@ -97,7 +109,7 @@ def _crossing(bucket, status, identity, percent, now_ms, at_level):
     used = -((at_level - bucket.capacity_units) // unit)
     display = f"{identity.ref} ({identity.display})" if identity is not None else ""
     return Crossing(rule.id, status.key, display[:300], percent, start_ms, used,
-                    bucket.capacity_units // unit)
+                    bucket.capacity_units // unit, rule.scope == Scope.IP)
 
 
 # Thresholds reached that a process remembers having queued (see ReportedCrossings).
@@ -226,34 +238,26 @@ def _drain_at_exit(queue_ref):
 
 def store_crossings(found):
     """Store ``found`` crossings: a QuotaAlert row each, unless one exists for the same rule,
-    identity key, threshold and period, with its webhook deliveries. Returns the rows stored
-    here; sends ``quota_threshold_crossed`` once for each."""
-    from .models import QuotaAlert, WebhookDelivery, WebhookEndpoint
-    from .webhooks import alert_body, first_attempt_times
+    identity key, threshold and period, with its webhook deliveries; a client-IP rule's in its
+    one row for every address. Returns the rows made here; sends ``quota_threshold_crossed``
+    once for each."""
+    from .models import QuotaAlert, WebhookEndpoint
 
     endpoints = list(WebhookEndpoint.objects.filter(enabled=True))
     stored = []
+    groups = {}
     for crossing in found:
-        period_start = datetime.fromtimestamp(crossing.period_start_ms / 1000, timezone.utc)
-        try:
-            # one transaction per row: a duplicate rolls back its own savepoint only (the
-            # unique constraint decides, so two workers racing store one row)
-            with transaction.atomic():
-                alert = QuotaAlert.objects.create(
-                    rule_id=crossing.rule_id, identity_key=crossing.identity_key,
-                    identity=crossing.identity, threshold=crossing.threshold,
-                    period_start=period_start, used=crossing.used, limit=crossing.limit)
-                subscribed = [e for e in endpoints if alert.event in e.event_list()]
-                if subscribed:
-                    body = alert_body(alert)
-                    next_at, give_up_at = first_attempt_times()
-                    WebhookDelivery.objects.bulk_create([
-                        WebhookDelivery(endpoint=e, alert=alert, event=alert.event, body=body,
-                                        next_attempt_at=next_at, give_up_at=give_up_at)
-                        for e in subscribed])
-        except IntegrityError:
-            continue  # stored already (by another worker, or earlier in this period)
-        stored.append(alert)
+        if crossing.aggregate:
+            groups.setdefault((crossing.rule_id, crossing.threshold, crossing.period_start_ms),
+                              []).append(crossing)
+        else:
+            alert = _store_one(crossing, endpoints)
+            if alert is not None:
+                stored.append(alert)
+    for group in groups.values():
+        alert = _store_aggregate(group, endpoints)
+        if alert is not None:
+            stored.append(alert)
     for alert in stored:
         for receiver, result in quota_threshold_crossed.send_robust(
                 sender=QuotaAlert, alert=alert):
@@ -261,3 +265,97 @@ def store_crossings(found):
                 logger.error("ratelimit_app: a quota_threshold_crossed receiver (%r) failed: "
                              "%s: %s", receiver, type(result).__name__, result)
     return stored
+
+
+def _period_start(crossing):
+    return datetime.fromtimestamp(crossing.period_start_ms / 1000, timezone.utc)
+
+
+def _store_one(crossing, endpoints):
+    """Store one crossing's row and deliveries; None if it was stored already (by another
+    worker, or earlier in this period)."""
+    from .models import QuotaAlert
+
+    try:
+        # one transaction per row: a duplicate rolls back its own savepoint only (the
+        # unique constraint decides, so two workers racing store one row)
+        with transaction.atomic():
+            alert = QuotaAlert.objects.create(
+                rule_id=crossing.rule_id, identity_key=crossing.identity_key,
+                identity=crossing.identity, threshold=crossing.threshold,
+                period_start=_period_start(crossing), used=crossing.used, limit=crossing.limit)
+            _make_deliveries(alert, endpoints)
+    except IntegrityError:
+        return None
+    return alert
+
+
+def _make_deliveries(alert, endpoints, delay_s=0.0):
+    from .models import WebhookDelivery
+    from .webhooks import alert_body, first_attempt_times
+
+    subscribed = [e for e in endpoints if alert.event in e.event_list()]
+    if subscribed:
+        body = alert_body(alert)
+        next_at, give_up_at = first_attempt_times(delay_s=delay_s)
+        WebhookDelivery.objects.bulk_create([
+            WebhookDelivery(endpoint=e, alert=alert, event=alert.event, body=body,
+                            next_attempt_at=next_at, give_up_at=give_up_at)
+            for e in subscribed])
+
+
+def _top_callers(kept, group):
+    """Return the TOP_CALLERS_KEPT callers of ``kept`` (the row's list) and ``group`` that used
+    the most, each once, and how many callers of ``group`` are new to ``kept``."""
+    from .models import TOP_CALLERS_KEPT
+
+    by_key = {caller["identity_key"]: caller for caller in kept}
+    new = 0
+    for crossing in group:
+        known = by_key.get(crossing.identity_key)
+        if known is None:
+            new += 1
+        elif known["used"] >= crossing.used:
+            continue
+        by_key[crossing.identity_key] = {"identity": crossing.identity,
+                                         "identity_key": crossing.identity_key,
+                                         "used": crossing.used}
+    ranked = sorted(by_key.values(), key=lambda caller: (-caller["used"], caller["identity"]))
+    return ranked[:TOP_CALLERS_KEPT], new
+
+
+def _store_aggregate(group, endpoints):
+    """Add ``group``, crossings of one client-IP rule, threshold and period, to the row for
+    every address (made by the first; its deliveries wait ALERTS_AGGREGATE_S, and are rewritten
+    until sent). Returns the row if it was made here, else None."""
+    from ...conf import get_config
+    from .models import EVERY_ADDRESS_KEY, DeliveryStatus, QuotaAlert, WebhookDelivery
+    from .webhooks import alert_body
+
+    first = group[0]
+    key = {"rule_id": first.rule_id, "identity_key": EVERY_ADDRESS_KEY,
+           "threshold": first.threshold, "period_start": _period_start(first)}
+    top, new = _top_callers([], group)
+    try:
+        with transaction.atomic():
+            alert = QuotaAlert.objects.create(
+                **key, identity=top[0]["identity"], used=top[0]["used"], limit=first.limit,
+                callers=new, top_callers=top)
+            _make_deliveries(alert, endpoints,
+                             delay_s=float(get_config()["ALERTS_AGGREGATE_S"]))
+        return alert
+    except IntegrityError:
+        pass  # made already: add to it
+    with transaction.atomic():
+        alert = QuotaAlert.objects.select_for_update().get(**key)
+        top, new = _top_callers(alert.top_callers, group)
+        if not new and top == alert.top_callers:
+            return None
+        alert.callers += new
+        alert.top_callers = top
+        alert.identity, alert.used = top[0]["identity"], top[0]["used"]
+        alert.save(update_fields=["callers", "top_callers", "identity", "used"])
+        # what is not sent yet says so too (a delivery a sender took meanwhile stays as sent)
+        WebhookDelivery.objects.filter(alert=alert, status=DeliveryStatus.PENDING,
+                                       attempts=0).update(body=alert_body(alert))
+    return None

@@ -18,7 +18,12 @@ from .destinations import url_problem
 from .signing import new_secret
 
 __all__ = ["Event", "WebhookEndpoint", "QuotaAlert", "WebhookDelivery", "DeliveryStatus",
-           "SignatureScheme", "new_webhook_secret"]
+           "SignatureScheme", "new_webhook_secret", "EVERY_ADDRESS_KEY", "TOP_CALLERS_KEPT"]
+
+# The identity key of a client-IP rule's alert: one row for every address (crossings.py).
+EVERY_ADDRESS_KEY = "ip:every-address"
+# How many of the addresses an aggregated alert names (those that used the most).
+TOP_CALLERS_KEPT = 5
 
 
 class Event(models.TextChoices):
@@ -98,6 +103,13 @@ class QuotaAlert(models.Model):
     period_start = models.DateTimeField()
     used = models.BigIntegerField(help_text="Units used after the request that crossed.")
     limit = models.BigIntegerField()
+    # a client-IP rule's alert stands for every address that reached the threshold in the
+    # period: how many did (as the workers reported them), and the few that used the most
+    callers = models.PositiveIntegerField(
+        default=1, help_text="Callers that reached the threshold in the period.")
+    top_callers = models.JSONField(
+        default=list, blank=True,
+        help_text="A client-IP rule's alert: the addresses that used the most, with their usage.")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -108,6 +120,11 @@ class QuotaAlert(models.Model):
 
     def __str__(self):
         return f"{self.rule} {self.threshold} % ({self.identity or self.identity_key})"
+
+    @property
+    def aggregated(self):
+        """True for a client-IP rule's alert, which counts every address in one row."""
+        return self.identity_key == EVERY_ADDRESS_KEY
 
     @property
     def event(self):

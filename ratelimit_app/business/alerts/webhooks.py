@@ -74,6 +74,10 @@ def alert_body(alert):
             "identity": alert.identity, "identity_key": alert.identity_key,
             "threshold_percent": alert.threshold, "used": alert.used, "limit": alert.limit,
             "period_start": _iso(alert.period_start),
+            # a client-IP rule's alert counts every address (crossings.py); others: 1, []
+            "callers": alert.callers,
+            "top_callers": [{"identity": caller["identity"], "used": caller["used"]}
+                            for caller in alert.top_callers],
         },
     }, separators=(",", ":"))
 
@@ -82,10 +86,11 @@ def _now_dt(now_s):
     return datetime.datetime.fromtimestamp(now_s, datetime.timezone.utc)
 
 
-def first_attempt_times(now_s=None, config=None):
-    """Return ``(next_attempt_at, give_up_at)`` of a new (or re-sent) delivery."""
+def first_attempt_times(now_s=None, config=None, delay_s=0.0):
+    """Return ``(next_attempt_at, give_up_at)`` of a new (or re-sent) delivery, first sent
+    ``delay_s`` from now."""
     config = config or get_config()
-    now_s = time.time() if now_s is None else now_s
+    now_s = (time.time() if now_s is None else now_s) + delay_s
     return _now_dt(now_s), _now_dt(now_s + float(config["WEBHOOK_RETRY_FOR_S"]))
 
 

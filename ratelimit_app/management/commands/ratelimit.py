@@ -211,6 +211,11 @@ class Command(BaseCommand):
         except json.JSONDecodeError as exc:
             raise _bad_input(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, "
                              f"column {exc.colno}.")
+        except RecursionError:
+            raise _bad_input(f"{path} nests lists or objects too deeply to be a quotas file "
+                             f"(what export writes is 3 levels deep).") from None
+        except ValueError as exc:  # e.g. an integer of more digits than Python converts
+            raise _bad_input(f"{path} cannot be read: {str(exc)[:200]}.") from None
 
     def handle_import(self, file, dry_run=False, keep_missing=False, **options):
         document = self._read_document(file)
@@ -253,7 +258,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Imported: {summary}; config version {version}."))
 
     def _invalid(self, path, exc):
-        for error in exc.errors:
+        for error in exc.shown_errors():
             self.stderr.write(error)
         return _bad_input(f"{path}: {counted(len(exc.errors), 'error')}; nothing changed.")
 
