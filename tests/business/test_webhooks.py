@@ -141,7 +141,7 @@ def test_the_apps_own_check_verifies_both_schemes_and_refuses_replays_and_bad_by
 
 def test_an_endpoint_made_before_the_standard_loses_no_delivery_across_the_migration(receiver):
     """An endpoint and a pending delivery as 0.1 made them (a secret of the former form), then
-    migration 0020's step: the receiver, still checking the former header with the secret it
+    migration 0019's step: the receiver, still checking the former header with the secret it
     was given, accepts the delivery; with the secret's wrapped form the standardwebhooks
     package verifies the same request."""
     import importlib

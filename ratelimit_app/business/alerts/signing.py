@@ -15,7 +15,7 @@ is "both" (the endpoints added before 0.2.0, until their receivers move over):
 
     X-Ratelimit-Signature: t=<timestamp>,v1=<hex HMAC-SHA256(key, "<t>.<raw body>")>
 
-keyed with the same bytes: migration 0020 wrapped each former secret ``s`` as
+keyed with the same bytes: migration 0019 wrapped each former secret ``s`` as
 ``"whsec_" + base64(s)``, so the key is ``s`` itself, as before, and a receiver that still
 holds ``s`` verifies as it did.
 

@@ -30,7 +30,7 @@ def unwrap_secrets(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0017_credit_figure_names'),
+        ('ratelimit_app', '0018_ip_alerts_aggregated'),
     ]
 
     operations = [
