@@ -263,7 +263,7 @@ def test_an_aggregated_delivery_waits_and_is_rewritten_until_sent(settings):
     assert client.get("/hello/", REMOTE_ADDR="198.51.100.1").status_code == 200
     limiter().alerts.drain()  # the row and its delivery, due in 60 s
     delivery = WebhookDelivery.objects.get()
-    assert Sender().claim() == []  # not due yet
+    assert Sender().claim(10) == []  # not due yet
     assert json.loads(delivery.body)["data"]["callers"] == 1
     for address in ("198.51.100.2", "198.51.100.3"):  # stored by a later drain
         assert client.get("/hello/", REMOTE_ADDR=address).status_code == 200
@@ -272,7 +272,7 @@ def test_an_aggregated_delivery_waits_and_is_rewritten_until_sent(settings):
     assert json.loads(delivery.body)["data"]["callers"] == 3
     assert QuotaAlert.objects.get().callers == 3
     late = Sender(clock=lambda: time.time() + 61)  # the clock seam: past the wait
-    assert [d.pk for d in late.claim()] == [delivery.pk]
+    assert [d.pk for d in late.claim(10)] == [delivery.pk]
     assert client.get("/hello/", REMOTE_ADDR="198.51.100.4").status_code == 200
     limiter().alerts.drain()
     delivery.refresh_from_db()
