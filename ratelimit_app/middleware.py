@@ -5,8 +5,10 @@ It decides in ``process_view`` (the URL is resolved by then, so the endpoint is 
 to ``QuotaThrottle`` unless ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF authenticates (tokens,
 keys) inside the view; the throttle's refusals are DRF responses (the project's exception
 handler, its renderers), and this middleware adds the headers of the throttle's decision to
-them as to any other response (without it, the throttle hands them to DRF). CORS preflights are
-not charged unless ``CHARGE_PREFLIGHT`` is set.
+them as to any other response (without it, the throttle hands them to DRF). Django Ninja
+operations throttled by ``ratelimit_app.ninja.QuotaThrottle`` are left to it for the same
+reason, and this middleware puts the headers on their responses (Ninja gives a throttle no
+response to set them on). CORS preflights are not charged unless ``CHARGE_PREFLIGHT`` is set.
 
 Sync and async (Django's ``sync_capable``/``async_capable``). Under an ASGI server, with every
 middleware below it async-capable, it runs in async mode: ``__call__`` and ``process_view`` are
@@ -25,6 +27,7 @@ from .conf import ensure_installed, exempt_path_prefixes, get_config
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 # (imported after the check above: they need the app's models)
+from .config.ninja_operations import path_view_of, quota_throttled, serving_operation  # noqa: E402
 from .decision.headers import (  # noqa: E402
     apply_headers_unless_set,
     problem_response,
@@ -56,13 +59,26 @@ def _is_drf_view(view_func):
     return view_class is not None and hasattr(view_class, "throttle_classes")
 
 
+def _is_quota_throttled_ninja_operation(request, view_func):
+    """True if ``view_func`` is a Django Ninja path whose operation for this request's method
+    has QuotaThrottle among its throttles (which run after Ninja's authentication)."""
+    path_view = path_view_of(view_func)
+    if path_view is None:
+        return False
+    operation = serving_operation(path_view, request.method)
+    return operation is not None and quota_throttled(operation)
+
+
 def _limited_by(request, view_func):
-    """Return what limits this request: "middleware", "throttle" (a DRF view left to its
-    throttles) or None (an exempt path or view, or a preflight that is not charged)."""
+    """Return what limits this request: "middleware", "throttle" (a DRF view, or a Ninja
+    operation with QuotaThrottle, left to its throttles) or None (an exempt path or view, or a
+    preflight that is not charged)."""
     if request.path_info.startswith(exempt_path_prefixes()) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
-    if _is_drf_view(view_func) and not get_config()["MIDDLEWARE_INCLUDES_DRF"]:
+    if _is_drf_view(view_func):
+        return "middleware" if get_config()["MIDDLEWARE_INCLUDES_DRF"] else "throttle"
+    if _is_quota_throttled_ninja_operation(request, view_func):
         return "throttle"
     return "middleware"
 

@@ -1,0 +1,85 @@
+"""Django Ninja's operations as the limiter sees them, read without importing Ninja.
+
+Ninja serves every path of an API through one ``PathView`` that holds the path's operations (a
+GET ``list_items`` and a POST ``create_item`` on ``/items``, say) and gives each operation a URL
+pattern of its own, named after it (``api-1.0.0:create_item``), all with the same route and the
+same view. Django resolves a request to the first of those patterns, whatever its method, so
+``resolver_match.view_name`` names the path's first operation. The limiter names the operation
+that serves the request instead (the first one whose methods include the request's, as Ninja
+chooses it): endpoint costs and rules name Ninja operations as they name URL names and DRF views,
+and the admin offers one endpoint per operation (``endpoints.py``).
+
+A Ninja URL pattern's view is the path view's bound method (older releases, such as 1.2) or a
+function closing over it (newer ones, such as 1.7); both are recognised by the ``PathView`` they
+lead to.
+"""
+
+import functools
+
+from django.urls import URLPattern, URLResolver, get_resolver
+
+__all__ = ["path_view_of", "serving_operation", "quota_throttled", "operation_endpoint",
+           "operation_names"]
+
+
+def path_view_of(callback):
+    """Return the Ninja ``PathView`` behind a URL pattern's view ``callback``, or None for any
+    other view."""
+    owner = getattr(callback, "__self__", None)  # older Ninja: the path view's bound method
+    if owner is None:
+        code = getattr(callback, "__code__", None)
+        if code is None or "self" not in code.co_freevars:
+            return None  # (nearly every view: a plain function or a class-based view's)
+        owner = callback.__closure__[code.co_freevars.index("self")].cell_contents
+    kind = type(owner)
+    if kind.__name__ != "PathView" or not kind.__module__.startswith("ninja"):
+        return None
+    return owner
+
+
+def serving_operation(path_view, method):
+    """Return the operation of ``path_view`` that serves ``method`` (as Ninja chooses it), or
+    None (Ninja answers 405)."""
+    for operation in path_view.operations:
+        if method in operation.methods:
+            return operation
+    return None
+
+
+def quota_throttled(operation):
+    """True if the Ninja ``operation``'s throttles include QuotaThrottle (Ninja gives an
+    operation its router's or API's throttles when it has none of its own)."""
+    return any(getattr(throttle, "is_quota_throttle", False)
+               for throttle in operation.throttle_objects)
+
+
+def operation_endpoint(request, path_view, operation):
+    """Return the endpoint name of ``operation`` of ``path_view`` serving ``request``: its
+    namespaced URL name (the resolved name when the URLconf does not list it)."""
+    match = request.resolver_match
+    names = operation_names(get_resolver(getattr(request, "urlconf", None))).get(path_view)
+    index = path_view.operations.index(operation)
+    if names is None or index >= len(names):
+        return match.view_name
+    return names[index]
+
+
+# Keyed by the resolver object, as endpoints._endpoints_of is: a new URLconf, a new map.
+@functools.lru_cache(maxsize=8)
+def operation_names(resolver):
+    """Return ``{path view: (namespaced URL name of each of its operations, in order)}`` for
+    the Ninja APIs of ``resolver``'s URLconf."""
+    found = {}
+    _collect(resolver.url_patterns, (), found)
+    return {path_view: tuple(names) for path_view, names in found.items()}
+
+
+def _collect(patterns, namespaces, found):
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            inner = namespaces + (pattern.namespace,) if pattern.namespace else namespaces
+            _collect(pattern.url_patterns, inner, found)
+        elif isinstance(pattern, URLPattern):
+            path_view = path_view_of(pattern.callback)
+            if path_view is not None:
+                found.setdefault(path_view, []).append(":".join(namespaces + (pattern.name or "",)))
