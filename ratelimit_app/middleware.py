@@ -107,6 +107,41 @@ def _leave_to_throttle(request, limited_by):
         setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
 
 
+def _async_ninja_operation(request, view_func):
+    """Return the async Django Ninja operation serving ``request``, or None."""
+    path_view = path_view_of(view_func)
+    operation = serving_operation(path_view, request.method) if path_view is not None else None
+    return operation if getattr(operation, "is_async", False) else None
+
+
+def _ready_for_ninja_loop(request, view_func):
+    """Before an async Ninja operation, whose QuotaThrottle decides on the event loop (Ninja
+    calls throttles synchronously), load what it cannot load there: rules due for a reload,
+    and the session's user (the caller of an operation without ``auth``)."""
+    if _async_ninja_operation(request, view_func) is None:
+        return
+    try:
+        default_limiter().snapshot()
+        user = request.__dict__.get("user")
+        if user is not None:
+            _loaded(user)
+    except Exception:  # the throttle loads them itself then, in a thread of its own
+        logger.exception("ratelimit_app: could not prepare a Ninja operation's decision")
+
+
+async def _aready_for_ninja_loop(request, view_func):
+    """``_ready_for_ninja_loop`` on the event loop (the database work in a thread)."""
+    if _async_ninja_operation(request, view_func) is None:
+        return
+    try:
+        await default_limiter().asnapshot()
+        user = request.__dict__.get("user")
+        if user is not None:
+            await sync_to_async(_loaded)(user)
+    except Exception:
+        logger.exception("ratelimit_app: could not prepare a Ninja operation's decision")
+
+
 def _has_user(request):
     """True if ``request`` may have a user to load (else its user is None, known without a
     coroutine)."""
@@ -205,6 +240,8 @@ class QuotaMiddleware:
             return check_failed_authentication(request)
         if limited_by != "middleware":
             _leave_to_throttle(request, limited_by)
+            if limited_by == "throttle":
+                _ready_for_ninja_loop(request, view_func)
             return None
         decision = decide(request, getattr(request, "user", None))
         if not decision.allowed:
@@ -217,6 +254,8 @@ class QuotaMiddleware:
             return await acheck_failed_authentication(request)
         if limited_by != "middleware":
             _leave_to_throttle(request, limited_by)
+            if limited_by == "throttle":
+                await _aready_for_ninja_loop(request, view_func)
             return None
         decision = await adecide(request, await _auser(request) if _has_user(request) else None)
         if not decision.allowed:
