@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test test-packages test-matrix test-current test-django60 test-floor postgresql-package bench \
+.PHONY: run test test-packages test-matrix test-current test-django60 test-floor test-ninja postgresql-package bench \
 	system-packages clean
 
 $(VENV)/.installed: requirements.txt
@@ -35,15 +35,17 @@ test-packages:
 test: $(VENV)/.installed test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The support matrix (docs/reference/support.md): three more cells, each an interpreter, a pinned
+# The support matrix (docs/reference/support.md): four more cells, each an interpreter, a pinned
 # requirements file, a virtualenv of its own and a database. The current cell runs first; the
-# django60 and floor cells then run side by side (about 13 minutes together where one after the
-# other took 20: a cell waits on its servers and Redis most of the time), each into a log of its
-# own that is printed when both are done. Every cell runs, whatever another gives; a cell whose
+# django60, floor and ninja cells then run side by side (the first two about 13 minutes together
+# where one after the other took 20: a cell waits on its servers and Redis most of the time;
+# the ninja cell runs only the Ninja and OpenAPI tests), each into a log of its own that is
+# printed when all are done. Every cell runs, whatever another gives; a cell whose
 # interpreter is missing says so in one line and fails.
 CURRENT_PYTHON ?= $(HOME)/.pyenv/versions/3.13.0/bin/python3
 DJANGO60_PYTHON ?= $(HOME)/.pyenv/versions/3.12.1/bin/python3
 FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
+NINJA_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
 
 test-matrix:
 	@failed=""; logs=$$(mktemp -d); \
@@ -57,6 +59,7 @@ test-matrix:
 	$(MAKE) --no-print-directory test-packages; running=""; \
 	start_cell django60 "$(DJANGO60_PYTHON)"; \
 	start_cell floor "$(FLOOR_PYTHON)"; \
+	start_cell ninja "$(NINJA_PYTHON)"; \
 	for job in $$running; do \
 		wait "$${job#*:}" || failed="$$failed $${job%%:*}"; \
 		echo "=== the $${job%%:*} cell's output ==="; cat "$$logs/$${job%%:*}.log"; \
@@ -84,6 +87,9 @@ endef
 .venv-floor/.installed: requirements/floor.txt
 	$(call cell_venv,floor,$(FLOOR_PYTHON),.venv-floor,requirements/floor.txt)
 
+.venv-ninja/.installed: requirements/ninja.txt
+	$(call cell_venv,ninja,$(NINJA_PYTHON),.venv-ninja,requirements/ninja.txt)
+
 # Debian's PostgreSQL server, which the current cell's suite starts on a free port.
 postgresql-package:
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || scripts/apt-install.sh postgresql
@@ -110,6 +116,14 @@ test-django60: .venv-django60/.installed test-packages
 test-floor: .venv-floor/.installed test-packages
 	.venv-floor/bin/python -m pytest $(OLDER_CELL_ARGS) $(PYTEST_ARGS)
 
+# The lowest Django Ninja and drf-spectacular on the core floors (Python 3.10, SQLite): the Ninja
+# and OpenAPI tests only, their real servers included (what those check depends on Ninja's
+# version); the other cells run everything else.
+NINJA_CELL_TESTS := tests/adapters/test_ninja.py tests/adapters/test_ninja_servers.py tests/openapi
+
+test-ninja: .venv-ninja/.installed test-packages
+	.venv-ninja/bin/python -m pytest $(NINJA_CELL_TESTS) $(PYTEST_ARGS)
+
 bench: $(VENV)/.installed
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -119,4 +133,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-ninja db.sqlite3 staticfiles

@@ -2,7 +2,8 @@
 whole, with sync and async operations behind each kind of Ninja authentication, and one whose
 router and single operation are throttled, beside an operation QuotaMiddleware decides.
 
-Its callers sign in with ``X-User-Key: key-<username>`` (an APIKeyHeader), ``Authorization:
+Its callers sign in with ``X-User-Key: key-<username>`` (an APIKeyHeader, async for the async
+operation), ``Authorization:
 Bearer token-<username>`` (an HttpBearer), or a Django session; each auth returns the user.
 """
 
@@ -22,6 +23,17 @@ class UserKey(APIKeyHeader):
 
     def authenticate(self, request, key):
         return _user(key.removeprefix("key-")) if key.startswith("key-") else None
+
+
+class AsyncUserKey(APIKeyHeader):
+    """UserKey for async operations (Ninja 1.2 calls a sync ``authenticate`` on the loop)."""
+
+    param_name = "X-User-Key"
+
+    async def authenticate(self, request, key):
+        if not key.startswith("key-"):
+            return None
+        return await get_user_model().objects.filter(username=key.removeprefix("key-")).afirst()
 
 
 class UserBearer(HttpBearer):
@@ -55,7 +67,7 @@ def keyed(request):
     return {"user": request.auth.username}
 
 
-@api.get("/async-keyed", auth=UserKey())
+@api.get("/async-keyed", auth=AsyncUserKey())
 async def keyed_async(request):
     return {"user": request.auth.username}
 
