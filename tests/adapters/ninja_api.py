@@ -12,6 +12,7 @@ from ninja import NinjaAPI, Router
 from ninja.security import APIKeyHeader, HttpBearer, django_auth
 
 from ratelimit_app.ninja import QuotaThrottle, add_refusal_handler
+from ratelimit_app.openapi.ninja import RateLimitedOpenAPI
 
 
 def _user(username):
@@ -41,9 +42,13 @@ class UserBearer(HttpBearer):
         return _user(token.removeprefix("token-")) if token.startswith("token-") else None
 
 
+class DocumentedAPI(RateLimitedOpenAPI, NinjaAPI):
+    """A NinjaAPI whose schema documents the limits (tests/openapi/)."""
+
+
 # --- an API throttled as a whole ----------------------------------------------------------------
 
-api = NinjaAPI(urls_namespace="ninja", throttle=QuotaThrottle())
+api = DocumentedAPI(urls_namespace="ninja", throttle=QuotaThrottle())
 add_refusal_handler(api)
 
 
@@ -94,7 +99,7 @@ def twice(request):
 
 # --- a router and an operation throttled, one operation left to QuotaMiddleware ----------------
 
-parts = NinjaAPI(urls_namespace="ninja-parts")
+parts = DocumentedAPI(urls_namespace="ninja-parts")
 add_refusal_handler(parts)
 router = Router(throttle=QuotaThrottle())
 
