@@ -110,7 +110,12 @@ def document_operation(operation, limits, ref_prefix="#/components"):
                            "balance up; waiting does not help unless an allowance refills).",
             "headers": refused_headers,
             "content": {PROBLEM_CONTENT_TYPE: {
-                "schema": {"$ref": f"{ref_prefix}/schemas/{PROBLEM_SCHEMA_NAME}"}}}}
+                "schema": {"$ref": f"{ref_prefix}/schemas/{PROBLEM_SCHEMA_NAME}"},
+                "example": {"type": "about:blank", "title": "Payment Required", "status": 402,
+                            "detail": "The credits of prepaid-credits are used up: top the "
+                                      "balance up to go on.",
+                            "violated-policies": ["prepaid-credits"],
+                            "credits-exhausted": ["prepaid-credits"]}}}}
     if limits.costs:
         operation[COST_FIELD] = dict(limits.costs)
     if limits.metered:

@@ -9,6 +9,7 @@ Bearer token-<username>`` (an HttpBearer), or a Django session; each auth return
 
 from django.contrib.auth import get_user_model
 from ninja import NinjaAPI, Router
+from ninja.openapi.docs import Swagger
 from ninja.security import APIKeyHeader, HttpBearer, django_auth
 
 from ratelimit_app.ninja import QuotaThrottle, add_refusal_handler
@@ -48,7 +49,9 @@ class DocumentedAPI(RateLimitedOpenAPI, NinjaAPI):
 
 # --- an API throttled as a whole ----------------------------------------------------------------
 
-api = DocumentedAPI(urls_namespace="ninja", throttle=QuotaThrottle())
+# /ninja/docs shows the x- fields too (tests/openapi/test_swagger_browser.py)
+api = DocumentedAPI(urls_namespace="ninja", throttle=QuotaThrottle(),
+                    docs=Swagger(settings={"showExtensions": True}))
 add_refusal_handler(api)
 
 
