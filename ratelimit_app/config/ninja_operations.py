@@ -15,6 +15,7 @@ lead to.
 """
 
 import functools
+from types import FunctionType, MethodType
 
 from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -25,14 +26,17 @@ __all__ = ["path_view_of", "serving_operation", "quota_throttled", "operation_en
 def path_view_of(callback):
     """Return the Ninja ``PathView`` behind a URL pattern's view ``callback``, or None for any
     other view."""
-    owner = getattr(callback, "__self__", None)  # older Ninja: the path view's bound method
-    if owner is None:
-        code = getattr(callback, "__code__", None)
-        if code is None or "self" not in code.co_freevars:
-            return None  # (nearly every view: a plain function or a class-based view's)
-        owner = callback.__closure__[code.co_freevars.index("self")].cell_contents
-    kind = type(owner)
-    if kind.__name__ != "PathView" or not kind.__module__.startswith("ninja"):
+    # by the callback's type, not getattr with a default: a missing attribute raises inside,
+    # which would cost every request to every other view
+    kind = type(callback)
+    if kind is MethodType:  # older Ninja: the path view's bound method
+        owner = callback.__self__
+    elif kind is FunctionType and "self" in callback.__code__.co_freevars:
+        owner = callback.__closure__[callback.__code__.co_freevars.index("self")].cell_contents
+    else:
+        return None  # (nearly every view: a plain function or a class-based view's)
+    owner_kind = type(owner)
+    if owner_kind.__name__ != "PathView" or not owner_kind.__module__.startswith("ninja"):
         return None
     return owner
 
