@@ -17,10 +17,11 @@ lead to.
 import functools
 from types import FunctionType, MethodType
 
+from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 
 __all__ = ["path_view_of", "serving_operation", "quota_throttled", "operation_endpoint",
-           "operation_names"]
+           "operation_names", "sent_key_credentials"]
 
 
 def path_view_of(callback):
@@ -55,6 +56,27 @@ def quota_throttled(operation):
     operation its router's or API's throttles when it has none of its own)."""
     return any(getattr(throttle, "is_quota_throttle", False)
                for throttle in operation.throttle_objects)
+
+
+def sent_key_credentials(request):
+    """True if ``request`` goes to a Ninja operation whose ``auth`` reads a key (an
+    ``APIKeyHeader``, ``APIKeyQuery`` or ``APIKeyCookie``) and it sent one: a 401 then means the
+    key was wrong (a session cookie is not such a key: a signed-out session sends one too)."""
+    match = getattr(request, "resolver_match", None)
+    path_view = path_view_of(match.func) if match is not None else None
+    operation = serving_operation(path_view, request.method) if path_view is not None else None
+    if operation is None:
+        return False
+    places = {"header": request.headers, "query": request.GET, "cookie": request.COOKIES}
+    for auth in operation.auth_callbacks:
+        place, name = getattr(auth, "openapi_in", None), getattr(auth, "param_name", None)
+        if place not in places or not isinstance(name, str):
+            continue
+        if place == "cookie" and name == settings.SESSION_COOKIE_NAME:
+            continue
+        if places[place].get(name):
+            return True
+    return False
 
 
 def operation_endpoint(request, path_view, operation):

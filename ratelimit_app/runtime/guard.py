@@ -18,7 +18,12 @@ import logging
 from asgiref.sync import sync_to_async
 
 from ..conf import get_config, meta_key
-from ..config.ninja_operations import operation_endpoint, path_view_of, serving_operation
+from ..config.ninja_operations import (
+    operation_endpoint,
+    path_view_of,
+    sent_key_credentials,
+    serving_operation,
+)
 from ..decision.engine import Decision
 from ..decision.headers import problem_response
 from ..decision.meter import reported_header_units
@@ -262,7 +267,8 @@ def authentication_failed(request, response):
     meta = request.META
     api_key_header = get_config()["API_KEY_HEADER"]
     sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
-    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")):
+    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")
+                                        or sent_key_credentials(request)):
         return True
     # DRF's AuthenticationFailed: 403 when the first authenticator sends no WWW-Authenticate
     # (SessionAuthentication listed before a token scheme), and with no authenticate() call

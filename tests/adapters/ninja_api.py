@@ -24,7 +24,7 @@ class UserKey(APIKeyHeader):
     param_name = "X-User-Key"
 
     def authenticate(self, request, key):
-        return _user(key.removeprefix("key-")) if key.startswith("key-") else None
+        return _user(key.removeprefix("key-")) if key and key.startswith("key-") else None
 
 
 class AsyncUserKey(APIKeyHeader):
@@ -33,14 +33,15 @@ class AsyncUserKey(APIKeyHeader):
     param_name = "X-User-Key"
 
     async def authenticate(self, request, key):
-        if not key.startswith("key-"):
+        if not key or not key.startswith("key-"):
             return None
         return await get_user_model().objects.filter(username=key.removeprefix("key-")).afirst()
 
 
 class UserBearer(HttpBearer):
     def authenticate(self, request, token):
-        return _user(token.removeprefix("token-")) if token.startswith("token-") else None
+        return _user(token.removeprefix("token-")) if token and token.startswith("token-") \
+            else None
 
 
 class DocumentedAPI(RateLimitedOpenAPI, NinjaAPI):

@@ -75,6 +75,20 @@ def test_the_apps_own_api_keys_are_read_as_everywhere(demo):
     assert decision_of(response).identity.kind == "key"
 
 
+@pytest.mark.parametrize("path", ["/ninja/keyed", "/ninja/async-keyed"])
+def test_a_wrong_key_in_ninjas_own_header_is_a_failed_authentication(demo, path):
+    statuses = [Client().get(path, HTTP_X_USER_KEY="key-nobody").status_code
+                for _ in range(11)]
+    assert statuses == [401] * 10 + [429]
+
+
+def test_a_401_without_a_key_is_no_failed_authentication(demo, client):
+    # no key sent, or only a (signed-out) session cookie: never charged as a failed one
+    client.cookies["sessionid"] = "signed-out"
+    assert [client.get("/ninja/keyed").status_code for _ in range(12)] == [401] * 12
+    assert [client.get("/ninja/session").status_code for _ in range(12)] == [401] * 12
+
+
 def test_a_failed_ninja_authentication_is_charged_as_one(demo):
     # Ninja's 401 comes before the throttle; a 401 to credentials sent in Authorization is a
     # failed authentication (guard.authentication_failed), 10 per client IP
