@@ -7,14 +7,12 @@ DEMO_BEHIND_PROXY)."""
 import concurrent.futures
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("ninja")
 
-from ..asgi_server import PROJECT_ROOT, Gunicorn, Uvicorn, get  # noqa: E402
+from ..asgi_server import Gunicorn, Uvicorn, get, load_demo  # noqa: E402
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -42,11 +40,7 @@ def server(request, tmp_path_factory, redis_server, database_env):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.adapters.ninja_settings",
            **database_env(workdir), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
-    for args in (["manage.py", "migrate", "--verbosity", "0"], ["manage.py", "load_demo"],
-                 ["-c", EXTRA_ROWS]):
-        done = subprocess.run([sys.executable, *args], cwd=PROJECT_ROOT, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
+    load_demo(env, EXTRA_ROWS)
     running = SERVERS[request.param](env, workdir).start()
     yield running
     running.stop()

@@ -5,15 +5,13 @@ no request leaves 127.0.0.1."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("ninja")
 pytest.importorskip("drf_spectacular_sidecar")
 
-from ..asgi_server import PROJECT_ROOT, Gunicorn  # noqa: E402
+from ..asgi_server import Gunicorn, load_demo  # noqa: E402
 from ..helpers import SCREENSHOTS  # noqa: E402
 
 pytestmark = [pytest.mark.browser]
@@ -32,11 +30,7 @@ def server(tmp_path_factory, redis_server, database_env):
     workdir = tmp_path_factory.mktemp("swagger")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.openapi.settings",
            **database_env(workdir), "REDIS_URL": redis_server.url, "DJANGO_DEBUG": "1"}
-    for args in (["manage.py", "migrate", "--verbosity", "0"], ["manage.py", "load_demo"],
-                 ["-c", COST_ROWS]):
-        done = subprocess.run([sys.executable, *args], cwd=PROJECT_ROOT, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
+    load_demo(env, COST_ROWS)
     running = Gunicorn(env, workdir, workers=1).start()
     yield running
     running.stop()
