@@ -27,7 +27,7 @@ from .conf import ensure_installed, exempt_path_prefixes, get_config
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 # (imported after the check above: they need the app's models)
-from .config.ninja_operations import path_view_of, quota_throttled, serving_operation  # noqa: E402
+from .config.ninja_operations import operation_of, quota_throttled  # noqa: E402
 from .decision.headers import (  # noqa: E402
     apply_headers_unless_set,
     problem_response,
@@ -62,10 +62,7 @@ def _is_drf_view(view_func):
 def _is_quota_throttled_ninja_operation(request, view_func):
     """True if ``view_func`` is a Django Ninja path whose operation for this request's method
     has QuotaThrottle among its throttles (which run after Ninja's authentication)."""
-    path_view = path_view_of(view_func)
-    if path_view is None:
-        return False
-    operation = serving_operation(path_view, request.method)
+    operation = operation_of(view_func, request.method)
     return operation is not None and quota_throttled(operation)
 
 
@@ -109,8 +106,7 @@ def _leave_to_throttle(request, limited_by):
 
 def _async_ninja_operation(request, view_func):
     """Return the async Django Ninja operation serving ``request``, or None."""
-    path_view = path_view_of(view_func)
-    operation = serving_operation(path_view, request.method) if path_view is not None else None
+    operation = operation_of(view_func, request.method)
     return operation if getattr(operation, "is_async", False) else None
 
 

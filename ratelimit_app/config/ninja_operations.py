@@ -20,7 +20,7 @@ from types import FunctionType, MethodType
 from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 
-__all__ = ["path_view_of", "serving_operation", "quota_throttled", "operation_endpoint",
+__all__ = ["path_view_of", "serving_operation", "operation_of", "quota_throttled", "operation_endpoint",
            "operation_names", "sent_key_credentials"]
 
 
@@ -51,6 +51,13 @@ def serving_operation(path_view, method):
     return None
 
 
+def operation_of(callback, method):
+    """Return the Ninja operation that serves ``method`` behind a URL pattern's view
+    ``callback``, or None (another view, or a method the path does not serve)."""
+    path_view = path_view_of(callback)
+    return serving_operation(path_view, method) if path_view is not None else None
+
+
 def quota_throttled(operation):
     """True if the Ninja ``operation``'s throttles include QuotaThrottle (Ninja gives an
     operation its router's or API's throttles when it has none of its own)."""
@@ -63,8 +70,7 @@ def sent_key_credentials(request):
     ``APIKeyHeader``, ``APIKeyQuery`` or ``APIKeyCookie``) and it sent one: a 401 then means the
     key was wrong (a session cookie is not such a key: a signed-out session sends one too)."""
     match = getattr(request, "resolver_match", None)
-    path_view = path_view_of(match.func) if match is not None else None
-    operation = serving_operation(path_view, request.method) if path_view is not None else None
+    operation = operation_of(match.func, request.method) if match is not None else None
     if operation is None:
         return False
     places = {"header": request.headers, "query": request.GET, "cookie": request.COOKIES}
