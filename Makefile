@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 
 .PHONY: run test test-packages test-matrix test-current test-django60 test-floor test-valkey \
-	postgresql-package bench \
+	test-ninja postgresql-package bench \
 	system-packages clean
 
 $(VENV)/.installed: requirements.txt
@@ -38,14 +38,16 @@ test: $(VENV)/.installed test-packages
 
 # The support matrix (docs/reference/support.md): four more cells, each an interpreter, a pinned
 # requirements file, a virtualenv of its own and a database (the valkey cell: a server binary).
-# The current cell runs first; the django60, floor and valkey cells then run side by side (a
-# cell waits on its servers and Redis most of the time), each into a log of its own that is
-# printed when all are done. Every cell runs, whatever another gives; a cell whose interpreter
-# is missing says so in one line and fails.
+# The current cell runs first; the django60, floor, valkey and ninja cells then run side by side
+# (a cell waits on its servers and Redis most of the time; the valkey cell runs the store,
+# topology and failure tests, the ninja cell the Ninja and OpenAPI tests), each into a log of
+# its own that is printed when all are done. Every cell runs, whatever another gives; a cell
+# whose interpreter is missing says so in one line and fails.
 CURRENT_PYTHON ?= $(HOME)/.pyenv/versions/3.13.0/bin/python3
 DJANGO60_PYTHON ?= $(HOME)/.pyenv/versions/3.12.1/bin/python3
 FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
 VALKEY_PYTHON ?= $(CURRENT_PYTHON)
+NINJA_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
 
 test-matrix:
 	@failed=""; logs=$$(mktemp -d); \
@@ -60,6 +62,7 @@ test-matrix:
 	start_cell django60 "$(DJANGO60_PYTHON)"; \
 	start_cell floor "$(FLOOR_PYTHON)"; \
 	start_cell valkey "$(VALKEY_PYTHON)"; \
+	start_cell ninja "$(NINJA_PYTHON)"; \
 	for job in $$running; do \
 		wait "$${job#*:}" || failed="$$failed $${job%%:*}"; \
 		echo "=== the $${job%%:*} cell's output ==="; cat "$$logs/$${job%%:*}.log"; \
@@ -89,6 +92,8 @@ endef
 
 .venv-valkey/.installed: requirements/valkey.txt requirements/current.txt
 	$(call cell_venv,valkey,$(VALKEY_PYTHON),.venv-valkey,requirements/valkey.txt)
+.venv-ninja/.installed: requirements/ninja.txt
+	$(call cell_venv,ninja,$(NINJA_PYTHON),.venv-ninja,requirements/ninja.txt)
 
 # Debian's PostgreSQL server, which the current cell's suite starts on a free port.
 postgresql-package:
@@ -129,6 +134,14 @@ VALKEY_TESTS ?= tests/stores tests/product/test_topologies.py tests/decision/tes
 test-valkey: .venv-valkey/.installed test-packages
 	RATELIMIT_TEST_SERVER=valkey .venv-valkey/bin/python -m pytest $(VALKEY_TESTS) $(PYTEST_ARGS)
 
+# The lowest Django Ninja and drf-spectacular on the core floors (Python 3.10, SQLite): the Ninja
+# and OpenAPI tests only, their real servers included (what those check depends on Ninja's
+# version); the other cells run everything else.
+NINJA_CELL_TESTS := tests/adapters/test_ninja.py tests/adapters/test_ninja_servers.py tests/openapi
+
+test-ninja: .venv-ninja/.installed test-packages
+	.venv-ninja/bin/python -m pytest $(NINJA_CELL_TESTS) $(PYTEST_ARGS)
+
 bench: $(VENV)/.installed
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -138,4 +151,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-valkey db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-valkey .venv-ninja db.sqlite3 staticfiles

@@ -5,8 +5,10 @@ It decides in ``process_view`` (the URL is resolved by then, so the endpoint is 
 to ``QuotaThrottle`` unless ``MIDDLEWARE_INCLUDES_DRF`` is set, because DRF authenticates (tokens,
 keys) inside the view; the throttle's refusals are DRF responses (the project's exception
 handler, its renderers), and this middleware adds the headers of the throttle's decision to
-them as to any other response (without it, the throttle hands them to DRF). CORS preflights are
-not charged unless ``CHARGE_PREFLIGHT`` is set.
+them as to any other response (without it, the throttle hands them to DRF). Django Ninja
+operations throttled by ``ratelimit_app.ninja.QuotaThrottle`` are left to it for the same
+reason, and this middleware puts the headers on their responses (Ninja gives a throttle no
+response to set them on). CORS preflights are not charged unless ``CHARGE_PREFLIGHT`` is set.
 
 Sync and async (Django's ``sync_capable``/``async_capable``). Under an ASGI server, with every
 middleware below it async-capable, it runs in async mode: ``__call__`` and ``process_view`` are
@@ -25,6 +27,7 @@ from .conf import ensure_installed, exempt_paths, get_config
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 # (imported after the check above: they need the app's models)
+from .config.ninja_operations import operation_of, quota_throttled  # noqa: E402
 from .decision.headers import (  # noqa: E402
     apply_headers_unless_set,
     problem_response,
@@ -56,13 +59,23 @@ def _is_drf_view(view_func):
     return view_class is not None and hasattr(view_class, "throttle_classes")
 
 
+def _is_quota_throttled_ninja_operation(request, view_func):
+    """True if ``view_func`` is a Django Ninja path whose operation for this request's method
+    has QuotaThrottle among its throttles (which run after Ninja's authentication)."""
+    operation = operation_of(view_func, request.method)
+    return operation is not None and quota_throttled(operation)
+
+
 def _limited_by(request, view_func):
-    """Return what limits this request: "middleware", "throttle" (a DRF view left to its
-    throttles) or None (an exempt path or view, or a preflight that is not charged)."""
+    """Return what limits this request: "middleware", "throttle" (a DRF view, or a Ninja
+    operation with QuotaThrottle, left to its throttles) or None (an exempt path or view, or a
+    preflight that is not charged)."""
     if exempt_paths().matches(request.path_info) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
-    if _is_drf_view(view_func) and not get_config()["MIDDLEWARE_INCLUDES_DRF"]:
+    if _is_drf_view(view_func):
+        return "middleware" if get_config()["MIDDLEWARE_INCLUDES_DRF"] else "throttle"
+    if _is_quota_throttled_ninja_operation(request, view_func):
         return "throttle"
     return "middleware"
 
@@ -89,6 +102,40 @@ def _leave_to_throttle(request, limited_by):
     decision on the response (see headers.apply_headers_unless_set)."""
     if limited_by == "throttle":
         setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
+
+
+def _async_ninja_operation(request, view_func):
+    """Return the async Django Ninja operation serving ``request``, or None."""
+    operation = operation_of(view_func, request.method)
+    return operation if getattr(operation, "is_async", False) else None
+
+
+def _ready_for_ninja_loop(request, view_func):
+    """Before an async Ninja operation, whose QuotaThrottle decides on the event loop (Ninja
+    calls throttles synchronously), load what it cannot load there: rules due for a reload,
+    and the session's user (the caller of an operation without ``auth``)."""
+    if _async_ninja_operation(request, view_func) is None:
+        return
+    try:
+        default_limiter().snapshot()
+        user = request.__dict__.get("user")
+        if user is not None:
+            _loaded(user)
+    except Exception:  # the throttle loads them itself then, in a thread of its own
+        logger.exception("ratelimit_app: could not prepare a Ninja operation's decision")
+
+
+async def _aready_for_ninja_loop(request, view_func):
+    """``_ready_for_ninja_loop`` on the event loop (the database work in a thread)."""
+    if _async_ninja_operation(request, view_func) is None:
+        return
+    try:
+        await default_limiter().asnapshot()
+        user = request.__dict__.get("user")
+        if user is not None:
+            await sync_to_async(_loaded)(user)
+    except Exception:
+        logger.exception("ratelimit_app: could not prepare a Ninja operation's decision")
 
 
 def _has_user(request):
@@ -189,6 +236,8 @@ class QuotaMiddleware:
             return check_failed_authentication(request)
         if limited_by != "middleware":
             _leave_to_throttle(request, limited_by)
+            if limited_by == "throttle":
+                _ready_for_ninja_loop(request, view_func)
             return None
         decision = decide(request, getattr(request, "user", None))
         if not decision.allowed:
@@ -201,6 +250,8 @@ class QuotaMiddleware:
             return await acheck_failed_authentication(request)
         if limited_by != "middleware":
             _leave_to_throttle(request, limited_by)
+            if limited_by == "throttle":
+                await _aready_for_ninja_loop(request, view_func)
             return None
         decision = await adecide(request, await _auser(request) if _has_user(request) else None)
         if not decision.allowed:

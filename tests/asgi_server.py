@@ -83,6 +83,16 @@ class Gunicorn(Uvicorn):
                 "--no-control-socket"]
 
 
+def load_demo(env, *scripts):
+    """Migrate the database ``env`` gives a server, load the demo data into it, then run each
+    of ``scripts`` (Python source that sets Django up itself) with the same environment."""
+    for args in (["manage.py", "migrate", "--verbosity", "0"], ["manage.py", "load_demo"],
+                 *(["-c", script] for script in scripts)):
+        done = subprocess.run([sys.executable, *args], cwd=PROJECT_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+
+
 class Answer:
     def __init__(self, status, headers, body, seconds):
         self.status, self.headers, self.body, self.seconds = status, headers, body, seconds

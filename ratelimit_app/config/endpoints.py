@@ -2,7 +2,8 @@
 
 An endpoint is named the way the limiter sees it at request time (``guard.endpoint_name``, i.e.
 ``resolver_match.view_name``): the namespaced URL name such as ``api:items``, or the view's dotted
-path for a URL pattern without a name. Admin URLs are left out: the middleware never limits them.
+path for a URL pattern without a name. A Django Ninja operation is an endpoint of its own, named
+by its URL name (``api-1.0.0:create_item``, see ``ninja_operations.py``), with its methods. Admin URLs are left out: the middleware never limits them.
 Routes read as Django routes: a regex pattern's named groups (a DRF router's ``(?P<pk>[^/.]+)``)
 show as ``<pk>``, without anchors.
 
@@ -21,6 +22,7 @@ from django.urls.resolvers import RegexPattern
 from django.utils.regex_helper import normalize
 
 from ..conf import exempt_paths
+from .ninja_operations import path_view_of, quota_throttled
 
 __all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
 
@@ -74,14 +76,15 @@ def find_endpoint(name, urlconf=None):
 @functools.lru_cache(maxsize=8)
 def _endpoints_of(resolver, exempt):
     found = {}
-    for endpoint in _walk(resolver.url_patterns, (), "/", "/", exempt):
+    for endpoint in _walk(resolver.url_patterns, (), "/", "/", exempt, {}):
         found.setdefault(endpoint.name, endpoint)  # e.g. DRF format-suffix patterns repeat a name
     return tuple(sorted(found.values(), key=lambda e: e.name))
 
 
-def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt):
+def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt, ninja_seen):
     # literal_prefix: the start every path of the route shares (up to its first parameter),
-    # which is what EXEMPT_PATHS is compared with
+    # which is what EXEMPT_PATHS is compared with; ninja_seen: how many patterns
+    # of each Ninja path view came before (its n-th pattern is its n-th operation's)
     for pattern in patterns:
         text = _route_text(pattern.pattern)
         route = route_prefix + text
@@ -91,9 +94,19 @@ def _walk(patterns, namespaces, route_prefix, literal_prefix, exempt):
             if pattern.app_name == "admin":  # any AdminSite, whatever its instance name
                 continue
             inner = namespaces + (pattern.namespace,) if pattern.namespace else namespaces
-            yield from _walk(pattern.url_patterns, inner, route, literal, exempt)
+            yield from _walk(pattern.url_patterns, inner, route, literal, exempt,
+                             ninja_seen)
         elif isinstance(pattern, URLPattern):
-            yield _endpoint(pattern, namespaces, route, exempt.matches(literal))
+            under_exempt_path = exempt.matches(literal)
+            path_view = path_view_of(pattern.callback)
+            if path_view is None:
+                yield _endpoint(pattern, namespaces, route, under_exempt_path)
+                continue
+            index = ninja_seen.get(path_view, 0)
+            ninja_seen[path_view] = index + 1
+            if index < len(path_view.operations):
+                yield _ninja_endpoint(pattern, namespaces, route, under_exempt_path,
+                                      path_view.operations[index])
 
 
 def _route_text(pattern):
@@ -121,6 +134,15 @@ def _endpoint(pattern, namespaces, route, under_exempt_path):
     return Endpoint(name=name, route=route, view=_view_label(callback, view_class),
                     methods=_methods(callback, view_class),
                     exempt=skipped_by_middleware and not _quota_throttled(view_class))
+
+
+def _ninja_endpoint(pattern, namespaces, route, under_exempt_path, operation):
+    """The Endpoint of one Django Ninja operation (each has a URL pattern of its own)."""
+    view_func = operation.view_func
+    return Endpoint(name=":".join(namespaces + (pattern.name or "",)), route=route,
+                    view=f"{view_func.__module__}.{view_func.__qualname__}",
+                    methods=tuple(operation.methods),
+                    exempt=under_exempt_path and not quota_throttled(operation))
 
 
 def _quota_throttled(view_class):

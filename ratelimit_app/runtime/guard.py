@@ -18,6 +18,12 @@ import logging
 from asgiref.sync import sync_to_async
 
 from ..conf import get_config, meta_key
+from ..config.ninja_operations import (
+    operation_endpoint,
+    path_view_of,
+    sent_key_credentials,
+    serving_operation,
+)
 from ..decision.engine import Decision
 from ..decision.headers import problem_response
 from ..decision.meter import reported_header_units
@@ -40,9 +46,18 @@ HEADERS_ON_THE_WAY_OUT_ATTR = "_ratelimit_headers_on_the_way_out"
 
 
 def endpoint_name(request):
-    """Return the URL name of the view serving ``request`` (namespaced), or "" if unresolved."""
+    """Return the URL name of the view serving ``request`` (namespaced), or "" if unresolved;
+    for a Django Ninja path, the URL name of the operation serving the request's method (see
+    config/ninja_operations.py)."""
     match = getattr(request, "resolver_match", None)
-    return match.view_name if match is not None else ""
+    if match is None:
+        return ""
+    path_view = path_view_of(match.func)
+    if path_view is not None:
+        operation = serving_operation(path_view, request.method)
+        if operation is not None:
+            return operation_endpoint(request, path_view, operation)
+    return match.view_name
 
 
 def decide(request, user):
@@ -252,7 +267,8 @@ def authentication_failed(request, response):
     meta = request.META
     api_key_header = get_config()["API_KEY_HEADER"]
     sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
-    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")):
+    if response.status_code == 401 and (sent_key or meta.get("HTTP_AUTHORIZATION")
+                                        or sent_key_credentials(request)):
         return True
     # DRF's AuthenticationFailed: 403 when the first authenticator sends no WWW-Authenticate
     # (SessionAuthentication listed before a token scheme), and with no authenticate() call

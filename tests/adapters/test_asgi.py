@@ -10,15 +10,13 @@ The plain view ``hello`` is decided by QuotaMiddleware on its async path.
 import concurrent.futures
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
 from ratelimit_app.stores.aio import CLIENT_NAME
 
-from ..asgi_server import POLL_INTERVAL_S, PROJECT_ROOT, Uvicorn, get
+from ..asgi_server import POLL_INTERVAL_S, Uvicorn, get, load_demo
 
 TIGHT_BURST = 20          # the hello-tight rule: 20 requests per client IP, next one in an hour
 SOCKET_TIMEOUT_S = 0.25   # the demo's Redis socket timeout (project/settings.py)
@@ -62,11 +60,7 @@ def server(tmp_path_factory, redis_server, database_env):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings",
            **database_env(workdir), "REDIS_URL": redis_server.url,
            "DEMO_BEHIND_PROXY": "1", "DJANGO_DEBUG": "0"}
-    for args in (["manage.py", "migrate", "--verbosity", "0"], ["manage.py", "load_demo"],
-                 ["-c", EXTRA_RULES]):
-        done = subprocess.run([sys.executable, *args], cwd=PROJECT_ROOT, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
+    load_demo(env, EXTRA_RULES)
     uvicorn = Uvicorn(env, workdir).start()
     yield uvicorn
     uvicorn.stop()

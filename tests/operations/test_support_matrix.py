@@ -1,5 +1,6 @@
 """The floors pyproject.toml declares are exactly what the matrix's floor cell installs
-(requirements/floor.txt), so the lowest versions a user may install are the tested ones."""
+(requirements/floor.txt), and the ninja and openapi extras' floors what the ninja cell installs
+(requirements/ninja.txt), so the lowest versions a user may install are the tested ones."""
 
 import re
 from pathlib import Path
@@ -19,11 +20,22 @@ def canonical(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def declared_floors():
-    """``{package: lowest version}`` of pyproject's dependencies and optional dependencies."""
+# extras whose lowest versions the ninja cell tests (the floor cell does not install them)
+NINJA_CELL_EXTRAS = ("ninja", "openapi")
+
+
+def declared_floors(extras=None):
+    """``{package: lowest version}`` of pyproject's dependencies and of its optional
+    dependencies, those of ``extras`` only when given (and then no core dependency); by
+    default every extra but the ninja cell's."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = [*project["dependencies"],
-                    *(item for extra in project["optional-dependencies"].values() for item in extra)]
+    optional = project["optional-dependencies"]
+    if extras is None:
+        requirements = [*project["dependencies"],
+                        *(item for name, extra in optional.items()
+                          if name not in NINJA_CELL_EXTRAS for item in extra)]
+    else:
+        requirements = [item for name in extras for item in optional[name]]
     floors = {}
     for text in requirements:
         requirement = Requirement(text)
@@ -33,14 +45,14 @@ def declared_floors():
     return floors
 
 
-def floor_cell_pins():
-    """``{package: pinned version}`` of requirements/floor.txt."""
+def floor_cell_pins(cell="floor"):
+    """``{package: pinned version}`` of requirements/<cell>.txt."""
     pins = {}
-    for line in (ROOT / "requirements" / "floor.txt").read_text().splitlines():
+    for line in (ROOT / "requirements" / f"{cell}.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            assert version, f"floor.txt: {line!r} is not pinned with =="
+            assert version, f"{cell}.txt: {line!r} is not pinned with =="
             pins[canonical(name)] = Version(version)
     return pins
 
@@ -48,6 +60,17 @@ def floor_cell_pins():
 def test_the_floor_cell_installs_exactly_the_declared_floors():
     floors, pins = declared_floors(), floor_cell_pins()
     assert {name: pins.get(name) for name in floors} == floors
+
+
+def test_the_ninja_cell_installs_the_extras_floors_on_the_core_floors():
+    pins = floor_cell_pins("ninja")
+    floors = declared_floors(NINJA_CELL_EXTRAS)
+    assert {name: pins.get(name) for name in floors} == floors
+    core = floor_cell_pins()
+    assert all(pins[name] == core[name] for name in ("django", "djangorestframework",
+                                                      "django-redis", "redis", "hiredis"))
+    # docs/reference/support.md: Django Ninja 1.2 runs no throttle on async operations
+    assert floors == {"django-ninja": Version("1.3"), "drf-spectacular": Version("0.28")}
 
 
 def test_the_supported_floors_are_the_verified_ones():
