@@ -17,7 +17,8 @@ from .keys import bucket_key
 from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
-__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "overrides_for",
+           "with_override_numbers",
            "request_cost", "take_args", "settle_args", "settled_buckets", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",
            "refusing_gate_statuses"]
@@ -105,7 +106,8 @@ def _declared_cost(raw, max_cost):
     return min(int(digits), max_cost)
 
 
-def _overrides_for(snapshot, identity):
+def overrides_for(snapshot, identity):
+    """Return the overrides of the snapshot that name ``identity`` (its key, user or IP)."""
     if not snapshot.overrides:
         return ()
     found = []
@@ -176,7 +178,7 @@ _READ_FROM_LEVELS = (Bucket, CreditBalance)
 
 
 def _build_buckets(snapshot, identity, endpoint, cost):
-    overrides = _overrides_for(snapshot, identity)
+    overrides = overrides_for(snapshot, identity)
     if any(o.exempt for o in overrides):
         return None
     prefix = get_config()["KEY_PREFIX"]
@@ -186,7 +188,7 @@ def _build_buckets(snapshot, identity, endpoint, cost):
         if token is None:
             continue  # e.g. a user rule for an anonymous caller, a tenant rule without tenant
         if overrides and rule.scope in (Scope.USER, Scope.IP):
-            rule = _with_override_numbers(rule, overrides)
+            rule = with_override_numbers(rule, overrides)
         if rule.failed_auth:
             # checked, never debited here: a client IP out of failed authentications is
             # refused whatever credentials it sends now (so a right guess teaches it nothing)
@@ -216,7 +218,7 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
     return list(found.values())
 
 
-def _with_override_numbers(rule, overrides):
+def with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
     if rule.calendar or rule.concurrency or rule.credits:
@@ -225,22 +227,6 @@ def _with_override_numbers(rule, overrides):
         if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
             rule = rule.with_numbers(o.rate, o.period_s, o.burst)
     return rule
-
-
-def failed_auth_buckets(snapshot, identity, endpoint):
-    """Return the buckets one failed authentication of ``identity`` is charged to (its client
-    IP's failed-auth rules, one token each), or () when none applies or the caller is exempt."""
-    if not snapshot.failed_auth_rules:
-        return ()
-    overrides = _overrides_for(snapshot, identity)
-    if any(o.exempt for o in overrides):
-        return ()
-    token = identity.token_for(Scope.IP)
-    prefix = get_config()["KEY_PREFIX"]
-    return tuple(
-        Bucket(rule, bucket_key(prefix, token), 1)
-        for rule in (_with_override_numbers(r, overrides) if overrides else r
-                     for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
 
 
 def take_args(buckets, now_ms=None, debit=True, slot_id=0, fence=None):

@@ -40,6 +40,7 @@ from ..decision.identity import identify
 from ..decision.leases import Leases
 from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
+from ..protection.failed_auth import FailedAuthGate
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
 
@@ -195,6 +196,8 @@ class Limiter:
         # (business/alerts/crossings.py)
         self.alerts = AlertQueue(lambda: int(wall_time() * 1000),
                                  config=lambda: self.config, autostart=metrics_autostart)
+        self.failed_auth = FailedAuthGate(take=self.take, atake=self.atake,
+                                          snapshot=self.policies.get, asnapshot=self.asnapshot)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -532,22 +535,10 @@ class Limiter:
         return allowed, tuple(statuses)
 
     def failed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
-        """Charge one failed authentication of ``request`` to its client IP's failed-auth
-        buckets (``charge=False``: only check that they hold one). Returns the Decision, refused
-        when a bucket is out of tokens, or None when no failed-auth rule applies.
-
-        Failures are charged after the response (the adapters cannot know earlier that the
-        credentials were wrong); the check runs where no ordinary decision is made first.
-        """
-        found = _failed_auth_buckets(self.policies.get(), request, endpoint)
-        if found is None:
-            return None
-        identity, buckets = found
-        try:
-            reply = self.take(buckets, now_ms=now_ms, debit=charge)
-        except StoreUnavailable:
-            return engine.degraded_decision(buckets, identity, endpoint, 1)
-        return _failed_auth_decision(buckets, identity, endpoint, reply)
+        """Charge one failed authentication of ``request`` to its client address (see
+        protection/failed_auth.py; ``charge=False``: only check). Returns the Decision, or None
+        when no failed-auth rule applies."""
+        return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
 
     # --- the request path on an asyncio event loop (QuotaMiddleware under ASGI) --------------
 
@@ -605,15 +596,7 @@ class Limiter:
 
     async def afailed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
         """``failed_authentication`` for an event loop. Returns the Decision or None."""
-        found = _failed_auth_buckets(await self.asnapshot(), request, endpoint)
-        if found is None:
-            return None
-        identity, buckets = found
-        try:
-            reply = await self.atake(buckets, now_ms=now_ms, debit=charge)
-        except StoreUnavailable:
-            return engine.degraded_decision(buckets, identity, endpoint, 1)
-        return _failed_auth_decision(buckets, identity, endpoint, reply)
+        return await self.failed_auth.acharge(request, endpoint, charge=charge, now_ms=now_ms)
 
     async def asnapshot(self):
         """``snapshot()`` for an event loop. Nearly always the snapshot in memory, with no
@@ -856,22 +839,6 @@ def settled_decision(decision, meter, extra, reply):
 
 def _takes_slot(bucket):
     return isinstance(bucket, ConcurrencySlot)
-
-
-def _failed_auth_buckets(snapshot, request, endpoint):
-    """Return ``(identity, buckets)`` one failed authentication of ``request`` is charged to,
-    or None when no failed-auth rule applies."""
-    if not snapshot.failed_auth_rules:
-        return None
-    identity = identify(request, None, snapshot)
-    buckets = engine.failed_auth_buckets(snapshot, identity, endpoint)
-    return (identity, buckets) if buckets else None
-
-
-def _failed_auth_decision(buckets, identity, endpoint, reply):
-    """Return the Decision of a failed-auth take's ``reply``."""
-    return engine.decision_from(buckets, engine.statuses_from(buckets, reply), reply.allowed,
-                                identity, endpoint, 1, failed_authentication=True)
 
 
 def _lease_was_too_much(plan, buckets, reply):
