@@ -11,9 +11,16 @@ from typing import NamedTuple
 
 from ..conf import get_config, meta_key
 from . import periods
-from .buckets import Bucket, CalendarQuota, ConcurrencySlot, CreditBalance, LevelStatuses
+from .buckets import (
+    Bucket,
+    CalendarQuota,
+    ConcurrencySlot,
+    CreditBalance,
+    CredentialProof,
+    LevelStatuses,
+)
 from .headers import retry_after_with_jitter
-from .keys import bucket_key
+from .keys import bucket_key, proof_key
 from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
@@ -181,8 +188,10 @@ def _build_buckets(snapshot, identity, endpoint, cost):
     overrides = overrides_for(snapshot, identity)
     if any(o.exempt for o in overrides):
         return None
-    prefix = get_config()["KEY_PREFIX"]
+    config = get_config()
+    prefix = config["KEY_PREFIX"]
     buckets = []
+    proof = None  # the credential's proof from the address: None until a gate needs it
     for rule in snapshot.rules_for(identity.plan, endpoint):  # widest scope first
         token = identity.token_for(rule.scope)
         if token is None:
@@ -191,8 +200,15 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             rule = with_override_numbers(rule, overrides)
         if rule.failed_auth:
             # checked, never debited here: a client IP out of failed authentications is
-            # refused whatever credentials it sends now (so a right guess teaches it nothing)
-            buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
+            # refused the credentials it has not proven from there (so a right guess teaches
+            # it nothing), and a credential used from there lately passes (protection/
+            # failed_auth.py says why)
+            if proof is None:
+                proof = _credential_proof(rule, identity, token, prefix)
+                if proof is not False:
+                    buckets.append(proof)
+            buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True,
+                                  proven=proof is not False))
         elif rule.credits:
             buckets.append(CreditBalance(rule, bucket_key(prefix, token), cost, identity))
         else:
@@ -200,6 +216,16 @@ def _build_buckets(snapshot, identity, endpoint, cost):
                 ConcurrencySlot if rule.concurrency else Bucket
             buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
     return tuple(buckets)
+
+
+def _credential_proof(rule, identity, address_token, prefix):
+    """Return the CredentialProof of ``identity``'s credential (its API key or its user)
+    from its address, or False for a caller without one or when proofs are off."""
+    memory_s = get_config()["FAILED_AUTH_PROOF_S"]
+    credential = identity.client_token
+    if credential is None or not memory_s:
+        return False
+    return CredentialProof(rule, proof_key(prefix, address_token, credential), memory_s)
 
 
 def client_buckets(snapshot, identity, *, ip_buckets=True):
