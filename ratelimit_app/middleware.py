@@ -39,6 +39,7 @@ from .runtime.guard import (  # noqa: E402
     authentication_failed,
     charge_failed_authentication,
     check_failed_authentication,
+    count_ban_events,
     decide,
     finish_after_response,
     finish_now,
@@ -146,6 +147,7 @@ class QuotaMiddleware:
         except BaseException:
             finish_now(request)  # a slot is released, a cost settled, on exceptions too
             raise
+        count_ban_events(request, response)  # the penalty box's events, if a ban rule counts
         return finish_after_response(request, response)  # ... and when the response is finished
 
     def _respond(self, request):
@@ -179,6 +181,8 @@ class QuotaMiddleware:
         except BaseException:
             await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
+        if default_limiter().has_ban_rules():  # (a database write when it bans: in a thread)
+            await sync_to_async(count_ban_events)(request, response)
         return finish_after_response(request, response)
 
     def process_view(self, request, view_func, view_args, view_kwargs):

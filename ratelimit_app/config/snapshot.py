@@ -89,6 +89,7 @@ class Snapshot:
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     alerting_rules: tuple = ()     # those with alert thresholds the request path checks
+    ban_rules: tuple = ()          # the penalty box's rules (protection/bans.CompiledBanRule)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None

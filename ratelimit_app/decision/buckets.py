@@ -15,7 +15,7 @@ from . import periods
 from .balances import NEVER_MS, account_ref, balance_key
 from .header_fields import policy_item, sf_string
 
-__all__ = ["Bucket", "CredentialProof", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
+__all__ = ["Bucket", "BanGate", "CredentialProof", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
            "PolicyStatus", "LevelStatuses", "pack_value", "unpack_value", "read_state",
            "CALENDAR_RECORD", "NEXT_PERIOD"]
 
@@ -218,6 +218,18 @@ class LevelStatuses(Sequence):
 
     def __repr__(self):
         return repr(self.statuses())
+
+
+class BanGate(Bucket):
+    """A caller's ban by one ban rule (protection/bans.py), checked in the decision's take.lua
+    call as a gate: ``rule`` is the ban rule's BanGateRule (one token a second, capacity one),
+    so the gate's level counts in ms and is short exactly while the ban lasts; no record (no
+    ban) reads as full."""
+
+    __slots__ = ()
+
+    def __init__(self, rule, key):
+        super().__init__(rule, key, 1, gate=True)
 
 
 class CredentialProof(Bucket):

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from ..conf import get_config, meta_key
 from . import periods
 from .buckets import (
+    BanGate,
     Bucket,
     CalendarQuota,
     ConcurrencySlot,
@@ -64,6 +65,9 @@ class Decision(NamedTuple):
     # names of the enforced credit balances that refused: the request is answered 402, not 429
     # (see headers.problem_body)
     out_of_credits: tuple = ()
+    # names of the ban rules whose ban refused the request (protection/bans.py): answered with
+    # the ban's own problem type (see headers.problem_body)
+    banned: tuple = ()
 
     @property
     def limited(self):
@@ -215,6 +219,11 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             kind = CalendarQuota if rule.calendar else \
                 ConcurrencySlot if rule.concurrency else Bucket
             buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
+    for ban in snapshot.ban_rules:
+        # the ban, if any, is a record in the caller's own key: checked in this same call
+        token = None if ban.shadow else identity.token_for(ban.scope)
+        if token is not None:
+            buckets.append(BanGate(ban.gate_rule, bucket_key(prefix, token)))
     return tuple(buckets)
 
 
@@ -393,6 +402,12 @@ def decision_from(buckets, statuses, allowed, identity, endpoint, cost, *,
     by_ip = failed_authentication or bool(refusing_gates)
     jitter_token = identity.token_for(Scope.IP) if by_ip else identity.primary_token
     decision = _decision_from(shown, allowed, identity, endpoint, cost, jitter_token)
+    if refusing_gates and not allowed:
+        banned = tuple(b.rule.name for b, s in zip(buckets, statuses)
+                       if type(b) is BanGate and s.short)
+        if banned:
+            # a ban ends at a known moment: Retry-After says when, without jitter
+            return decision._replace(banned=banned, retry_after_s=earliest_retry_s(shown))
     return _refused_for_good(decision, buckets)
 
 

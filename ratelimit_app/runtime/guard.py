@@ -27,7 +27,8 @@ __all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide",
            "finish_after_response", "finish_now", "endpoint_name", "mark_authentication_failed",
            "authentication_failed", "charge_failed_authentication",
            "acharge_failed_authentication",
-           "check_failed_authentication", "acheck_failed_authentication"]
+           "check_failed_authentication", "acheck_failed_authentication",
+           "count_ban_events"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -233,6 +234,21 @@ async def acheck_failed_authentication(request):
         _unexpected(error, "checking failed authentications; request allowed")
         return None
     return _refusal(request, decision)
+
+
+def count_ban_events(request, response):
+    """Count ``response``'s events towards its caller's bans (the penalty box), when a ban
+    rule is in force; never fails the response."""
+    try:
+        limiter = default_limiter()
+        if not limiter.has_ban_rules():
+            return
+        limiter.count_ban_events(request, getattr(request, DECISION_ATTR, None),
+                                 response.status_code,
+                                 failed_auth=authentication_failed(request, response),
+                                 path=request.path)
+    except Exception as error:  # the limiter must never fail a response
+        _unexpected(error, "counting a ban event; not counted")
 
 
 def _refusal(request, decision):

@@ -32,7 +32,7 @@ from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
 from ..decision.breaker import CircuitBreaker
-from ..decision.buckets import ConcurrencySlot, CreditBalance, slot_member
+from ..decision.buckets import BanGate, ConcurrencySlot, CreditBalance, slot_member
 from ..decision.clock import SystemClock, process_clock
 from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
@@ -40,6 +40,8 @@ from ..decision.identity import identify
 from ..decision.leases import Leases
 from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
+from ..protection import bans
+from ..protection.bans import PenaltyBox
 from ..protection.failed_auth import FailedAuthGate
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
@@ -198,6 +200,7 @@ class Limiter:
                                  config=lambda: self.config, autostart=metrics_autostart)
         self.failed_auth = FailedAuthGate(take=self.take, atake=self.atake,
                                           snapshot=self.policies.get, asnapshot=self.asnapshot)
+        self.bans = PenaltyBox(store, guarded=self._guarded, now_ms=self.clock.redis_now_ms)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -539,6 +542,68 @@ class Limiter:
         protection/failed_auth.py; ``charge=False``: only check). Returns the Decision, or None
         when no failed-auth rule applies."""
         return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
+
+    def has_ban_rules(self):
+        """True when the rules in force have a ban rule (the adapters then report responses
+        to ``count_ban_events``)."""
+        # (the rules in memory; their first compile when no request has needed them yet)
+        return bool((self.policies.snapshot or self.policies.get()).ban_rules)
+
+    def count_ban_events(self, request, decision, status, *, failed_auth, path):
+        """Count a finished request's events towards its caller's bans (protection/bans.py):
+        ``decision`` is the request's (or None), ``status`` its response's. Records each ban
+        it imposed (the Ban row, the audit trail, ``caller.banned`` webhooks). Returns the
+        BanOutcomes; none when no ban rule counts this response or Redis cannot answer."""
+        snapshot = self.policies.get()
+        if not snapshot.ban_rules:
+            return ()
+        identity = decision.identity if decision is not None and decision.identity else \
+            identify(request, None, snapshot)
+        banned = decision is not None and bool(decision.banned)
+        refused = decision is not None and not decision.allowed and not banned
+        found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
+                                    banned)
+        if not found:
+            return ()
+        try:
+            outcomes = self.bans.count(identity, found)
+        except StoreUnavailable as exc:
+            logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
+            return ()
+        if self.deny_cache is not None:
+            # a ban imposed or extended: what this worker remembers of the gate is stale (other
+            # workers learn it at their next call to Redis; until then they refuse anyway)
+            self.deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
+                                    if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
+        new = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN)]
+        if new:
+            self._record_bans(new)
+        return outcomes
+
+    def _record_bans(self, outcomes):
+        from ..business.alerts.bans import deliver_ban
+        from ..config.ban_records import record_bans
+
+        for ban in record_bans(outcomes, shadow_outcome=bans.WOULD_BAN):
+            if not ban.shadow:
+                deliver_ban(ban)
+                logger.warning("ratelimit_app: %s banned %s until %s (ban %d within its "
+                               "memory)", ban.rule_name, ban.who, ban.until.isoformat(),
+                               ban.times)
+
+    def lift_ban(self, ban, actor):
+        """Lift ``ban`` (a Ban row) now: end it in Redis, record who lifted it (``actor``, an
+        audit Actor), and announce a new config version so no worker's deny cache keeps
+        refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
+        from ..config.ban_records import record_lift
+
+        rule = next((r for r in self.policies.get().ban_rules if r.id == ban.rule_id), None)
+        lifted = False
+        if rule is not None:
+            lifted = any(o.outcome == bans.LIFTED for o in self.bans.lift(ban.key, [rule]))
+        record_lift(ban, actor)
+        self.bump_config_version(parts=())  # no rows changed: the deny caches forget
+        return lifted
 
     # --- the request path on an asyncio event loop (QuotaMiddleware under ASGI) --------------
 
