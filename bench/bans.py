@@ -66,9 +66,9 @@ def run(env, quick):
         "ratios": {"bans.cpu_with_vs_without": ratio,
                    "bans.evalsha_per_decision": trips["with"]},
         "targets": [
-            (f"a decision with ban rules present costs ≤ {TARGET}× the Redis CPU of one "
+            (f"9. a decision with ban rules present costs ≤ {TARGET}× the Redis CPU of one "
              f"without", f"{ratio:.3f}×", verdict(ratio <= TARGET)),
-            ("one round trip (EVALSHA) per decision with ban rules present",
+            ("9. one round trip (EVALSHA) per decision with ban rules present",
              f"{trips['with']:.2f}", verdict(trips["with"] == 1)),
         ],
     }

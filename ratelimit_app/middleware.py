@@ -79,10 +79,22 @@ def _quota_throttle_never_ran(request):
 
 
 def _late_decision_needed(request, response):
-    """True when DRF's content negotiation failed before the throttle ran (e.g. a client
-    accepting only application/problem+json): the middleware decides then, so a limited client
-    hears 429."""
-    return response.status_code == 406 and _quota_throttle_never_ran(request)
+    """True when a limited request was not decided on its way in: DRF's content negotiation
+    failed before the throttle ran (e.g. a client accepting only application/problem+json), or
+    the request never reached this middleware's process_view (an unresolved URL such as
+    ``/HELLO/``, or a middleware above refused it, as CSRF's 403). The middleware decides then,
+    so the request is charged, carries the RateLimit headers, and a limited client hears 429.
+    (Only requests without a decision get here: a limited request's costs nothing more.)"""
+    if response.status_code == 406 and _quota_throttle_never_ran(request):
+        return True
+    if getattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, False):
+        return False  # process_view left it to QuotaThrottle
+    match = getattr(request, "resolver_match", None)
+    if match is None:  # no view: charged on the rules of every endpoint, unless exempt
+        return not (request.path_info.startswith(exempt_path_prefixes()) or
+                    uncharged_preflight(request))
+    # process_view would have decided it (or left it to the throttle) had it run
+    return _limited_by(request, match.func) is not None
 
 
 def _leave_to_throttle(request, limited_by):

@@ -96,6 +96,7 @@ CALENDAR_ENFORCE, CALENDAR_SHADOW = 3, 4
 CONCURRENCY_ENFORCE, CONCURRENCY_SHADOW = 5, 6
 CREDITS_ENFORCE, CREDITS_SHADOW = 7, 8
 CREDENTIAL_PROOF = 9
+BAN = -1
 
 
 class Bucket:
@@ -230,6 +231,9 @@ class BanGate(Bucket):
 
     def __init__(self, rule, key):
         super().__init__(rule, key, 1, gate=True)
+        # take.lua's ban mode: refuses like a gate, and a credential's proof never lets it pass
+        self.spec = _SPEC.pack(rule.id, self.period_ms, self.capacity_units, rule.rate,
+                               self.cost_units, BAN)
 
 
 class CredentialProof(Bucket):

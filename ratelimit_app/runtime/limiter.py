@@ -546,8 +546,10 @@ class Limiter:
     def has_ban_rules(self):
         """True when the rules in force have a ban rule (the adapters then report responses
         to ``count_ban_events``)."""
-        # (the rules in memory; their first compile when no request has needed them yet)
-        return bool((self.policies.snapshot or self.policies.get()).ban_rules)
+        # (the rules in memory, never a compile: a response is no time to wait for the
+        # database, and the watcher or the next decision loads them)
+        snapshot = self.policies.snapshot
+        return snapshot is not None and bool(snapshot.ban_rules)
 
     def count_ban_events(self, request, decision, status, *, failed_auth, path):
         """Count a finished request's events towards its caller's bans (protection/bans.py):

@@ -156,3 +156,15 @@ def test_a_ban_by_key_leaves_the_address_alone(scraper_rule, scope, headers):
         assert client.get(f"/no-such-{i}/", **headers).status_code == 404
     banned(client.get("/hello/", **headers))
     assert client.get("/hello/", HTTP_X_API_KEY="rk_alice_free").status_code == 200
+
+
+def test_a_credential_proven_from_the_address_does_not_pass_its_ban(scraper_rule):
+    # the failed-authentication limit's proofs let a known key pass an empty limit, never a ban
+    rule, _ = scraper_rule
+    rule.scope = "user"
+    rule.save()
+    limiter().policies.reset()
+    client = Client(HTTP_X_API_KEY="rk_bob_pro")
+    assert client.get("/hello/").status_code == 200  # proven from this address
+    walk_404s(client, THRESHOLD)
+    banned(client.get("/hello/"))

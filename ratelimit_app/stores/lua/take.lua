@@ -23,6 +23,10 @@
 --             A credit balance (mode 7 = enforce, 8 = shadow; buckets.CreditBalance) sends a
 --             calendar quota's seven (its allowance as N; a never-refilled balance's period
 --             starts at 0 and never ends); its key is its own (in the identity's {tag})
+--             A ban (mode -1; buckets.BanGate, protection/bans.py) is a token bucket that
+--             refuses while it holds less than its cost, like a gate, but never debited and,
+--             while it holds its cost, neither short nor debited: the common reply stays the
+--             short one. A credential's proof (below) does not let it pass.
 --             A credential's proof from a client address (mode 9; buckets.CredentialProof)
 --             sends six: 0, memory_ms, 0, 0, 0, 9; its key is its own string (in the
 --             address's {tag}) holding the last time the credential was used from there
@@ -298,6 +302,8 @@ for i = 1, n do
         result[i + 2] = level < cost and cost or level
         short = short or {}
         short[i] = true
+      elseif mode < 0 then
+        result[i + 2] = level  -- no ban in force: checked, nothing to write
       else
         level = level - cost
         result[i + 2] = level
@@ -435,8 +441,8 @@ for i = 1, n do
     if allowed and debit then
       status = 1
     else
-      local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
-      level = level + cost
+      local _, _, _, _, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
+      if mode >= 0 then level = level + cost end  -- (a ban's level is never debited)
     end
   else
     local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
