@@ -39,7 +39,7 @@ from .runtime.guard import (  # noqa: E402
     authentication_failed,
     charge_failed_authentication,
     check_failed_authentication,
-    count_ban_events,
+    count_response,
     decide,
     finish_after_response,
     finish_now,
@@ -159,7 +159,7 @@ class QuotaMiddleware:
         except BaseException:
             finish_now(request)  # a slot is released, a cost settled, on exceptions too
             raise
-        count_ban_events(request, response)  # the penalty box's events, if a ban rule counts
+        count_response(request, response)  # if a rule counts responses (a ban rule, …)
         return finish_after_response(request, response)  # ... and when the response is finished
 
     def _respond(self, request):
@@ -193,8 +193,8 @@ class QuotaMiddleware:
         except BaseException:
             await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
-        if default_limiter().has_ban_rules():  # (a database write when it bans: in a thread)
-            await sync_to_async(count_ban_events)(request, response)
+        if default_limiter().counts_responses():  # (a ban writes to the database: a thread)
+            await sync_to_async(count_response)(request, response)
         return finish_after_response(request, response)
 
     def process_view(self, request, view_func, view_args, view_kwargs):

@@ -223,13 +223,13 @@ def _read_plans(moment, pause_s):
 
 _RULE_FIELDS = ("id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s", "burst",
                 "mode", "on_redis_failure", "counts", "lease", "calendar_period", "kind",
-                "alert_thresholds", "debt")
+                "alert_thresholds", "debt", "counted_statuses", "counted_path_prefix")
 _by_id = operator.attrgetter("id")
 
 
 def _compiled_rules(rows):
     """Return the rule ``rows`` (named tuples of _RULE_FIELDS) as CompiledRules."""
-    from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds
+    from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds, parse_statuses
 
     fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
     return [
@@ -246,6 +246,9 @@ def _compiled_rules(rows):
             debt=r.debt,
             credits=r.kind == Kind.CREDITS,
             refill=r.calendar_period if r.kind == Kind.CREDITS else "",
+            response_statuses=frozenset(parse_statuses(r.counted_statuses))
+            if r.counted_statuses else frozenset(),
+            response_prefix=r.counted_path_prefix,
         )
         for r in rows
     ]

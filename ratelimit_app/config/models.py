@@ -315,6 +315,16 @@ class Rule(models.Model):
                   "go further is not charged. 0: never below empty. Token buckets and calendar "
                   "quotas counting requests.",
     )
+    counted_statuses = models.CharField(
+        "count only responses", max_length=200, blank=True,
+        help_text="Count only responses with these statuses, e.g. “404” (a scraper walking "
+                  "URLs), “401,403” or “4xx”: each such response costs one token once it is "
+                  "sent, and a caller with none left is refused. Empty: every request, charged "
+                  "on its way in. Token buckets counting requests.")
+    counted_path_prefix = models.CharField(
+        "count only under", max_length=200, blank=True,
+        help_text="Count only responses to requests whose path is under these segments, e.g. "
+                  "“/login” (also /login/…, not /loginx). Empty: every path.")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -345,6 +355,8 @@ class Rule(models.Model):
         self._clean_alert_thresholds(kind, errors)
         if self.debt and kind.debt_refused:
             errors["debt"] = kind.debt_refused
+        if self.counted_statuses or self.counted_path_prefix:
+            self._clean_counted_responses(errors)
         if self.counts == Counts.FAILED_AUTH:
             self._clean_failed_auth(kind, errors)
         elif not errors:
@@ -372,6 +384,19 @@ class Rule(models.Model):
                 errors[field] = [message]
         if errors:
             raise ValidationError(errors)
+
+    def _clean_counted_responses(self, errors):
+        if self.kind != Kind.TOKEN_BUCKET or self.counts != Counts.REQUESTS:
+            errors["counted_statuses"] = ("Only a token bucket counting requests may count "
+                                          "responses instead.")
+            return
+        if self.counted_statuses:
+            try:
+                parse_statuses(self.counted_statuses)
+            except ValueError as exc:
+                errors["counted_statuses"] = str(exc)
+        if self.counted_path_prefix and not self.counted_path_prefix.startswith("/"):
+            errors["counted_path_prefix"] = "A path prefix starts with “/”, e.g. /login."
 
     def _clean_lease(self, kind, errors):
         if kind.lease_refused:

@@ -15,7 +15,7 @@ from . import periods
 from .balances import NEVER_MS, account_ref, balance_key
 from .header_fields import policy_item, sf_string
 
-__all__ = ["Bucket", "BanGate", "CredentialProof", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
+__all__ = ["Bucket", "BanGate", "CheckedBucket", "CredentialProof", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
            "PolicyStatus", "LevelStatuses", "pack_value", "unpack_value", "read_state",
            "CALENDAR_RECORD", "NEXT_PERIOD"]
 
@@ -221,19 +221,27 @@ class LevelStatuses(Sequence):
         return repr(self.statuses())
 
 
-class BanGate(Bucket):
-    """A caller's ban by one ban rule (protection/bans.py), checked in the decision's take.lua
-    call as a gate: ``rule`` is the ban rule's BanGateRule (one token a second, capacity one),
-    so the gate's level counts in ms and is short exactly while the ban lasts; no record (no
-    ban) reads as full."""
+class CheckedBucket(Bucket):
+    """A bucket a request needs one token in but does not spend (take.lua's mode -1): what
+    spends it comes later, outside the decision (a ban's, a rule counting responses'). Refuses
+    like a gate; a credential's proof never lets it pass; while it holds its token the common
+    reply stays the short one."""
 
     __slots__ = ()
 
     def __init__(self, rule, key):
         super().__init__(rule, key, 1, gate=True)
-        # take.lua's ban mode: refuses like a gate, and a credential's proof never lets it pass
         self.spec = _SPEC.pack(rule.id, self.period_ms, self.capacity_units, rule.rate,
                                self.cost_units, BAN)
+
+
+class BanGate(CheckedBucket):
+    """A caller's ban by one ban rule (protection/bans.py), checked in the decision's take.lua
+    call: ``rule`` is the ban rule's BanGateRule (one token a second, capacity one), so its
+    level counts in ms and is short exactly while the ban lasts; no record (no ban) reads as
+    full."""
+
+    __slots__ = ()
 
 
 class CredentialProof(Bucket):

@@ -15,6 +15,7 @@ from .buckets import (
     BanGate,
     Bucket,
     CalendarQuota,
+    CheckedBucket,
     ConcurrencySlot,
     CreditBalance,
     CredentialProof,
@@ -25,7 +26,7 @@ from .keys import bucket_key, proof_key
 from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
-__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "overrides_for",
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "response_buckets", "overrides_for",
            "with_override_numbers",
            "request_cost", "take_args", "settle_args", "settled_buckets", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",
@@ -213,6 +214,11 @@ def _build_buckets(snapshot, identity, endpoint, cost):
                     buckets.append(proof)
             buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True,
                                   proven=proof is not False))
+        elif rule.counts_responses:
+            # spent by the responses it counts, once they are sent (response_buckets); a
+            # caller with none left is refused on its way in
+            if not rule.shadow:
+                buckets.append(CheckedBucket(rule, bucket_key(prefix, token)))
         elif rule.credits:
             buckets.append(CreditBalance(rule, bucket_key(prefix, token), cost, identity))
         else:
@@ -235,6 +241,33 @@ def _credential_proof(rule, identity, address_token, prefix):
     if credential is None or not memory_s:
         return False
     return CredentialProof(rule, proof_key(prefix, address_token, credential), memory_s)
+
+
+def response_buckets(snapshot, identity, endpoint, status, path):
+    """Return the buckets a sent response of ``identity`` is charged one token on: those of
+    the rules counting responses (``CompiledRule.counts_responses``) that apply to its plan and
+    endpoint, whose statuses and path prefix it matches (a list; usually empty)."""
+    prefix = get_config()["KEY_PREFIX"]
+    found = []
+    for rule in snapshot.response_rules:
+        if rule.plan is not None and rule.plan != identity.plan:
+            continue
+        if rule.endpoint and rule.endpoint != endpoint:
+            continue
+        if rule.response_statuses and status not in rule.response_statuses:
+            continue
+        if rule.response_prefix and not _under(path, rule.response_prefix):
+            continue
+        token = identity.token_for(rule.scope)
+        if token is not None:
+            found.append(Bucket(rule, bucket_key(prefix, token), 1))
+    return found
+
+
+def _under(path, prefix):
+    """True if ``path`` is ``prefix`` or below it, segment by segment."""
+    prefix = prefix.rstrip("/")
+    return not prefix or path == prefix or path.startswith(prefix + "/")
 
 
 def client_buckets(snapshot, identity, *, ip_buckets=True):

@@ -28,7 +28,7 @@ __all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide",
            "authentication_failed", "charge_failed_authentication",
            "acharge_failed_authentication",
            "check_failed_authentication", "acheck_failed_authentication",
-           "count_ban_events"]
+           "count_response"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -236,19 +236,19 @@ async def acheck_failed_authentication(request):
     return _refusal(request, decision)
 
 
-def count_ban_events(request, response):
-    """Count ``response``'s events towards its caller's bans (the penalty box), when a ban
-    rule is in force; never fails the response."""
+def count_response(request, response):
+    """Count ``response`` once it is ready, when a rule counts responses (a ban rule, or a
+    rule counting only some statuses or paths); never fails the response."""
     try:
         limiter = default_limiter()
-        if not limiter.has_ban_rules():
+        if not limiter.counts_responses():
             return
-        limiter.count_ban_events(request, getattr(request, DECISION_ATTR, None),
-                                 response.status_code,
-                                 failed_auth=authentication_failed(request, response),
-                                 path=request.path)
+        limiter.count_response(request, getattr(request, DECISION_ATTR, None),
+                               response.status_code,
+                               failed_auth=authentication_failed(request, response),
+                               path=request.path)
     except Exception as error:  # the limiter must never fail a response
-        _unexpected(error, "counting a ban event; not counted")
+        _unexpected(error, "counting a response; not counted")
 
 
 def _refusal(request, decision):

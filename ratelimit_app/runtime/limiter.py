@@ -543,13 +543,28 @@ class Limiter:
         when no failed-auth rule applies."""
         return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
 
-    def has_ban_rules(self):
-        """True when the rules in force have a ban rule (the adapters then report responses
-        to ``count_ban_events``)."""
+    def counts_responses(self):
+        """True when the rules in force count responses: a ban rule, or a rule counting
+        responses (the adapters then report responses to ``count_response``)."""
         # (the rules in memory, never a compile: a response is no time to wait for the
         # database, and the watcher or the next decision loads them)
         snapshot = self.policies.snapshot
-        return snapshot is not None and bool(snapshot.ban_rules)
+        return snapshot is not None and bool(snapshot.ban_rules or snapshot.response_rules)
+
+    def count_response(self, request, decision, status, *, failed_auth, path):
+        """Count a sent response: one token on the buckets of the rules counting responses it
+        matches (settle.lua, sent without waiting: Limiter.settle_units_later), and its events
+        towards its caller's bans (``count_ban_events``)."""
+        snapshot = self.policies.snapshot
+        if snapshot.response_rules and decision is not None and decision.identity is not None \
+                and decision.allowed:
+            buckets = engine.response_buckets(snapshot, decision.identity, decision.endpoint,
+                                              status, path)
+            if buckets:
+                self.settle_units_later(buckets, 1, _ignore)
+        if snapshot.ban_rules:
+            self.count_ban_events(request, decision, status, failed_auth=failed_auth,
+                                  path=path)
 
     def count_ban_events(self, request, decision, status, *, failed_auth, path):
         """Count a finished request's events towards its caller's bans (protection/bans.py):
@@ -906,6 +921,10 @@ def settled_decision(decision, meter, extra, reply):
 
 def _takes_slot(bucket):
     return isinstance(bucket, ConcurrencySlot)
+
+
+def _ignore(reply):
+    """A settle's reply nobody waits for (a counted response: its decision was counted)."""
 
 
 def _lease_was_too_much(plan, buckets, reply):

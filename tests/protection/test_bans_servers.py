@@ -1,5 +1,5 @@
 """The penalty box on real servers (issue 50): gunicorn with 3 sync workers, on a Redis node and
-on the 3-master Cluster, with the workers' background threads on. A scraper walking 404s is
+on the 3-master Cluster, and uvicorn with 2 (QuotaMiddleware's async path) on a node, with the workers' background threads on. A scraper walking 404s is
 banned after exactly N across the workers, every worker then refuses it, and a banned caller's
 flood costs Redis at most 0.1 commands per request (INFO commandstats, on the server; the
 workers' time-based background, the watcher's polls and the metrics flush, is printed apart)."""
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ..asgi_server import Gunicorn, get
+from ..asgi_server import Gunicorn, Uvicorn, get
 from ..config.test_reload_live import python, stop_server
 from ..helpers import server_store
 
@@ -35,18 +35,23 @@ print(json.dumps([[b.who, b.rule_name, b.times, b.shadow] for b in Ban.objects.a
 """
 
 
-@pytest.fixture(scope="module", params=["redis", "cluster"])
+SERVERS = {"gunicorn": (Gunicorn, 3), "uvicorn": (Uvicorn, 2)}
+
+
+@pytest.fixture(scope="module", params=[("gunicorn", "redis"), ("gunicorn", "cluster"),
+                                        ("uvicorn", "redis")], ids="-".join)
 def deployment(request, tmp_path_factory, redis_server, database_env):
-    workdir = tmp_path_factory.mktemp(f"bans-{request.param}")
+    kind, store = request.param
+    server_class, workers = SERVERS[kind]
+    workdir = tmp_path_factory.mktemp(f"bans-{kind}-{store}")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.config.propagation_settings",
            "RELOAD_INTERVAL_S": "30", **database_env(workdir), "DJANGO_DEBUG": "0"}
-    client = server_store(request, request.param, env, redis_server)
+    client = server_store(request, store, env, redis_server)
     python(["manage.py", "migrate", "--verbosity", "0"], env)
     python(["-c", SETUP], env)
-    server = Gunicorn(env, workdir, workers=3).start()
-    topology = request.getfixturevalue("redis_cluster") if request.param == "cluster" \
-        else redis_server
-    yield server, env, topology
+    server = server_class(env, workdir, workers=workers).start()
+    topology = request.getfixturevalue("redis_cluster") if store == "cluster" else redis_server
+    yield server, env, topology, workers
     stop_server(server)
     client.close()
 
@@ -64,7 +69,7 @@ def commands_sent(topology):
 
 def test_a_scraper_is_banned_after_exactly_n_across_workers_and_its_flood_is_nearly_free(
         deployment):
-    server, env, topology = deployment
+    server, env, topology, worker_count = deployment
     workers = set()
     for i in range(THRESHOLD - 1):
         assert get(server, f"/no-such-page-{i}/").status == 404
@@ -82,7 +87,7 @@ def test_a_scraper_is_banned_after_exactly_n_across_workers_and_its_flood_is_nea
         assert json.loads(answer.body)["banned-by"] == ["scrapers"]
         assert 0 < int(answer.headers["Retry-After"]) <= BAN_S
         refused_by.add(answer.headers.get("RateLimit-Worker"))
-    assert len(workers | refused_by) == 3  # the requests reached every worker
+    assert len(workers | refused_by) == worker_count  # the requests reached every worker
 
     # the flood: 10,000 requests, answered by the workers' deny caches
     before = commands_sent(topology)
