@@ -168,3 +168,22 @@ def test_a_credential_proven_from_the_address_does_not_pass_its_ban(scraper_rule
     assert client.get("/hello/").status_code == 200  # proven from this address
     walk_404s(client, THRESHOLD)
     banned(client.get("/hello/"))
+
+
+async def _walk_and_ask(client):
+    for i in range(THRESHOLD):
+        assert (await client.get(f"/no-such-page-{i}/")).status_code == 404
+    return await client.get("/hello/")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_path_counts_events_and_refuses_the_banned(scraper_rule):
+    # QuotaMiddleware in async mode (AsyncClient): events counted in a thread, the ban checked
+    # in the decision's own call, and the unresolved URLs charged like the others
+    import asyncio
+
+    from django.test import AsyncClient
+
+    refused = asyncio.run(_walk_and_ask(AsyncClient()))
+    assert refused.status_code == 429
+    assert json.loads(refused.content)["banned-by"] == ["scrapers"]
