@@ -3,7 +3,8 @@
 A 4-level decision (bench/fixtures.py's d4 plan: global, plan, tenant, user) is sent as the
 engine builds it, with no ban rule, with one of the user's (its ban record in the user's key,
 which the decision reads anyway), and with two (the user's and the client IP's: the IP's key is
-one the decision did not read before). The target is judged on the two. Redis CPU is EVALSHA's ``usec_per_call`` under load (pipelined, as redis_cpu.py);
+one the decision did not read before). The target is judged on the two. Redis CPU is
+EVALSHA's ``usec_per_call`` under load (pipelined, as redis_cpu.py);
 round trips are EVALSHA calls per decision through the whole path, one at a time.
 """
 

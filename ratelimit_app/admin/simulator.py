@@ -152,7 +152,8 @@ def _report(bucket, original_rules, status=None):
     report = BucketReport(
         name=rule.name, scope=Scope(rule.scope).label, endpoint=rule.endpoint, rate=rule.rate,
         period_s=rule.period_s, burst=rule.burst, shadow=rule.shadow,
-        overridden=original_rules.get(rule.id, rule) != rule, cost=bucket.cost, fails_open=fails_open,
+        overridden=original_rules.get(rule.id, rule) != rule, cost=bucket.cost,
+        fails_open=fails_open,
         calendar=rule.calendar, credits=rule.credits, refill=rule.refill,
     )
     if status is None:

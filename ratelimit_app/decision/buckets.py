@@ -15,7 +15,8 @@ from . import periods
 from .balances import NEVER_MS, account_ref, balance_key
 from .header_fields import policy_item, sf_string
 
-__all__ = ["Bucket", "BanGate", "CheckedBucket", "CredentialProof", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
+__all__ = ["Bucket", "BanGate", "CheckedBucket", "CredentialProof", "CalendarQuota",
+           "ConcurrencySlot", "CreditBalance", "CreditStatus",
            "PolicyStatus", "LevelStatuses", "pack_value", "unpack_value", "read_state",
            "CALENDAR_RECORD", "NEXT_PERIOD"]
 

@@ -26,7 +26,8 @@ from .keys import bucket_key, proof_key
 from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
-__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "response_buckets", "overrides_for",
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "response_buckets",
+           "overrides_for",
            "with_override_numbers",
            "request_cost", "take_args", "settle_args", "settled_buckets", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",

@@ -1,8 +1,9 @@
 """The penalty box on real servers (issue 50): gunicorn with 3 sync workers, on a Redis node and
-on the 3-master Cluster, and uvicorn with 2 (QuotaMiddleware's async path) on a node, with the workers' background threads on. A scraper walking 404s is
-banned after exactly N across the workers, every worker then refuses it, and a banned caller's
-flood costs Redis at most 0.1 commands per request (INFO commandstats, on the server; the
-workers' time-based background, the watcher's polls and the metrics flush, is printed apart)."""
+on the 3-master Cluster, and uvicorn with 2 (QuotaMiddleware's async path) on a node, with the
+workers' background threads on. A scraper walking 404s is banned after exactly N across the
+workers, every worker then refuses it, and a banned caller's flood costs Redis at most 0.1
+commands per request (INFO commandstats, on the server; the workers' time-based background,
+the watcher's polls and the metrics flush, is printed apart)."""
 
 import json
 import os
