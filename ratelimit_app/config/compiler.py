@@ -246,8 +246,7 @@ def _compiled_rules(rows):
             debt=r.debt,
             credits=r.kind == Kind.CREDITS,
             refill=r.calendar_period if r.kind == Kind.CREDITS else "",
-            response_statuses=frozenset(parse_statuses(r.counted_statuses))
-            if r.counted_statuses else frozenset(),
+            response_statuses=parse_statuses(r.counted_statuses) if r.counted_statuses else (),
             response_prefix=r.counted_path_prefix,
         )
         for r in rows

@@ -54,7 +54,7 @@ class CompiledRule:
     # a rule counting responses (issue 50 §2): only those with a status in this set (empty:
     # any) under this path prefix ("": any) cost a token, charged once the response is sent
     # (settle.lua); on its way in a request is only checked (see engine.ResponseCounter)
-    response_statuses: frozenset = frozenset()
+    response_statuses: tuple = ()
     response_prefix: str = ""
 
     @property

@@ -82,13 +82,15 @@ def test_a_scraper_is_banned_after_exactly_n_across_workers_and_its_flood_is_nea
     assert json.loads(python(["-c", BANS], env)) == [["127.0.0.1", "scrapers", 1, False]]
 
     refused_by = set()
-    for _ in range(12):
+    for _ in range(300):  # until every worker has refused it (the kernel spreads connections)
         answer = get(server, "/hello/")
         assert answer.status == 429
         assert json.loads(answer.body)["banned-by"] == ["scrapers"]
         assert 0 < int(answer.headers["Retry-After"]) <= BAN_S
         refused_by.add(answer.headers.get("RateLimit-Worker"))
-    assert len(workers | refused_by) == worker_count  # the requests reached every worker
+        if len(refused_by) == worker_count:
+            break
+    assert len(refused_by) == worker_count  # every worker refuses the banned caller
 
     # the flood: 10,000 requests, answered by the workers' deny caches
     before = commands_sent(topology)
