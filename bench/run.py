@@ -27,7 +27,8 @@ if __name__ == "__main__":
 
 from bench.harness import Environment, table  # noqa: E402
 
-SECTIONS = ["decision", "redis_cpu", "http", "latency", "overgrant", "flood", "memory", "scale", "cluster",
+SECTIONS = ["decision", "redis_cpu", "bans", "http", "latency",
+            "overgrant", "flood", "memory", "scale", "cluster",
             "propagation"]
 MODULES = {"http": "http_throughput"}  # section name -> module in bench/
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -92,6 +92,10 @@ DEFAULTS = {
     # Remember denials in-process until Redis would certainly deny again (see
     # decision/deny_cache.py).
     "LOCAL_DENY_CACHE": True,
+    # How long a credential (API key or user) used from a client address stays proven there:
+    # while it is, that address's failed-authentication gates let it through even when other
+    # callers' failures emptied them (see protection/failed_auth.py). 0: never proven.
+    "FAILED_AUTH_PROOF_S": 14 * 24 * 3600,
     # Metrics: flush interval, per-minute series retention, hot-key tracker capacity.
     "METRICS_ENABLED": True,
     "METRICS_FLUSH_INTERVAL_S": 1.0,

@@ -42,6 +42,7 @@ from .runtime.guard import (  # noqa: E402
     authentication_failed,
     charge_failed_authentication,
     check_failed_authentication,
+    count_response,
     decide,
     finish_after_response,
     finish_now,
@@ -91,10 +92,22 @@ def _quota_throttle_never_ran(request):
 
 
 def _late_decision_needed(request, response):
-    """True when DRF's content negotiation failed before the throttle ran (e.g. a client
-    accepting only application/problem+json): the middleware decides then, so a limited client
-    hears 429."""
-    return response.status_code == 406 and _quota_throttle_never_ran(request)
+    """True when a limited request was not decided on its way in: DRF's content negotiation
+    failed before the throttle ran (e.g. a client accepting only application/problem+json), or
+    the request never reached this middleware's process_view (an unresolved URL such as
+    ``/HELLO/``, or a middleware above refused it, as CSRF's 403). The middleware decides then,
+    so the request is charged, carries the RateLimit headers, and a limited client hears 429.
+    (Only requests without a decision get here: a limited request's costs nothing more.)"""
+    if response.status_code == 406 and _quota_throttle_never_ran(request):
+        return True
+    if getattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, False):
+        return False  # process_view left it to QuotaThrottle
+    match = getattr(request, "resolver_match", None)
+    if match is None:  # no view: charged on the rules of every endpoint, unless exempt
+        return not (request.path_info.startswith(exempt_path_prefixes()) or
+                    uncharged_preflight(request))
+    # process_view would have decided it (or left it to the throttle) had it run
+    return _limited_by(request, match.func) is not None
 
 
 def _leave_to_throttle(request, limited_by):
@@ -193,6 +206,7 @@ class QuotaMiddleware:
         except BaseException:
             finish_now(request)  # a slot is released, a cost settled, on exceptions too
             raise
+        count_response(request, response)  # if a rule counts responses (a ban rule, …)
         return finish_after_response(request, response)  # ... and when the response is finished
 
     def _respond(self, request):
@@ -226,6 +240,8 @@ class QuotaMiddleware:
         except BaseException:
             await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
+        if default_limiter().counts_responses():  # (a ban writes to the database: a thread)
+            await sync_to_async(count_response)(request, response)
         return finish_after_response(request, response)
 
     def process_view(self, request, view_func, view_args, view_kwargs):

@@ -36,6 +36,8 @@ from ..business.usage.models import UsageRecord
 from ..config.models import (
     ApiKey,
     AuditEntry,
+    Ban,
+    BanRule,
     EndpointCost,
     IdentityOverride,
     Plan,
@@ -45,6 +47,7 @@ from ..config.models import (
 from ..metrics.models import Dashboard
 from .alerts import QuotaAlertAdmin, WebhookDeliveryAdmin, WebhookEndpointAdmin
 from .audit import AuditEntryAdmin
+from .bans import BanAdmin, BanRuleAdmin
 from .config import (
     ApiKeyAdmin,
     EndpointCostAdmin,
@@ -71,6 +74,7 @@ ADMIN_CLASSES = {
     QuotaAlert: QuotaAlertAdmin, WebhookEndpoint: WebhookEndpointAdmin,
     WebhookDelivery: WebhookDeliveryAdmin,
     Dashboard: DashboardAdmin, AuditEntry: AuditEntryAdmin,
+    BanRule: BanRuleAdmin, Ban: BanAdmin,
 }
 
 # ModelAdmin's template attributes and the file each names by default: a placed admin looks

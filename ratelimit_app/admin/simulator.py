@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from ..conf import get_config, meta_key
 from ..config.endpoints import find_endpoint
 from ..decision import engine
+from ..decision.buckets import CredentialProof
 from ..decision.identity import identify
 from ..decision.scopes import Scope, hash_api_key
 from ..runtime.limiter import default_limiter
@@ -106,11 +107,13 @@ def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, now_ms=None
         return Simulation(allowed=True, notes=tuple(notes), **outcome)
 
     original_rules = {rule.id: rule for rule in snapshot.rules}
+    # (a credential's proof from the address is no bucket: protection/failed_auth.py)
+    shown = [i for i, b in enumerate(peek.buckets) if type(b) is not CredentialProof]
     if peek.statuses is None:
-        reports = tuple(_report(b, original_rules) for b in peek.buckets)
+        reports = tuple(_report(peek.buckets[i], original_rules) for i in shown)
         return Simulation(allowed=peek.allowed, buckets=reports, redis_error=peek.error,
                           notes=tuple(notes), **outcome)
-    reports = tuple(_report(b, original_rules, s) for b, s in zip(peek.buckets, peek.statuses))
+    reports = tuple(_report(peek.buckets[i], original_rules, peek.statuses[i]) for i in shown)
     retry_after = 0 if peek.allowed else engine.earliest_retry_s(peek.statuses)
     return Simulation(allowed=peek.allowed, buckets=reports, retry_after_s=retry_after,
                       notes=tuple(notes), **outcome)
@@ -149,7 +152,8 @@ def _report(bucket, original_rules, status=None):
     report = BucketReport(
         name=rule.name, scope=Scope(rule.scope).label, endpoint=rule.endpoint, rate=rule.rate,
         period_s=rule.period_s, burst=rule.burst, shadow=rule.shadow,
-        overridden=original_rules.get(rule.id) != rule, cost=bucket.cost, fails_open=fails_open,
+        overridden=original_rules.get(rule.id, rule) != rule, cost=bucket.cost,
+        fails_open=fails_open,
         calendar=rule.calendar, credits=rule.credits, refill=rule.refill,
     )
     if status is None:

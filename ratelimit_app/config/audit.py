@@ -42,7 +42,7 @@ from .commit_hooks import on_commit_once, waiting_for_commit
 
 __all__ = ["Actor", "AuditTrailGap", "Recorder", "acting_as", "note_change", "record",
            "record_outside_change", "audit_document", "diff_documents", "describe",
-           "document_of", "object_token", "restore_plan", "restore", "API_KEYS"]
+           "document_of", "object_token", "restore_plan", "restore", "API_KEYS", "record_event"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -239,6 +239,27 @@ def record(actor, *, baseline=False, changes=None):
     empty trail, recorded even without a change). ``changes``: the rows the change named
     (``changes.by_table``), read alone when they can be (None: compare everything)."""
     return _recorder.record(actor, baseline=baseline, changes=changes)
+
+
+def record_event(actor, summary):
+    """Record an event that changes no quota row (a ban imposed or lifted) in the trail, after
+    its last entry, with an empty diff: the configuration each entry stands for stays what it
+    was. Returns the AuditEntry, or None when the trail kept changing (logged)."""
+    from .models import AuditEntry
+
+    for _ in range(5):
+        previous = AuditEntry.objects.order_by("-id").values_list("id", flat=True).first()
+        entry = AuditEntry(user=actor.user, actor=actor.name[:150], source=actor.source,
+                           summary=summary[:300], diff=[], previous_id=previous,
+                           opens_trail=previous is None)
+        try:
+            with transaction.atomic():
+                entry.save()
+        except IntegrityError:
+            continue  # another process recorded after the same entry: follow it
+        return entry
+    logger.error("ratelimit_app: the audit trail kept changing while recording an event")
+    return None
 
 
 def document_of(entry):

@@ -118,6 +118,7 @@ PARTS = {
     "apikey": ("api_keys",),
     "identityoverride": ("overrides",),
     "endpointcost": ("costs", "metering"),
+    "banrule": ("ban_rules",),
 }
 DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
 ROW_PARTS = frozenset({"rule", "planassignment", "apikey", "identityoverride"})
@@ -222,13 +223,13 @@ def _read_plans(moment, pause_s):
 
 _RULE_FIELDS = ("id", "name", "scope", "plan__slug", "endpoint", "rate", "period_s", "burst",
                 "mode", "on_redis_failure", "counts", "lease", "calendar_period", "kind",
-                "alert_thresholds", "debt")
+                "alert_thresholds", "debt", "counted_statuses", "counted_path_prefix")
 _by_id = operator.attrgetter("id")
 
 
 def _compiled_rules(rows):
     """Return the rule ``rows`` (named tuples of _RULE_FIELDS) as CompiledRules."""
-    from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds
+    from .models import Counts, FailureMode, Kind, Mode, parse_alert_thresholds, parse_statuses
 
     fail_open = {FailureMode.OPEN: True, FailureMode.CLOSED: False}
     return [
@@ -245,6 +246,8 @@ def _compiled_rules(rows):
             debt=r.debt,
             credits=r.kind == Kind.CREDITS,
             refill=r.calendar_period if r.kind == Kind.CREDITS else "",
+            response_statuses=parse_statuses(r.counted_statuses) if r.counted_statuses else (),
+            response_prefix=r.counted_path_prefix,
         )
         for r in rows
     ]
@@ -443,6 +446,19 @@ def _read_costs(moment, pause_s):
     return {"costs": costs, "metering": metering}, None
 
 
+def _read_ban_rules(moment, pause_s):
+    from ..protection.bans import compile_ban_rule
+    from .models import BanRule, parse_statuses
+
+    rows = _rows(BanRule.objects.filter(enabled=True).order_by("id"), "id", "name", "scope",
+                 "events", "statuses", "path_prefix", "threshold", "window_s", "ban_s",
+                 "factor", "max_ban_s", "memory_s", "extend_on_retry", "mode",
+                 pause_s=pause_s)
+    return {"ban_rules": tuple(
+        compile_ban_rule(row, parse_statuses(row.statuses) if row.statuses else ())
+        for row in rows)}, None
+
+
 # part -> reader(moment, pause_s): (Snapshot fields, RowIndex or None) of the whole table
 _PART_READERS = {
     "plan": _read_plans,
@@ -451,6 +467,7 @@ _PART_READERS = {
     "apikey": _read_api_keys,
     "identityoverride": _read_overrides,
     "endpointcost": _read_costs,
+    "banrule": _read_ban_rules,
 }
 # part -> patcher(base, ids, moment): the same, from ``base``'s part and the rows ``ids``
 _PART_PATCHERS = {
@@ -473,8 +490,16 @@ RELOAD_PAUSE_S = 0.003
 def config_models():
     """Return the models whose rows ``compile_snapshot`` reads (the tables a fingerprint covers
     and whose saves and deletes announce a new config version)."""
-    from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+    from .models import (
+        ApiKey,
+        BanRule,
+        EndpointCost,
+        IdentityOverride,
+        Plan,
+        PlanAssignment,
+        Rule,
+    )
 
-    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride)
+    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride, BanRule)
 
 

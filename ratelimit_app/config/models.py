@@ -48,7 +48,8 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
            "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
            "ALERT_MIN_PERIOD_S", "HTTP_METHODS",
-           "cost_limit", "tightest_below", "cost_above_limit_message"]
+           "cost_limit", "tightest_below", "cost_above_limit_message", "BanRule", "BanEvents",
+           "Ban", "BAN_SCOPES", "parse_statuses"]
 
 
 class Plan(models.Model):
@@ -314,6 +315,16 @@ class Rule(models.Model):
                   "go further is not charged. 0: never below empty. Token buckets and calendar "
                   "quotas counting requests.",
     )
+    counted_statuses = models.CharField(
+        "count only responses", max_length=200, blank=True,
+        help_text="Count only responses with these statuses, e.g. “404” (a scraper walking "
+                  "URLs), “401,403” or “4xx”: each such response costs one token once it is "
+                  "sent, and a caller with none left is refused. Empty: every request, charged "
+                  "on its way in. Token buckets counting requests.")
+    counted_path_prefix = models.CharField(
+        "count only under", max_length=200, blank=True,
+        help_text="Count only responses to requests whose path is under these segments, e.g. "
+                  "“/login” (also /login/…, not /loginx). Empty: every path.")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -344,6 +355,8 @@ class Rule(models.Model):
         self._clean_alert_thresholds(kind, errors)
         if self.debt and kind.debt_refused:
             errors["debt"] = kind.debt_refused
+        if self.counted_statuses or self.counted_path_prefix:
+            self._clean_counted_responses(errors)
         if self.counts == Counts.FAILED_AUTH:
             self._clean_failed_auth(kind, errors)
         elif not errors:
@@ -371,6 +384,19 @@ class Rule(models.Model):
                 errors[field] = [message]
         if errors:
             raise ValidationError(errors)
+
+    def _clean_counted_responses(self, errors):
+        if self.kind != Kind.TOKEN_BUCKET or self.counts != Counts.REQUESTS:
+            errors["counted_statuses"] = ("Only a token bucket counting requests may count "
+                                          "responses instead.")
+            return
+        if self.counted_statuses:
+            try:
+                parse_statuses(self.counted_statuses)
+            except ValueError as exc:
+                errors["counted_statuses"] = str(exc)
+        if self.counted_path_prefix and not self.counted_path_prefix.startswith("/"):
+            errors["counted_path_prefix"] = "A path prefix starts with “/”, e.g. /login."
 
     def _clean_lease(self, kind, errors):
         if kind.lease_refused:
@@ -582,6 +608,174 @@ class IdentityOverride(Scheduled, models.Model):
                                            "“exempt”)."})
 
 
+class BanEvents(models.TextChoices):
+    REFUSALS = "refusals", "Refusals by the quotas"
+    STATUSES = "statuses", "Responses with a status in the set"
+    FAILED_AUTH = "failed_auth", "Failed authentications"
+
+
+# the scopes a caller can be banned at (a ban of everyone, or of a plan, would be an outage)
+BAN_SCOPES = (Scope.IP, Scope.USER, Scope.TENANT)
+# the longest ban, and the longest memory of earlier bans
+MAX_BAN_S = 366 * 24 * 3600
+
+
+def parse_statuses(text):
+    """Return the response statuses of ``text`` ("401,403", "404", "4xx") as a sorted tuple of
+    ints from 100 to 599 ("4xx" stands for 400 to 499); raise ValueError with an operator's
+    message."""
+    found = set()
+    for part in text.replace(" ", "").lower().split(","):
+        if len(part) == 3 and part[0] in "12345" and part[1:] == "xx":
+            found.update(range(int(part[0]) * 100, int(part[0]) * 100 + 100))
+        elif part.isdigit() and len(part) == 3 and 100 <= int(part) <= 599:
+            found.add(int(part))
+        else:
+            raise ValueError(f"“{part[:20]}” is not a response status; write statuses such as "
+                             f"401,403 or a class such as 4xx, separated by commas.")
+    return tuple(sorted(found))
+
+
+class BanRule(models.Model):
+    """The penalty box: a caller that triggers ``threshold`` events within ``window_s`` is
+    banned for ``ban_s`` (each ban within ``memory_s`` of the last one ``factor`` times longer,
+    up to ``max_ban_s``). A model of its own rather than a kind of Rule: it is not a bucket a
+    request spends (no rate, burst, cost or plan), and its own numbers (events, escalation)
+    would be empty columns on every other rule."""
+
+    name = models.CharField(
+        max_length=64, unique=True,
+        help_text="Shown to a banned client in the RateLimit headers and the problem body: "
+                  "letters, digits, '.', '_' or '-'.",
+    )
+    scope = models.CharField(max_length=10, choices=[(s.value, s.label) for s in BAN_SCOPES],
+                             default=Scope.IP,
+                             help_text="Who is banned: the client IP (an IPv6 client's /64), "
+                                       "the user or API key, or the tenant.")
+    events = models.CharField(max_length=12, choices=BanEvents.choices,
+                              default=BanEvents.STATUSES)
+    statuses = models.CharField(
+        max_length=200, blank=True,
+        help_text="For responses with a status in the set: e.g. “404” (a scraper walking URLs), "
+                  "“401,403”, or “4xx”.",
+    )
+    path_prefix = models.CharField(
+        max_length=200, blank=True,
+        help_text="Count only requests whose path starts with these segments, e.g. “/login”. "
+                  "Empty: every path.",
+    )
+    threshold = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
+        help_text="Events within the window that ban the caller (fail2ban's maxretry).")
+    window_s = models.PositiveIntegerField(
+        "window (seconds)", validators=[MinValueValidator(1), MaxValueValidator(MAX_BAN_S)],
+        help_text="fail2ban's findtime.")
+    ban_s = models.PositiveIntegerField(
+        "ban (seconds)", validators=[MinValueValidator(1), MaxValueValidator(MAX_BAN_S)],
+        help_text="How long the first ban lasts (fail2ban's bantime).")
+    factor = models.PositiveIntegerField(
+        "escalation factor", default=1, validators=[MinValueValidator(1),
+                                                    MaxValueValidator(1000)],
+        help_text="Each ban within the memory of the previous one lasts this many times longer "
+                  "(fail2ban's bantime.factor); 1: every ban as long.")
+    max_ban_s = models.PositiveIntegerField(
+        "longest ban (seconds)", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_BAN_S)],
+        help_text="Escalation stops here (fail2ban's bantime.maxtime). Empty: the first ban's "
+                  "length times the factor, without limit up to a year.")
+    memory_s = models.PositiveIntegerField(
+        "memory (seconds)", default=24 * 3600,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_BAN_S)],
+        help_text="A ban within this long of the last one escalates; later, it starts over.")
+    extend_on_retry = models.BooleanField(
+        "retries extend the ban", default=False,
+        help_text="Off (the default): requests during a ban do not make it longer.")
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE,
+                            help_text="Shadow: count the would-be bans, ban no one.")
+    enabled = models.BooleanField(default=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "ban rule"
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        errors = {}
+        if self.name and not RULE_NAME_RE.match(self.name):
+            errors["name"] = ("Use letters, digits, '.', '_' or '-' (at most 64), starting "
+                              "with a letter or digit.")
+        if self.events == BanEvents.STATUSES:
+            if not self.statuses:
+                errors["statuses"] = "Name the response statuses that count, e.g. 404 or 4xx."
+            else:
+                try:
+                    parse_statuses(self.statuses)
+                except ValueError as error:
+                    errors["statuses"] = str(error)
+        elif self.statuses:
+            errors["statuses"] = "Statuses are counted only by a rule counting responses."
+        if self.path_prefix and not self.path_prefix.startswith("/"):
+            errors["path_prefix"] = "A path prefix starts with “/”, e.g. /login."
+        if self.max_ban_s is not None and self.ban_s and self.max_ban_s < self.ban_s:
+            errors["max_ban_s"] = "The longest ban cannot be shorter than the first one."
+        if errors:
+            raise ValidationError(errors)
+
+    def describe(self):
+        """Return the rule in words ("5 responses 404 within 60 s per client IP ban it for
+        600 s, each ban within 1 day twice as long up to 86400 s; enforced")."""
+        what = {BanEvents.REFUSALS: "refusals by the quotas",
+                BanEvents.STATUSES: f"responses {self.statuses}",
+                BanEvents.FAILED_AUTH: "failed authentications"}.get(self.events, self.events)
+        if self.path_prefix:
+            what += f" under {self.path_prefix}"
+        who = dict(Scope.choices).get(self.scope, self.scope).split(" (")[0].lower()
+        words = (f"{self.threshold} {what} within {self.window_s} s per {who} ban it for "
+                 f"{self.ban_s} s")
+        if self.factor > 1:
+            words += (f", each ban within {self.memory_s} s of the last {self.factor} times "
+                      f"longer" + (f" up to {self.max_ban_s} s" if self.max_ban_s else ""))
+        if self.extend_on_retry:
+            words += ", retries during a ban extend it"
+        return words + ("; shadow" if self.mode == Mode.SHADOW else "; enforced")
+
+
+class Ban(models.Model):
+    """One ban (or, by a shadow rule, a would-be ban), as the penalty box reported it: the
+    dashboard's list of current bans, and what lifting one acts on. The ban itself lives in
+    Redis (protection/bans.py); this row is its record."""
+
+    rule = models.ForeignKey(BanRule, null=True, on_delete=models.SET_NULL, related_name="+")
+    rule_name = models.CharField(max_length=64)
+    scope = models.CharField(max_length=10)
+    who = models.CharField(max_length=200, help_text="The caller as staff may see it: a user "
+                                                      "name, a key's prefix, an address.")
+    key = models.CharField(max_length=120, editable=False)  # the Redis key holding the ban
+    since = models.DateTimeField()
+    until = models.DateTimeField()
+    times = models.PositiveIntegerField(default=1, help_text="Bans within the rule's memory, "
+                                                             "this one included.")
+    shadow = models.BooleanField(default=False, help_text="A would-be ban of a shadow rule.")
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-since"]
+        verbose_name = "ban"
+        default_permissions = ("view", "change")
+        permissions = [("lift_ban", "Can lift a ban")]
+
+    def __str__(self):
+        return f"{self.who} banned by {self.rule_name}"
+
+    @property
+    def in_force(self):
+        return not self.shadow and self.lifted_at is None and self.until > timezone.now()
+
+
 class AuditSource(models.TextChoices):
     ADMIN = "admin", "Admin"
     IMPORT = "import", "Import"
@@ -589,6 +783,7 @@ class AuditSource(models.TextChoices):
     CODE = "code", "Application code"
     OUTSIDE = "outside", "Changed outside the app"
     MIGRATE = "migrate", "Migration"
+    PENALTY_BOX = "penalty", "Penalty box"
 
 
 class AuditEntry(models.Model):

@@ -4,6 +4,7 @@
 plans, the API keys and the identity overrides of one config version, as ``compiler.py``
 compiled them from the rows; ``policy.PolicyCache`` keeps the one in force.
 """
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -50,6 +51,16 @@ class CompiledRule:
     # units per ``refill`` ("day" or "month"; "": given once, never refilled)
     credits: bool = False
     refill: str = ""
+    # a rule counting responses (issue 50 §2): only those with a status in this set (empty:
+    # any) under this path prefix ("": any) cost a token, charged once the response is sent
+    # (settle.lua); on its way in a request is only checked (see engine.ResponseCounter)
+    response_statuses: tuple = ()
+    response_prefix: str = ""
+
+    @property
+    def counts_responses(self):
+        """True if this rule charges responses after they are sent, not requests."""
+        return bool(self.response_statuses or self.response_prefix)
 
     def lets_through_without_redis(self):
         """Return True if this rule allows requests while Redis cannot answer."""
@@ -60,7 +71,8 @@ class CompiledRule:
         return CompiledRule(self.id, self.name, self.scope, self.plan, self.endpoint,
                             rate, period_s, burst, self.shadow, self.fail_open, self.failed_auth,
                             self.lease, self.calendar, self.concurrency, self.alerts, self.debt,
-                            self.credits, self.refill)
+                            self.credits, self.refill, self.response_statuses,
+                            self.response_prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,7 @@ class Snapshot:
     rules: tuple = ()
     failed_auth_rules: tuple = ()  # the rules among ``rules`` that count failed authentications
     alerting_rules: tuple = ()     # those with alert thresholds the request path checks
+    ban_rules: tuple = ()          # the penalty box's rules (protection/bans.CompiledBanRule)
     plans: frozenset = frozenset()
     default_authenticated_plan: str | None = None
     default_anonymous_plan: str | None = None
@@ -112,6 +125,11 @@ class Snapshot:
     _rules_for: dict = field(default_factory=dict, repr=False)
     # engine.plan_buckets' memo: (identity, endpoint, cost) -> buckets; never copied by replace()
     buckets_memo: dict = field(default_factory=dict, repr=False, init=False, compare=False)
+
+    @functools.cached_property
+    def response_rules(self):
+        """The rules among ``rules`` that count responses (usually none)."""
+        return tuple(rule for rule in self.rules if rule.counts_responses)
 
     @property
     def has_alerts(self):

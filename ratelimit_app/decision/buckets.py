@@ -15,7 +15,8 @@ from . import periods
 from .balances import NEVER_MS, account_ref, balance_key
 from .header_fields import policy_item, sf_string
 
-__all__ = ["Bucket", "CalendarQuota", "ConcurrencySlot", "CreditBalance", "CreditStatus",
+__all__ = ["Bucket", "BanGate", "CheckedBucket", "CredentialProof", "CalendarQuota",
+           "ConcurrencySlot", "CreditBalance", "CreditStatus",
            "PolicyStatus", "LevelStatuses", "pack_value", "unpack_value", "read_state",
            "CALENDAR_RECORD", "NEXT_PERIOD"]
 
@@ -95,6 +96,8 @@ ENFORCE, SHADOW, GATE = 1, 0, 2
 CALENDAR_ENFORCE, CALENDAR_SHADOW = 3, 4
 CONCURRENCY_ENFORCE, CONCURRENCY_SHADOW = 5, 6
 CREDITS_ENFORCE, CREDITS_SHADOW = 7, 8
+CREDENTIAL_PROOF = 9
+BAN = -1
 
 
 class Bucket:
@@ -103,10 +106,12 @@ class Bucket:
     __slots__ = ("rule", "key", "id", "cost", "gate", "period_ms", "capacity_units", "cost_units",
                  "spec", "shown", "short_below")
 
-    def __init__(self, rule, key, cost, gate=False):
+    def __init__(self, rule, key, cost, gate=False, proven=False):
         self.rule = rule        # config.snapshot.CompiledRule
         self.key = key          # the identity's key: its other buckets are records in it too
-        self.id = f"{key}:{rule.id}"  # this bucket alone (local caches key on it)
+        # this bucket alone (local caches key on it); a gate a credential's proof precedes
+        # apart: what the deny cache learns of it does not hold for unproven callers
+        self.id = f"{key}:{rule.id}:proven" if proven else f"{key}:{rule.id}"
         self.cost = cost        # tokens
         # a gate is checked but never debited: a request needs ``cost`` tokens in it to pass
         # (the failed-authentication buckets of a client IP, which only failures debit)
@@ -215,6 +220,56 @@ class LevelStatuses(Sequence):
 
     def __repr__(self):
         return repr(self.statuses())
+
+
+class CheckedBucket(Bucket):
+    """A bucket a request needs one token in but does not spend (take.lua's mode -1): what
+    spends it comes later, outside the decision (a ban's, a rule counting responses'). Refuses
+    like a gate; a credential's proof never lets it pass; while it holds its token the common
+    reply stays the short one."""
+
+    __slots__ = ()
+
+    def __init__(self, rule, key):
+        super().__init__(rule, key, 1, gate=True)
+        self.spec = _SPEC.pack(rule.id, self.period_ms, self.capacity_units, rule.rate,
+                               self.cost_units, BAN)
+
+
+class BanGate(CheckedBucket):
+    """A caller's ban by one ban rule (protection/bans.py), checked in the decision's take.lua
+    call: ``rule`` is the ban rule's BanGateRule (one token a second, capacity one), so its
+    level counts in ms and is short exactly while the ban lasts; no record (no ban) reads as
+    full."""
+
+    __slots__ = ()
+
+
+class CredentialProof(Bucket):
+    """Whether a credential was used from a client address lately: checked just before that
+    address's failed-authentication gates, in the same take.lua call (mode 9), so a credential
+    proven from the address passes those gates even while others' failures there emptied them.
+
+    ``rule`` is the address's first failed-auth rule (this entry reports under it, but is never
+    shown: it is a gate's companion); ``key`` the proof's own key in the address's slot;
+    ``memory_s`` how long a use proves the credential. Never short, never settled.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, rule, key, memory_s):
+        super().__init__(rule, key, 0, gate=True)
+        self.id = key
+        self.capacity_units = self.cost_units = 0
+        self.short_below = -math.inf
+        self.spec = _SPEC.pack(0, int(memory_s * 1000), 0, 0, 0, CREDENTIAL_PROOF)
+
+    def __repr__(self):
+        return f"CredentialProof({self.key!r})"
+
+    def status(self, level_units, short):
+        """Return a PolicyStatus of this proof (never short: it refuses nothing)."""
+        return super().status(0, False)
 
 
 def _short_below(rule, cost_units):

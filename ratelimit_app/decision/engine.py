@@ -11,13 +11,24 @@ from typing import NamedTuple
 
 from ..conf import get_config, meta_key
 from . import periods
-from .buckets import Bucket, CalendarQuota, ConcurrencySlot, CreditBalance, LevelStatuses
+from .buckets import (
+    BanGate,
+    Bucket,
+    CalendarQuota,
+    CheckedBucket,
+    ConcurrencySlot,
+    CreditBalance,
+    CredentialProof,
+    LevelStatuses,
+)
 from .headers import retry_after_with_jitter
-from .keys import bucket_key
+from .keys import bucket_key, proof_key
 from .meter import Meter, charge_without_meter
 from .scopes import Scope
 
-__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "failed_auth_buckets",
+__all__ = ["Decision", "PlannedBuckets", "plan_buckets", "client_buckets", "response_buckets",
+           "overrides_for",
+           "with_override_numbers",
            "request_cost", "take_args", "settle_args", "settled_buckets", "statuses_from", "reply_statuses", "decision_from",
            "degraded_decision", "earliest_retry_s", "refusing_without_redis",
            "refusing_gate_statuses"]
@@ -56,6 +67,9 @@ class Decision(NamedTuple):
     # names of the enforced credit balances that refused: the request is answered 402, not 429
     # (see headers.problem_body)
     out_of_credits: tuple = ()
+    # names of the ban rules whose ban refused the request (protection/bans.py): answered with
+    # the ban's own problem type (see headers.problem_body)
+    banned: tuple = ()
 
     @property
     def limited(self):
@@ -105,7 +119,8 @@ def _declared_cost(raw, max_cost):
     return min(int(digits), max_cost)
 
 
-def _overrides_for(snapshot, identity):
+def overrides_for(snapshot, identity):
+    """Return the overrides of the snapshot that name ``identity`` (its key, user or IP)."""
     if not snapshot.overrides:
         return ()
     found = []
@@ -176,28 +191,84 @@ _READ_FROM_LEVELS = (Bucket, CreditBalance)
 
 
 def _build_buckets(snapshot, identity, endpoint, cost):
-    overrides = _overrides_for(snapshot, identity)
+    overrides = overrides_for(snapshot, identity)
     if any(o.exempt for o in overrides):
         return None
-    prefix = get_config()["KEY_PREFIX"]
+    config = get_config()
+    prefix = config["KEY_PREFIX"]
     buckets = []
+    proof = None  # the credential's proof from the address: None until a gate needs it
     for rule in snapshot.rules_for(identity.plan, endpoint):  # widest scope first
         token = identity.token_for(rule.scope)
         if token is None:
             continue  # e.g. a user rule for an anonymous caller, a tenant rule without tenant
         if overrides and rule.scope in (Scope.USER, Scope.IP):
-            rule = _with_override_numbers(rule, overrides)
+            rule = with_override_numbers(rule, overrides)
         if rule.failed_auth:
             # checked, never debited here: a client IP out of failed authentications is
-            # refused whatever credentials it sends now (so a right guess teaches it nothing)
-            buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True))
+            # refused the credentials it has not proven from there (so a right guess teaches
+            # it nothing), and a credential used from there lately passes (protection/
+            # failed_auth.py says why)
+            if proof is None:
+                proof = _credential_proof(rule, identity, token, prefix)
+                if proof is not False:
+                    buckets.append(proof)
+            buckets.append(Bucket(rule, bucket_key(prefix, token), 1, gate=True,
+                                  proven=proof is not False))
+        elif rule.counts_responses:
+            # spent by the responses it counts, once they are sent (response_buckets); a
+            # caller with none left is refused on its way in
+            if not rule.shadow:
+                buckets.append(CheckedBucket(rule, bucket_key(prefix, token)))
         elif rule.credits:
             buckets.append(CreditBalance(rule, bucket_key(prefix, token), cost, identity))
         else:
             kind = CalendarQuota if rule.calendar else \
                 ConcurrencySlot if rule.concurrency else Bucket
             buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
+    for ban in snapshot.ban_rules:
+        # the ban, if any, is a record in the caller's own key: checked in this same call
+        token = None if ban.shadow else identity.token_for(ban.scope)
+        if token is not None:
+            buckets.append(BanGate(ban.gate_rule, bucket_key(prefix, token)))
     return tuple(buckets)
+
+
+def _credential_proof(rule, identity, address_token, prefix):
+    """Return the CredentialProof of ``identity``'s credential (its API key or its user)
+    from its address, or False for a caller without one or when proofs are off."""
+    memory_s = get_config()["FAILED_AUTH_PROOF_S"]
+    credential = identity.client_token
+    if credential is None or not memory_s:
+        return False
+    return CredentialProof(rule, proof_key(prefix, address_token, credential), memory_s)
+
+
+def response_buckets(snapshot, identity, endpoint, status, path):
+    """Return the buckets a sent response of ``identity`` is charged one token on: those of
+    the rules counting responses (``CompiledRule.counts_responses``) that apply to its plan and
+    endpoint, whose statuses and path prefix it matches (a list; usually empty)."""
+    prefix = get_config()["KEY_PREFIX"]
+    found = []
+    for rule in snapshot.response_rules:
+        if rule.plan is not None and rule.plan != identity.plan:
+            continue
+        if rule.endpoint and rule.endpoint != endpoint:
+            continue
+        if rule.response_statuses and status not in rule.response_statuses:
+            continue
+        if rule.response_prefix and not _under(path, rule.response_prefix):
+            continue
+        token = identity.token_for(rule.scope)
+        if token is not None:
+            found.append(Bucket(rule, bucket_key(prefix, token), 1))
+    return found
+
+
+def _under(path, prefix):
+    """True if ``path`` is ``prefix`` or below it, segment by segment."""
+    prefix = prefix.rstrip("/")
+    return not prefix or path == prefix or path.startswith(prefix + "/")
 
 
 def client_buckets(snapshot, identity, *, ip_buckets=True):
@@ -216,7 +287,7 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
     return list(found.values())
 
 
-def _with_override_numbers(rule, overrides):
+def with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
     counting requests, that name no rule)."""
     if rule.calendar or rule.concurrency or rule.credits:
@@ -225,22 +296,6 @@ def _with_override_numbers(rule, overrides):
         if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
             rule = rule.with_numbers(o.rate, o.period_s, o.burst)
     return rule
-
-
-def failed_auth_buckets(snapshot, identity, endpoint):
-    """Return the buckets one failed authentication of ``identity`` is charged to (its client
-    IP's failed-auth rules, one token each), or () when none applies or the caller is exempt."""
-    if not snapshot.failed_auth_rules:
-        return ()
-    overrides = _overrides_for(snapshot, identity)
-    if any(o.exempt for o in overrides):
-        return ()
-    token = identity.token_for(Scope.IP)
-    prefix = get_config()["KEY_PREFIX"]
-    return tuple(
-        Bucket(rule, bucket_key(prefix, token), 1)
-        for rule in (_with_override_numbers(r, overrides) if overrides else r
-                     for r in snapshot.rules_for(None, endpoint) if r.failed_auth))
 
 
 def take_args(buckets, now_ms=None, debit=True, slot_id=0, fence=None):
@@ -381,6 +436,12 @@ def decision_from(buckets, statuses, allowed, identity, endpoint, cost, *,
     by_ip = failed_authentication or bool(refusing_gates)
     jitter_token = identity.token_for(Scope.IP) if by_ip else identity.primary_token
     decision = _decision_from(shown, allowed, identity, endpoint, cost, jitter_token)
+    if refusing_gates and not allowed:
+        banned = tuple(b.rule.name for b, s in zip(buckets, statuses)
+                       if type(b) is BanGate and s.short)
+        if banned:
+            # a ban ends at a known moment: Retry-After says when, without jitter
+            return decision._replace(banned=banned, retry_after_s=earliest_retry_s(shown))
     return _refused_for_good(decision, buckets)
 
 

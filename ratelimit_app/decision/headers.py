@@ -224,6 +224,8 @@ def problem_body(decision):
         problem_type, title = TEMPORARY_REDUCED_CAPACITY, "Temporarily reduced capacity"
         detail = ("The rate limiter cannot reach its store and these policies refuse requests "
                   f"until it is back. Retry in {decision.retry_after_s} s.")
+    elif decision.banned:
+        return _ban_problem(decision)
     elif decision.out_of_credits:
         return _credits_problem(decision)
     elif decision.over_capacity:
@@ -259,6 +261,23 @@ def _credits_problem(decision):
         body["detail"] += f" Its allowance comes back in {decision.retry_after_s} s."
         body["retry-after"] = decision.retry_after_s
     return body
+
+
+# A banned caller is answered 429, with its own problem type. Not 403: a ban ends, and 429 with
+# Retry-After is what clients and SDKs already wait on and retry after, where a 403 reads as
+# "never" (clients give up, or worse, retry at once since no wait is given); and a 429 is what
+# the caller was already receiving from the quotas a ban escalates. The type tells a person
+# reading the body that this is a ban, not a quota, and the rule that imposed it.
+BANNED = "tag:ratelimit-app,2026:banned"
+
+
+def _ban_problem(decision):
+    names = ", ".join(decision.banned)
+    return {"type": BANNED, "title": "Banned for a while", "status": 429,
+            "detail": f"Too many abusive requests: banned by {names}. The ban ends in "
+                      f"{decision.retry_after_s} s; requests before then are refused.",
+            "violated-policies": list(decision.violated), "banned-by": list(decision.banned),
+            "retry-after": decision.retry_after_s}
 
 
 def plain_problem(status, title, detail):

@@ -12,7 +12,7 @@ import base64
 import functools
 import hashlib
 
-__all__ = ["scope_token", "bucket_key", "config_version_key", "metrics_key"]
+__all__ = ["scope_token", "bucket_key", "proof_key", "config_version_key", "metrics_key"]
 
 # 16 bytes of BLAKE2b: collisions are out of reach and the key stays short.
 _DIGEST_BYTES = 16
@@ -53,6 +53,12 @@ def bucket_key(prefix, token):
     """Return the key holding every bucket of one scope token (each rule's bucket is a record
     in it)."""
     return f"{prefix}:{{{token}}}"
+
+
+def proof_key(prefix, address_token, credential_token):
+    """Return the key of a credential's proof from a client address: in the address's slot
+    (its ``{tag}``), named by both tokens (each a fixed-length digest)."""
+    return f"{prefix}:{{{address_token}}}:p.{credential_token}"
 
 
 def config_version_key(prefix):

@@ -33,7 +33,8 @@ __all__ = ["DECISION_ATTR", "HEADERS_ON_THE_WAY_OUT_ATTR", "decide", "adecide",
            "finish_after_response", "finish_now", "endpoint_name", "mark_authentication_failed",
            "authentication_failed", "charge_failed_authentication",
            "acharge_failed_authentication",
-           "check_failed_authentication", "acheck_failed_authentication"]
+           "check_failed_authentication", "acheck_failed_authentication",
+           "count_response"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -248,6 +249,21 @@ async def acheck_failed_authentication(request):
         _unexpected(error, "checking failed authentications; request allowed")
         return None
     return _refusal(request, decision)
+
+
+def count_response(request, response):
+    """Count ``response`` once it is ready, when a rule counts responses (a ban rule, or a
+    rule counting only some statuses or paths); never fails the response."""
+    try:
+        limiter = default_limiter()
+        if not limiter.counts_responses():
+            return
+        limiter.count_response(request, getattr(request, DECISION_ATTR, None),
+                               response.status_code,
+                               failed_auth=authentication_failed(request, response),
+                               path=request.path)
+    except Exception as error:  # the limiter must never fail a response
+        _unexpected(error, "counting a response; not counted")
 
 
 def _refusal(request, decision):

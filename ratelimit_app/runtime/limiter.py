@@ -32,7 +32,7 @@ from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
 from ..decision.breaker import CircuitBreaker
-from ..decision.buckets import ConcurrencySlot, CreditBalance, slot_member
+from ..decision.buckets import BanGate, ConcurrencySlot, CreditBalance, slot_member
 from ..decision.clock import SystemClock, process_clock
 from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
@@ -41,6 +41,9 @@ from ..decision.identity import identify
 from ..decision.leases import Leases
 from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
+from ..protection import bans
+from ..protection.bans import PenaltyBox
+from ..protection.failed_auth import FailedAuthGate
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
 
@@ -198,6 +201,9 @@ class Limiter:
                                  config=lambda: self.config, autostart=metrics_autostart)
         # X-Forwarded-For from an address not in TRUSTED_PROXIES: warned of once
         self.untrusted_forwarding = UntrustedForwarding(wall_time)
+        self.failed_auth = FailedAuthGate(take=self.take, atake=self.atake,
+                                          snapshot=self.policies.get, asnapshot=self.asnapshot)
+        self.bans = PenaltyBox(store, guarded=self._guarded, now_ms=self.clock.redis_now_ms)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -543,22 +549,89 @@ class Limiter:
         return allowed, tuple(statuses)
 
     def failed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
-        """Charge one failed authentication of ``request`` to its client IP's failed-auth
-        buckets (``charge=False``: only check that they hold one). Returns the Decision, refused
-        when a bucket is out of tokens, or None when no failed-auth rule applies.
+        """Charge one failed authentication of ``request`` to its client address (see
+        protection/failed_auth.py; ``charge=False``: only check). Returns the Decision, or None
+        when no failed-auth rule applies."""
+        return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
 
-        Failures are charged after the response (the adapters cannot know earlier that the
-        credentials were wrong); the check runs where no ordinary decision is made first.
-        """
-        found = _failed_auth_buckets(self.policies.get(), request, endpoint)
-        if found is None:
-            return None
-        identity, buckets = found
+    def counts_responses(self):
+        """True when the rules in force count responses: a ban rule, or a rule counting
+        responses (the adapters then report responses to ``count_response``)."""
+        # (the rules in memory, never a compile: a response is no time to wait for the
+        # database, and the watcher or the next decision loads them)
+        snapshot = self.policies.snapshot
+        return snapshot is not None and bool(snapshot.ban_rules or snapshot.response_rules)
+
+    def count_response(self, request, decision, status, *, failed_auth, path):
+        """Count a sent response: one token on the buckets of the rules counting responses it
+        matches (settle.lua, sent without waiting: Limiter.settle_units_later), and its events
+        towards its caller's bans (``count_ban_events``)."""
+        snapshot = self.policies.snapshot
+        if snapshot.response_rules and decision is not None and decision.identity is not None \
+                and decision.allowed:
+            buckets = engine.response_buckets(snapshot, decision.identity, decision.endpoint,
+                                              status, path)
+            if buckets:
+                self.settle_units_later(buckets, 1, _ignore)
+        if snapshot.ban_rules:
+            self.count_ban_events(request, decision, status, failed_auth=failed_auth,
+                                  path=path)
+
+    def count_ban_events(self, request, decision, status, *, failed_auth, path):
+        """Count a finished request's events towards its caller's bans (protection/bans.py):
+        ``decision`` is the request's (or None), ``status`` its response's. Records each ban
+        it imposed (the Ban row, the audit trail, ``caller.banned`` webhooks). Returns the
+        BanOutcomes; none when no ban rule counts this response or Redis cannot answer."""
+        snapshot = self.policies.get()
+        if not snapshot.ban_rules:
+            return ()
+        identity = decision.identity if decision is not None and decision.identity else \
+            identify(request, None, snapshot)
+        banned = decision is not None and bool(decision.banned)
+        refused = decision is not None and not decision.allowed and not banned
+        found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
+                                    banned)
+        if not found:
+            return ()
         try:
-            reply = self.take(buckets, now_ms=now_ms, debit=charge)
-        except StoreUnavailable:
-            return engine.degraded_decision(buckets, identity, endpoint, 1)
-        return _failed_auth_decision(buckets, identity, endpoint, reply)
+            outcomes = self.bans.count(identity, found)
+        except StoreUnavailable as exc:
+            logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
+            return ()
+        if self.deny_cache is not None:
+            # a ban imposed or extended: what this worker remembers of the gate is stale (other
+            # workers learn it at their next call to Redis; until then they refuse anyway)
+            self.deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
+                                    if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
+        new = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN)]
+        if new:
+            self._record_bans(new)
+        return outcomes
+
+    def _record_bans(self, outcomes):
+        from ..business.alerts.bans import deliver_ban
+        from ..config.ban_records import record_bans
+
+        for ban in record_bans(outcomes, shadow_outcome=bans.WOULD_BAN):
+            if not ban.shadow:
+                deliver_ban(ban)
+                logger.warning("ratelimit_app: %s banned %s until %s (ban %d within its "
+                               "memory)", ban.rule_name, ban.who, ban.until.isoformat(),
+                               ban.times)
+
+    def lift_ban(self, ban, actor):
+        """Lift ``ban`` (a Ban row) now: end it in Redis, record who lifted it (``actor``, an
+        audit Actor), and announce a new config version so no worker's deny cache keeps
+        refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
+        from ..config.ban_records import record_lift
+
+        rule = next((r for r in self.policies.get().ban_rules if r.id == ban.rule_id), None)
+        lifted = False
+        if rule is not None:
+            lifted = any(o.outcome == bans.LIFTED for o in self.bans.lift(ban.key, [rule]))
+        record_lift(ban, actor)
+        self.bump_config_version(parts=())  # no rows changed: the deny caches forget
+        return lifted
 
     # --- the request path on an asyncio event loop (QuotaMiddleware under ASGI) --------------
 
@@ -616,15 +689,7 @@ class Limiter:
 
     async def afailed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
         """``failed_authentication`` for an event loop. Returns the Decision or None."""
-        found = _failed_auth_buckets(await self.asnapshot(), request, endpoint)
-        if found is None:
-            return None
-        identity, buckets = found
-        try:
-            reply = await self.atake(buckets, now_ms=now_ms, debit=charge)
-        except StoreUnavailable:
-            return engine.degraded_decision(buckets, identity, endpoint, 1)
-        return _failed_auth_decision(buckets, identity, endpoint, reply)
+        return await self.failed_auth.acharge(request, endpoint, charge=charge, now_ms=now_ms)
 
     async def asnapshot(self):
         """``snapshot()`` for an event loop. Nearly always the snapshot in memory, with no
@@ -869,20 +934,8 @@ def _takes_slot(bucket):
     return isinstance(bucket, ConcurrencySlot)
 
 
-def _failed_auth_buckets(snapshot, request, endpoint):
-    """Return ``(identity, buckets)`` one failed authentication of ``request`` is charged to,
-    or None when no failed-auth rule applies."""
-    if not snapshot.failed_auth_rules:
-        return None
-    identity = identify(request, None, snapshot)
-    buckets = engine.failed_auth_buckets(snapshot, identity, endpoint)
-    return (identity, buckets) if buckets else None
-
-
-def _failed_auth_decision(buckets, identity, endpoint, reply):
-    """Return the Decision of a failed-auth take's ``reply``."""
-    return engine.decision_from(buckets, engine.statuses_from(buckets, reply), reply.allowed,
-                                identity, endpoint, 1, failed_authentication=True)
+def _ignore(reply):
+    """A settle's reply nobody waits for (a counted response: its decision was counted)."""
 
 
 def _lease_was_too_much(plan, buckets, reply):

@@ -112,9 +112,10 @@ def test_exempt_paths_entries_compile_to_segments_and_prefixes():
     assert hash(exempt) == hash(ExemptPaths(["/health", "/admin/", "/legacy*"]))
 
 
-def test_unknown_urls_are_not_limited(demo):
+def test_unknown_urls_are_charged_on_the_rules_of_every_endpoint(demo):
+    # (issue 50 §2: they used to go uncharged; tests/adapters/test_requests_without_view.py)
     response = Client().get("/no-such-page/")
-    assert response.status_code == 404 and decision_of(response) is None
+    assert response.status_code == 404 and decision_of(response).endpoint == ""
 
 
 # --- cost -----------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def test_json_carries_the_fragments_the_page_swaps_in(admin_client_, traffic):
     data = admin_client_.get(DATA + "?window=5m").json()
     assert data["window"] == "5m"
     assert set(data["html"]) == {"summary", "chart", "rates", "hot_keys", "near_limit", "temporary",
-                                 "credits", "health"}
+                                 "bans", "credits", "health"}
     assert f'data-stat="denied">{traffic}<' in data["html"]["summary"]
     assert admin_client_.get(DATA + "?window=bogus").json()["window"] == "1h"
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.django_db(transaction=True)  # real commits: saves anno
 ROOT = Path(__file__).resolve().parents[2]
 
 GROUPED_INDEX = {
-    "Rate limits": ["Endpoint costs", "Plans", "Rules"],
+    "Rate limits": ["Ban rules", "Bans", "Endpoint costs", "Plans", "Rules"],
     "Rate limits · Alerts": ["Quota alerts", "Webhook deliveries", "Webhook endpoints"],
     "Rate limits · Billing": ["Credit accounts", "Credit top-ups", "Usage records"],
     "Rate limits · Callers": ["API keys", "Identity overrides", "Plan assignments"],

@@ -17,6 +17,9 @@ DIGEST_RE = r"[0-9A-Za-z_-]{22}"  # 16 bytes of BLAKE2b, URL-safe base64
 TOKEN_RE = rf"(?:global|(?:ip|user|key|tenant|plan)\.{DIGEST_RE})"
 BUCKET_KEY_RE = re.compile(rf"^rl:\{{(?P<token>{TOKEN_RE})\}}$")
 MAX_BUCKET_KEY_LENGTH = 40
+# a credential's proof from an address (protection/failed_auth.py): two tokens, both digests
+PROOF_KEY_RE = re.compile(rf"^rl:\{{(?P<token>{TOKEN_RE})\}}:p\.(?P<credential>{TOKEN_RE})$")
+MAX_PROOF_KEY_LENGTH = 70
 
 HOSTILE = [
     "{evil}", "}{", "a:b:c", "{a}:1:{b}", "rl:{global}:1:global",
@@ -76,6 +79,10 @@ def assert_keys_are_valid(keys):
         if key == config_version_key("rl") or key.startswith("rl:m:"):
             # (the usage keys' one fixed tag, {usage}, holds no request input)
             assert len(key) <= 200 and "{" not in key.replace("rl:m:{usage}:", ""), key
+            continue
+        proof = PROOF_KEY_RE.match(key)
+        if proof:
+            assert len(key) <= MAX_PROOF_KEY_LENGTH
             continue
         match = BUCKET_KEY_RE.match(key)
         assert match, f"bad key {key!r}"

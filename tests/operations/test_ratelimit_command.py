@@ -111,7 +111,7 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
     assert list(item(document, "rules", name="free-user")) == [
         "name", "plan", "scope", "endpoint", "kind", "calendar_period", "rate", "period_s",
         "burst", "counts", "lease", "mode", "on_redis_failure", "enabled", "alert_thresholds",
-        "debt"]
+        "debt", "counted_statuses", "counted_path_prefix"]
     assert item(document, "rules", name="free-user")["plan"] == "free"
     assert item(document, "plan_assignments", user="carol") == {
         "user": "carol", "plan": "enterprise", "tenant": "acme", "starts_at": None,
@@ -171,7 +171,7 @@ default_for_anonymous=false
     burst: 30 → 40
     mode: "enforce" → "shadow"
 + rule “team-user”: plan="team", scope="user", endpoint="", kind="token_bucket", \
-calendar_period="", rate=100, period_s=60, burst=50, counts="requests", lease=0, mode="enforce", on_redis_failure="default", enabled=true, alert_thresholds="", debt=0
+calendar_period="", rate=100, period_s=60, burst=50, counts="requests", lease=0, mode="enforce", on_redis_failure="default", enabled=true, alert_thresholds="", debt=0, counted_statuses="", counted_path_prefix=""
 - endpoint cost (endpoint api:search, method GET)
 ~ plan assignment “bob”
     plan: "pro" → "team"

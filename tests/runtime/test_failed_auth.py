@@ -192,3 +192,62 @@ def test_an_inactive_user_or_unknown_user_counts_as_a_failure(demo):
     for username in ("bob", "nobody", "alice"):
         client.get("/api/items/", **basic(username, "demo-pass" if username == "bob" else "x"))
     assert problem(client.get("/api/items/", **basic("carol", "x")))
+
+
+# --- callers sharing an address (issue 50: a NAT, or a proxy missing from TRUSTED_PROXIES) ----
+
+def test_a_key_used_from_the_address_is_not_locked_out_by_others_guessing(demo):
+    bob, guesser = Client(), Client()  # one address: 127.0.0.1
+    assert bob.get("/hello/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200  # proven here
+    for i in range(11):  # another client behind the same NAT, with a stale key
+        guesser.get("/hello/", HTTP_X_API_KEY=f"rk_stale_{i}")
+    # the guesser is stopped...
+    assert problem(guesser.get("/hello/", HTTP_X_API_KEY="rk_stale_x"))["violated-policies"] \
+        == ["auth-failures"]
+    # ...and bob's valid key, used from this address before, still gets through
+    response = bob.get("/hello/", HTTP_X_API_KEY="rk_bob_pro")
+    assert response.status_code == 200
+    assert "auth-failures" not in response["RateLimit-Policy"]
+
+
+def test_a_right_guess_of_a_credential_never_used_from_the_address_stays_locked(demo):
+    client = Client()
+    for i in range(BURST):
+        client.get("/hello/", HTTP_X_API_KEY=f"rk_guess_{i}")
+    right = client.get("/hello/", HTTP_X_API_KEY="rk_alice_free")  # valid, but unproven here
+    wrong = client.get("/hello/", HTTP_X_API_KEY="rk_guess_z")
+    assert problem(right)["violated-policies"] == ["auth-failures"]
+    assert right.content == wrong.content and right["Retry-After"] == wrong["Retry-After"]
+
+
+def test_a_proof_is_per_address_and_lapses_after_its_memory(demo, settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "FAILED_AUTH_PROOF_S": 600}
+    clock = use_fake_clock()
+    limiter().policies.reset()
+    here, elsewhere = Client(), Client(REMOTE_ADDR="198.51.100.7")
+    assert elsewhere.get("/hello/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200
+    for i in range(BURST):
+        here.get("/hello/", HTTP_X_API_KEY=f"rk_guess_{i}")
+    # proven from another address only: locked out here
+    assert problem(here.get("/hello/", HTTP_X_API_KEY="rk_bob_pro"))
+    # proven here, then the memory passes without a use (the gate stays empty: no refill
+    # beyond one token in 60 s, and the guesser keeps failing)
+    clock.advance(60_000)
+    assert here.get("/hello/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200  # a token back
+    here.get("/hello/", HTTP_X_API_KEY="rk_guess_again")
+    assert here.get("/hello/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200  # proven
+    clock.advance(601_000)
+    for i in range(BURST):
+        here.get("/hello/", HTTP_X_API_KEY=f"rk_guess_late_{i}")
+    assert problem(here.get("/hello/", HTTP_X_API_KEY="rk_bob_pro"))  # the proof lapsed
+
+
+def test_proofs_off_restore_the_address_wide_lock(demo, settings):
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "FAILED_AUTH_PROOF_S": 0}
+    use_fake_clock()
+    limiter().policies.reset()
+    client = Client()
+    assert client.get("/hello/", HTTP_X_API_KEY="rk_bob_pro").status_code == 200
+    for i in range(BURST):
+        client.get("/hello/", HTTP_X_API_KEY=f"rk_guess_{i}")
+    assert problem(client.get("/hello/", HTTP_X_API_KEY="rk_bob_pro"))

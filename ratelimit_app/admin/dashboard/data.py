@@ -21,10 +21,12 @@ from ...business.credits.ledger import last_top_up, state_of, stored_states
 from ...business.credits.models import CreditAccount
 from ...business.credits.rules import AccountRules
 from ...conf import get_config
+from ...config.ban_records import current_bans
 from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
 from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
 from ...stores.base import READ_ERRORS
+from ..list_cells import moment
 from ..placement import admin_url_name
 from .charts import requests_chart
 
@@ -38,6 +40,7 @@ FRAGMENTS = {
     "hot_keys": "ratelimit_app/dashboard_hot_keys.html",
     "near_limit": "ratelimit_app/dashboard_near_limit.html",
     "temporary": "ratelimit_app/dashboard_temporary.html",
+    "bans": "ratelimit_app/dashboard_bans.html",
     "credits": "ratelimit_app/dashboard_credits.html",
     "health": "ratelimit_app/dashboard_health.html",
 }
@@ -168,6 +171,14 @@ def _health(now):
     health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
                                          oldest_pending_at)
     return health
+
+
+def ban_rows(now, limit=50):
+    """Return the bans in force at ``now`` (who, by which rule, since, until, the how-many-th
+    within the rule's memory), latest first, at most ``limit``."""
+    return [{"id": ban.pk, "who": ban.who, "rule": ban.rule_name, "since": moment(ban.since),
+             "until": moment(ban.until), "times": ban.times}
+            for ban in current_bans(now)[:limit]]
 
 
 def temporary_rows(now):
@@ -304,6 +315,7 @@ def dashboard_data(window="1h", now=None, with_html=True):
         "temporary": temporary_rows(datetime.datetime.fromtimestamp(now,
                                                                    tz=datetime.timezone.utc)),
         "credits": credit_rows(),
+        "bans": ban_rows(datetime.datetime.fromtimestamp(now, tz=datetime.timezone.utc)),
     }
     if with_html:
         context = {**data, "chart_svg": requests_chart(series) if series else ""}

@@ -17,6 +17,8 @@
     credits top-up ACCOUNT UNITS --id ID [--note TEXT]
                                                 credit prepaid units once per ID
     credits show ACCOUNT                        an account's balance and last top-up
+    bans [list]                                 the bans in force (the penalty box)
+    bans lift BAN_ID --user STAFF               end a ban now, recorded in the audit trail
 
 Exit codes: 0 done, 1 a check failed or Redis is unavailable, 2 bad input (an unknown identity,
 an unreadable or invalid file, a top-up id used for another top-up).
@@ -94,7 +96,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         commands = parser.add_subparsers(dest="subcommand", required=True,
                                          metavar="{export,import,check,reload,inspect,reset,top,"
-                                                 "deliver,rollup,usage,credits}")
+                                                 "deliver,rollup,usage,credits,bans}")
         export = commands.add_parser("export", help="Write the quota rows as JSON.")
         export.add_argument("--output", "-o", metavar="FILE",
                             help="Write to FILE instead of standard output.")
@@ -174,6 +176,17 @@ class Command(BaseCommand):
         show = credit_commands.add_parser("show", help="An account's balance, granted and "
                                                        "spent units and last top-up.")
         show.add_argument("account", metavar="ACCOUNT", help=account_help)
+
+        bans = commands.add_parser("bans", help="The penalty box: list the bans in force, lift "
+                                                "one.")
+        ban_commands = bans.add_subparsers(dest="bans_command", metavar="{list,lift}")
+        ban_commands.add_parser("list", help="The bans in force: who, why, since, until, times.")
+        lift = ban_commands.add_parser("lift", help="End a ban now (audited).")
+        lift.add_argument("ban_id", type=int, metavar="BAN_ID", help="The ban's number (bans "
+                                                                     "list shows it).")
+        lift.add_argument("--user", required=True, metavar="USERNAME",
+                          help="The staff account the audit trail records the lift under "
+                               "(needs the lift_ban permission).")
 
     def handle(self, *args, subcommand, **options):
         handler = getattr(self, "handle_" + subcommand)
@@ -425,6 +438,38 @@ class Command(BaseCommand):
         except UsageQueryError as exc:
             raise _bad_input(str(exc))
         self._write(text if text.endswith("\n") else text + "\n", output)
+
+    # --- the penalty box -------------------------------------------------------------------
+
+    def handle_bans(self, bans_command=None, ban_id=None, user=None, **options):
+        from ...config.ban_records import current_bans
+        from ...config.models import Ban
+
+        if bans_command != "lift":
+            found = list(current_bans())
+            for ban in found:
+                self.stdout.write(f"#{ban.pk}  {ban.who}  by {ban.rule_name}  since "
+                                  f"{ban.since:%Y-%m-%d %H:%M:%S}  until "
+                                  f"{ban.until:%Y-%m-%d %H:%M:%S}  ban {ban.times}")
+            if not found:
+                self.stdout.write("No ban in force.")
+            return
+        User = get_user_model()
+        operator = User.objects.filter(**{User.USERNAME_FIELD: user}).first()
+        if operator is None or not operator.is_active or not operator.is_staff or \
+                not operator.has_perm("ratelimit_app.lift_ban"):
+            raise _bad_input(f"“{user}” is not an active staff user with the "
+                             f"ratelimit_app.lift_ban permission; the lift is recorded under it.")
+        ban = Ban.objects.filter(pk=ban_id, shadow=False, lifted_at=None).first()
+        if ban is None:
+            raise _bad_input(f"No ban #{ban_id} in force (see manage.py ratelimit bans list).")
+        try:
+            default_limiter().lift_ban(ban, Actor(operator.get_username(), AuditSource.ADMIN,
+                                                  user=operator))
+        except StoreUnavailable as exc:
+            raise _redis_down("the ban was not lifted", exc)
+        self.stdout.write(self.style.SUCCESS(f"Lifted ban #{ban.pk} of {ban.who} by "
+                                             f"{ban.rule_name}."))
 
     # --- prepaid credits -------------------------------------------------------------------
 

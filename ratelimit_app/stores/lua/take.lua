@@ -23,6 +23,17 @@
 --             A credit balance (mode 7 = enforce, 8 = shadow; buckets.CreditBalance) sends a
 --             calendar quota's seven (its allowance as N; a never-refilled balance's period
 --             starts at 0 and never ends); its key is its own (in the identity's {tag})
+--             A ban (mode -1; buckets.BanGate, protection/bans.py) is a token bucket that
+--             refuses while it holds less than its cost, like a gate, but never debited and,
+--             while it holds its cost, neither short nor debited: the common reply stays the
+--             short one. A credential's proof (below) does not let it pass.
+--             A credential's proof from a client address (mode 9; buckets.CredentialProof)
+--             sends six: 0, memory_ms, 0, 0, 0, 9; its key is its own string (in the
+--             address's {tag}) holding the last time the credential was used from there
+--             (ms). It comes just before the address's failed-auth gates: while it holds a
+--             time, those gates let the request through even when empty (a credential proven
+--             from the address is not punished for others' failures there). An allowed debit
+--             writes it again when older than half its memory. Its level is 1 if proven, else 0.
 --
 -- Units: one token is period_ms units, so a rule of `rate` tokens per `period_ms` refills exactly
 -- `rate` units per millisecond. Every quantity is an integer (below 2^53, exact in a Lua
@@ -128,12 +139,24 @@ local records  -- i -> {rule, level, stamp, period, full_at}
 local next_period  -- calendar quotas counted in the next period: i -> true
 local slots  -- concurrency limits taking a slot: i -> the slot's deadline (ms)
 local missing  -- credit balances without a value: the indices
+local proven  -- a credential proof (mode 9) earlier in this call holds a time
+local proofs  -- credential proofs to write: i -> their memory (ms)
 for i = 1, n do
   local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
   -- once its record is found: at = the offset of the fields after its id (for SETRANGE),
   -- same = its period_ms (CALENDAR for a calendar record)
   local level, stamp, expiry, alone, at, same, moved = capacity, now, 0, true
-  if mode > 6 then
+  if mode == 9 then
+    -- a credential's proof from this address (period = its memory): see the header
+    -- (a test clock is not Redis's: the age is checked as well as the key's TTL)
+    local used_at = tonumber(stored[i])
+    proven = used_at ~= nil and now - used_at <= period
+    result[i + 2] = proven and 1 or 0
+    if not used_at or now - used_at > period / 2 then
+      proofs = proofs or {}
+      proofs[i] = period
+    end
+  elseif mode > 6 then
     -- a credit balance: period = the allowance's period start, capacity = N, refill = the next
     -- start
     local value = stored[i]
@@ -267,7 +290,7 @@ for i = 1, n do
         if now > stamp then level, stamp, moved = level + (now - stamp) * refill, now, true end
         if level > capacity then level = capacity end
       end
-      if level < cost then
+      if level < cost and not (proven and mode == 2) then
         every_debited = false
         if mode ~= 0 then allowed = false end
         result[i + 2] = level
@@ -275,9 +298,12 @@ for i = 1, n do
         short[i] = true
       elseif mode == 2 then
         every_debited = false
-        result[i + 2] = level
+        -- a gate a proven credential passes is shown holding the cost (it is not its limit)
+        result[i + 2] = level < cost and cost or level
         short = short or {}
         short[i] = true
+      elseif mode < 0 then
+        result[i + 2] = level  -- no ban in force: checked, nothing to write
       else
         level = level - cost
         result[i + 2] = level
@@ -337,6 +363,9 @@ if missing then
 end
 
 if allowed and debit then
+  if proofs then
+    for i, memory in pairs(proofs) do call('SET', keys[i], now, 'PX', memory) end
+  end
   if records then
     -- keys of several buckets written whole (first: an in-place write into the same key then
     -- lands on the new value): the stored value with these records replaced or appended
@@ -412,8 +441,8 @@ for i = 1, n do
     if allowed and debit then
       status = 1
     else
-      local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
-      level = level + cost
+      local _, _, _, _, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
+      if mode >= 0 then level = level + cost end  -- (a ban's level is never debited)
     end
   else
     local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])

@@ -1,0 +1,76 @@
+"""The penalty box's admin: ban rules, and the bans they imposed (lifted from here)."""
+
+from django.contrib import admin, messages
+from django.utils import timezone
+
+from ..config.audit import Actor
+from ..config.models import AuditSource
+from ..runtime.limiter import default_limiter
+from ..stores import StoreUnavailable
+from .list_cells import moment
+
+__all__ = ["BanRuleAdmin", "BanAdmin"]
+
+
+class BanRuleAdmin(admin.ModelAdmin):
+    list_display = ["name", "in_words", "enabled"]
+    list_filter = ["events", "scope", "mode", "enabled"]
+    search_fields = ["name"]
+    fieldsets = [
+        (None, {"fields": ["name", "scope", "events", "statuses", "path_prefix"]}),
+        ("When and how long", {"fields": ["threshold", "window_s", "ban_s"]}),
+        ("Repeat offenders", {"fields": ["factor", "max_ban_s", "memory_s",
+                                         "extend_on_retry"]}),
+        ("Mode", {"fields": ["mode", "enabled"]}),
+    ]
+
+    @admin.display(description="in words")
+    def in_words(self, rule):
+        return rule.describe()
+
+
+class BanAdmin(admin.ModelAdmin):
+    list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state"]
+    list_filter = ["shadow", "rule_name", "scope"]
+    search_fields = ["who", "rule_name"]
+    actions = ["lift_bans"]
+    readonly_fields = ["rule", "rule_name", "scope", "who", "since", "until", "times", "shadow",
+                       "lifted_at", "lifted_by"]
+    exclude = ["key"]
+
+    def has_add_permission(self, request):
+        return False  # bans are imposed by the penalty box
+
+    @admin.display(description="since", ordering="since")
+    def since_cell(self, ban):
+        return moment(ban.since)
+
+    @admin.display(description="until", ordering="until")
+    def until_cell(self, ban):
+        return moment(ban.until)
+
+    @admin.display(description="state")
+    def state(self, ban):
+        if ban.shadow:
+            return "would-be ban (shadow)"
+        if ban.lifted_at is not None:
+            return f"lifted by {ban.lifted_by}"
+        return "in force" if ban.until > timezone.now() else "ended"
+
+    def has_lift_ban_permission(self, request):
+        return request.user.has_perm("ratelimit_app.lift_ban")
+
+    @admin.action(description="Lift the selected bans", permissions=["lift_ban"])
+    def lift_bans(self, request, queryset):
+        actor = Actor(request.user.get_username(), AuditSource.ADMIN, user=request.user)
+        lifted = 0
+        for ban in queryset.filter(shadow=False, lifted_at=None):
+            try:
+                default_limiter().lift_ban(ban, actor)
+            except StoreUnavailable as exc:
+                self.message_user(request, f"Redis is unavailable; the ban of {ban.who} was not "
+                                           f"lifted ({exc}).", messages.ERROR)
+                return
+            lifted += 1
+        self.message_user(request, f"{lifted} ban{'' if lifted == 1 else 's'} lifted.",
+                          messages.SUCCESS)

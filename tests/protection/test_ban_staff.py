@@ -1,0 +1,88 @@
+"""What staff see of the penalty box and how they end a ban: the dashboard's "Banned now",
+the Bans admin's lift action, ``manage.py ratelimit bans`` (on the real clock: the dashboard and
+the command list the bans in force now)."""
+
+import io
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from ratelimit_app.models import AuditEntry, Ban, BanRule
+
+from ..helpers import limiter, load_demo_data
+
+pytestmark = pytest.mark.django_db
+
+SCRAPER = "203.0.113.77"
+
+
+@pytest.fixture
+def banned_scraper():
+    load_demo_data()
+    BanRule.objects.create(name="scrapers", scope="ip", events="statuses", statuses="404",
+                           threshold=3, window_s=60, ban_s=600)
+    limiter().policies.reset()
+    client = Client(REMOTE_ADDR=SCRAPER)
+    for i in range(3):
+        client.get(f"/missing-{i}/")
+    assert client.get("/hello/").status_code == 429
+    return client
+
+
+def staff_client():
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="admin"))
+    return client
+
+
+def test_the_dashboard_lists_the_bans_in_force(banned_scraper):
+    data = staff_client().get("/admin/ratelimit_monitoring/dashboard/data.json").json()
+    [row] = data["bans"]
+    assert (row["who"], row["rule"], row["times"]) == (SCRAPER, "scrapers", 1)
+    assert "Banned now" in data["html"]["bans"] and SCRAPER in data["html"]["bans"]
+
+
+def test_staff_lift_a_ban_from_the_admin(banned_scraper):
+    ban = Ban.objects.get()
+    response = staff_client().post("/admin/ratelimit_app/ban/", {
+        "action": "lift_bans", "_selected_action": [ban.pk]}, follow=True)
+    assert "1 ban lifted." in response.content.decode()
+    assert banned_scraper.get("/hello/").status_code == 200
+    ban.refresh_from_db()
+    assert ban.lifted_by == "admin"
+    entry = AuditEntry.objects.order_by("-id").first()
+    assert (entry.actor, entry.summary) == ("admin", f"lifted the ban of {SCRAPER} by scrapers")
+
+
+def test_the_command_lists_and_lifts_bans(banned_scraper):
+    out = io.StringIO()
+    call_command("ratelimit", "bans", stdout=out)
+    ban = Ban.objects.get()
+    assert f"#{ban.pk}  {SCRAPER}  by scrapers" in out.getvalue()
+    with pytest.raises(CommandError) as refused:
+        call_command("ratelimit", "bans", "lift", str(ban.pk), "--user", "alice",
+                     stdout=io.StringIO())
+    assert refused.value.returncode == 2  # not staff with lift_ban
+    out = io.StringIO()
+    call_command("ratelimit", "bans", "lift", str(ban.pk), "--user", "admin", stdout=out)
+    assert f"Lifted ban #{ban.pk} of {SCRAPER} by scrapers." in out.getvalue()
+    assert banned_scraper.get("/hello/").status_code == 200
+    out = io.StringIO()
+    call_command("ratelimit", "bans", "list", stdout=out)
+    assert "No ban in force." in out.getvalue()
+
+
+def test_a_ban_rule_is_explained_in_words_and_checked(db):
+    rule = BanRule(name="scrapers", scope="ip", events="statuses", statuses="404",
+                   threshold=20, window_s=60, ban_s=600, factor=2, max_ban_s=86400)
+    assert rule.describe() == ("20 responses 404 within 60 s per client ip ban it for 600 s, "
+                               "each ban within 86400 s of the last 2 times longer up to "
+                               "86400 s; enforced")
+    rule.full_clean()
+    from django.core.exceptions import ValidationError
+    rule.statuses, rule.max_ban_s = "40x", 60
+    with pytest.raises(ValidationError) as error:
+        rule.full_clean()
+    assert set(error.value.message_dict) == {"statuses", "max_ban_s"}
