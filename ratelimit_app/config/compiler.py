@@ -118,8 +118,9 @@ PARTS = {
     "apikey": ("api_keys",),
     "identityoverride": ("overrides",),
     "endpointcost": ("costs", "metering"),
+    "accesslistentry": ("access_lists",),
 }
-DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
+DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride", "accesslistentry"})
 ROW_PARTS = frozenset({"rule", "planassignment", "apikey", "identityoverride"})
 
 
@@ -443,6 +444,25 @@ def _read_costs(moment, pause_s):
     return {"costs": costs, "metering": metering}, None
 
 
+_ACCESS_LIST_FIELDS = ("id", "kind", "target", "value", "user_id", "api_key_id", "exempt",
+                       "reason", "starts_at", "ends_at")
+
+
+# (read whole at every change: the index by network and prefix length is rebuilt anyway; the
+# RowIndex holds only the entries' dates, for the moments they start and stop)
+def _read_access_lists(moment, pause_s):
+    from ..conf import get_config
+    from ..protection.lists import AccessLists
+    from .models import AccessListEntry, active_at
+
+    rows = _rows(AccessListEntry.objects.order_by("id"), *_ACCESS_LIST_FIELDS, pause_s=pause_s)
+    lists = AccessLists.from_rows([row for row in rows
+                                   if active_at(row.starts_at, row.ends_at, moment)],
+                                  get_config()["IPV6_PREFIX_LENGTH"])
+    return {"access_lists": lists}, RowIndex({}, {row.id: _dates(row) for row in rows
+                                                  if row.starts_at or row.ends_at})
+
+
 # part -> reader(moment, pause_s): (Snapshot fields, RowIndex or None) of the whole table
 _PART_READERS = {
     "plan": _read_plans,
@@ -451,6 +471,7 @@ _PART_READERS = {
     "apikey": _read_api_keys,
     "identityoverride": _read_overrides,
     "endpointcost": _read_costs,
+    "accesslistentry": _read_access_lists,
 }
 # part -> patcher(base, ids, moment): the same, from ``base``'s part and the rows ``ids``
 _PART_PATCHERS = {
@@ -473,8 +494,16 @@ RELOAD_PAUSE_S = 0.003
 def config_models():
     """Return the models whose rows ``compile_snapshot`` reads (the tables a fingerprint covers
     and whose saves and deletes announce a new config version)."""
-    from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+    from .models import (
+        AccessListEntry,
+        ApiKey,
+        EndpointCost,
+        IdentityOverride,
+        Plan,
+        PlanAssignment,
+        Rule,
+    )
 
-    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride)
+    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride, AccessListEntry)
 
 

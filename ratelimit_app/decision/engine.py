@@ -56,6 +56,10 @@ class Decision(NamedTuple):
     # names of the enforced credit balances that refused: the request is answered 402, not 429
     # (see headers.problem_body)
     out_of_credits: tuple = ()
+    # the allow- or deny-list entry that decided alone (protection/lists.py ListEntry): a
+    # refusal answered 403 with its reason (see headers.problem_body), or a trusted caller
+    # exempt from quotas; None for every other request
+    listed: object = None
 
     @property
     def limited(self):
