@@ -146,6 +146,15 @@ class AccessLists:
         self.agents = agents      # ((casefolded part of a User-Agent, entries), ...)
         self._addresses = {}      # Identity.ip -> the entries of the networks holding it
 
+    def _indexes(self):
+        return self.keys, self.users, self.tenants, self.networks, self.agents
+
+    def __eq__(self, other):
+        # (two compiles of the same rows are equal: what the tests of the compile compare)
+        return isinstance(other, AccessLists) and self._indexes() == other._indexes()
+
+    __hash__ = None
+
     @classmethod
     def from_rows(cls, rows, ipv6_prefix):
         """Return the AccessLists of ``rows`` (the entries in force: ``id``, ``kind``,
