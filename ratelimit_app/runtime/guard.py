@@ -249,6 +249,9 @@ def authentication_failed(request, response):
     show (what the charge functions check first)."""
     if getattr(request, AUTH_FAILED_ATTR, False):
         return True
+    decision = getattr(request, DECISION_ATTR, None)
+    if decision is not None and decision.listed is not None and not decision.allowed:
+        return False  # refused by a deny list before any credential was tried: no charge
     meta = request.META
     api_key_header = get_config()["API_KEY_HEADER"]
     sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
@@ -259,7 +262,6 @@ def authentication_failed(request, response):
     if response.status_code in (401, 403) and _drf_error_code(response) == "authentication_failed":
         return True
     # an API key that names no active key: the caller was limited as anonymous
-    decision = getattr(request, DECISION_ATTR, None)
     identity = decision.identity if decision is not None else None
     return sent_key and identity is not None and identity.kind != "key"
 

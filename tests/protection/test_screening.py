@@ -70,6 +70,13 @@ def test_a_denied_caller_is_refused_403_naming_the_reason_without_a_redis_comman
         assert "203.0.113" not in response.content.decode()  # never what the entry matched
         assert not {"RateLimit", "RateLimit-Policy", "Retry-After"} & set(response.headers)
     assert not redis_client.keys("rl:{*")  # no bucket was read or written
+    # nor does an unknown API key cost it a failed authentication's charge: it tried nothing
+    Rule.objects.create(name="auth-failures", scope=Scope.IP, counts="failed_auth", rate=1,
+                        period_s=60, burst=3)
+    get(ip="203.0.113.1")
+    before = commands(redis_client)
+    assert get(ip="203.0.113.1", HTTP_X_API_KEY="rk_guess").status_code == 403
+    assert sent_since(before, redis_client) == {}
     # another caller is limited as before: one call, its headers
     assert get(ip="192.0.2.1")["RateLimit"] == '"per-ip";r=99;t=1'
     before = commands(redis_client)
