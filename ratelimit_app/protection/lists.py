@@ -117,9 +117,6 @@ class ListEntry:
     exempt: bool = False       # an allow entry's callers skip the quotas too
     ends_at_s: float = math.inf  # when it stops (epoch s)
 
-    def active_at(self, now_s):
-        return now_s < self.ends_at_s
-
 
 def _deny_first(entry):
     return not entry.deny, entry.id

@@ -249,9 +249,6 @@ def authentication_failed(request, response):
     show (what the charge functions check first)."""
     if getattr(request, AUTH_FAILED_ATTR, False):
         return True
-    decision = getattr(request, DECISION_ATTR, None)
-    if decision is not None and decision.listed is not None and not decision.allowed:
-        return False  # refused by a deny list before any credential was tried: no charge
     meta = request.META
     api_key_header = get_config()["API_KEY_HEADER"]
     sent_key = bool(api_key_header and meta.get(meta_key(api_key_header)))
@@ -261,9 +258,12 @@ def authentication_failed(request, response):
     # (SessionAuthentication listed before a token scheme), and with no authenticate() call
     if response.status_code in (401, 403) and _drf_error_code(response) == "authentication_failed":
         return True
-    # an API key that names no active key: the caller was limited as anonymous
+    # an API key that names no active key: the caller was limited as anonymous (unless a deny
+    # list refused it: it reached no view, and tried nothing)
+    decision = getattr(request, DECISION_ATTR, None)
     identity = decision.identity if decision is not None else None
-    return sent_key and identity is not None and identity.kind != "key"
+    return sent_key and identity is not None and identity.kind != "key" and \
+        (decision.listed is None or decision.allowed)
 
 
 def _drf_error_code(response):
