@@ -62,7 +62,7 @@ def add(server, kind, value, reason, *, exempt=False, ends_in_s=None):
     return float(out)
 
 
-def until_status(server, client_ip, status, timeout_s=5):
+def until_status(server, client_ip, status, timeout_s=15):
     deadline = time.monotonic() + timeout_s
     while get(server, "/hello/", client_ip).status != status:
         assert time.monotonic() < deadline, f"{client_ip} not answered {status} in {timeout_s} s"

@@ -3,6 +3,7 @@ problem type, its reason and never its value) and an exempt allow passes, both w
 command (INFO commandstats); a trusted caller is limited as anyone but marked; IPv6 ranges; an
 entry's start and end keep time (the clock seam, no sleeps); a plain view and a DRF view."""
 
+import asyncio
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -185,3 +186,24 @@ def test_an_edit_binds_at_once_and_a_removal_too(quota):
     assert get(ip="203.0.113.7").status_code == 403
     entry.delete()
     assert get(ip="203.0.113.7").status_code == 200
+
+
+def test_the_event_loops_path_screens_as_the_threads_does(quota, redis_client):
+    deny("203.0.113.0/24", reason="async abuse")
+    AccessListEntry.objects.create(kind="allow", target="ip", value="198.51.100.0/24",
+                                   exempt=True, reason="monitoring")
+    limiter().snapshot()  # compiled here, not on the loop
+    before = commands(redis_client)
+
+    async def decide_both():
+        factory = RequestFactory()
+        denied = await limiter().adecide(factory.get("/hello/", REMOTE_ADDR="203.0.113.5"),
+                                         None, "hello")
+        exempt = await limiter().adecide(factory.get("/hello/", REMOTE_ADDR="198.51.100.5"),
+                                         None, "hello")
+        return denied, exempt
+
+    denied, exempt = asyncio.run(decide_both())
+    assert not denied.allowed and denied.listed.reason == "async abuse"
+    assert exempt.allowed and exempt.exempt and exempt.identity.trusted
+    assert sent_since(before, redis_client) == {}
