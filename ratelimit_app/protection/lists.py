@@ -141,6 +141,7 @@ class AccessLists:
         # version (4, 6) -> ((prefix length, {network as int >> host bits: entries}), ...)
         self.networks = networks
         self.agents = agents      # ((casefolded part of a User-Agent, entries), ...)
+        self.has_networks = bool(networks[4] or networks[6])
         self._addresses = {}      # Identity.ip -> the entries of the networks holding it
 
     def _indexes(self):
@@ -190,15 +191,18 @@ class AccessLists:
         the first deny entry in force that matches it, else the first allow entry, else None.
         ``wall_time()`` (epoch s) is read only when an entry matches: one whose end has
         passed no longer counts, even before the snapshot that leaves it out is in force."""
-        found = []
+        # (tuples added only where a table has entries: a caller no entry matches, nearly
+        # every one, costs a few lookups and builds nothing)
+        found = ()
         if self.keys and identity.api_key_id is not None:
             found += self.keys.get(identity.api_key_id, ())
         if self.users and identity.user_id is not None:
             found += self.users.get(identity.user_id, ())
         if self.tenants and identity.tenant:
             found += self.tenants.get(identity.tenant, ())
-        if self.networks[4] or self.networks[6]:
-            found += self._address_entries(identity.ip)
+        if self.has_networks:
+            held = self._addresses.get(identity.ip)
+            found += self._address_entries(identity.ip) if held is None else held
         if self.agents:
             agent = meta.get("HTTP_USER_AGENT")
             if agent:
@@ -221,14 +225,13 @@ class AccessLists:
 
     def _address_entries(self, ip):
         """Return the entries of the networks that hold the address ``ip`` (Identity.ip: an
-        IPv4 address, an IPv6 network, or "unknown"), remembered."""
+        IPv4 address, an IPv6 network, or "unknown"), and remember them (``match`` looks in
+        the memo first)."""
         memo = self._addresses
-        found = memo.get(ip)
-        if found is None:
-            found = self._networks_holding(ip)
-            if len(memo) >= MAX_ADDRESSES_MEMOISED:
-                memo.clear()
-            memo[ip] = found
+        found = self._networks_holding(ip)
+        if len(memo) >= MAX_ADDRESSES_MEMOISED:
+            memo.clear()
+        memo[ip] = found
         return found
 
     def _networks_holding(self, ip):
