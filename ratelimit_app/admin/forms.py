@@ -240,6 +240,9 @@ class SimulatorForm(forms.Form):
     endpoint = forms.ChoiceField()  # replaced per form: the URLconf is read when needed
     method = forms.ChoiceField(label="HTTP method", choices=[(m, m) for m in HTTP_METHODS],
                                initial="GET")
+    user_agent = forms.CharField(
+        label="User-Agent", required=False, max_length=500,
+        help_text="The request's User-Agent header, for the lists' User-Agent entries.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

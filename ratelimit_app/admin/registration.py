@@ -34,6 +34,7 @@ from ..business.alerts.models import QuotaAlert, WebhookDelivery, WebhookEndpoin
 from ..business.credits.models import CreditAccount, CreditTopUp
 from ..business.usage.models import UsageRecord
 from ..config.models import (
+    AccessListEntry,
     ApiKey,
     AuditEntry,
     Ban,
@@ -45,6 +46,7 @@ from ..config.models import (
     Rule,
 )
 from ..metrics.models import Dashboard
+from .access_lists import AccessListEntryAdmin
 from .alerts import QuotaAlertAdmin, WebhookDeliveryAdmin, WebhookEndpointAdmin
 from .audit import AuditEntryAdmin
 from .bans import BanAdmin, BanRuleAdmin
@@ -68,7 +70,7 @@ __all__ = ["GroupPlacedAdmin", "MovedAdmin", "register_admins"]
 ADMIN_CLASSES = {
     Plan: PlanAdmin, Rule: RuleAdmin, EndpointCost: EndpointCostAdmin,
     ApiKey: ApiKeyAdmin, PlanAssignment: PlanAssignmentAdmin,
-    IdentityOverride: IdentityOverrideAdmin,
+    IdentityOverride: IdentityOverrideAdmin, AccessListEntry: AccessListEntryAdmin,
     CreditAccount: CreditAccountAdmin, CreditTopUp: CreditTopUpAdmin,
     UsageRecord: UsageRecordAdmin,
     QuotaAlert: QuotaAlertAdmin, WebhookEndpoint: WebhookEndpointAdmin,

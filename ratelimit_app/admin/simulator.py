@@ -12,14 +12,17 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
+from django.urls import reverse
 
 from ..conf import get_config, meta_key
 from ..config.endpoints import find_endpoint
+from ..config.models import AccessListEntry
 from ..decision import engine
 from ..decision.buckets import CredentialProof
 from ..decision.identity import identify
 from ..decision.scopes import Scope, hash_api_key
 from ..runtime.limiter import default_limiter
+from .placement import admin_url_name
 
 __all__ = ["BucketReport", "Simulation", "simulate"]
 
@@ -75,6 +78,13 @@ class Simulation:
     redis_error: str = ""       # set when Redis could not be read: levels are unknown
     retry_after_s: int = 0      # without the per-client jitter real responses add
     notes: tuple = ()
+    listed: object = None       # the allow- or deny-list entry that matched (ListEntry)
+    listed_url: str = ""        # its change page
+
+    @property
+    def denied_by_list(self):
+        """True when a deny-list entry refuses the request (403, no bucket read)."""
+        return self.listed is not None and self.listed.deny
 
     @property
     def denied_by(self):
@@ -87,19 +97,31 @@ class Simulation:
         return tuple(b.name for b in self.buckets if b.short and b.shadow)
 
 
-def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, now_ms=None):
+def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, user_agent="",
+             now_ms=None):
     """Return the Simulation of a request to ``endpoint`` from ``ip``, sent by ``user`` (a User or
-    None) or with ``api_key`` (an ApiKey row or None). ``now_ms`` is for tests only."""
+    None) or with ``api_key`` (an ApiKey row or None), with ``user_agent``. ``now_ms`` is for
+    tests only."""
     limiter = default_limiter()
     snapshot = limiter.snapshot()
     notes = []
     request = _build_request(method, endpoint, ip, user)
+    if user_agent:
+        request.META["HTTP_USER_AGENT"] = user_agent
     identity_snapshot = snapshot
     if api_key is not None:
         identity_snapshot = _with_key_header(request, api_key, snapshot, notes)
     identity = identify(request, user, identity_snapshot)
     peek = limiter.peek(request, user, endpoint, identity=identity, now_ms=now_ms)
-    outcome = {"identity": identity, "endpoint": endpoint, "method": method, "cost": peek.cost}
+    outcome = {"identity": peek.identity, "endpoint": endpoint, "method": method,
+               "cost": peek.cost, **_listed(peek.listed)}
+    if peek.listed is not None and peek.buckets is None:
+        # a deny entry, or an allow entry exempt from quotas: it decides alone
+        return Simulation(allowed=peek.allowed, exempt=peek.allowed, notes=tuple(notes),
+                          **outcome)
+    if peek.listed is not None:
+        notes.append(f"Trusted by an allow-list entry ({peek.listed.matched}: "
+                     f"“{peek.listed.reason}”): limited as anyone, never banned.")
     if peek.buckets is None:
         return Simulation(allowed=True, exempt=True, notes=tuple(notes), **outcome)
     if not peek.buckets:
@@ -117,6 +139,14 @@ def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, now_ms=None
     retry_after = 0 if peek.allowed else engine.earliest_retry_s(peek.statuses)
     return Simulation(allowed=peek.allowed, buckets=reports, retry_after_s=retry_after,
                       notes=tuple(notes), **outcome)
+
+
+def _listed(entry):
+    """The Simulation fields of the list entry ``entry`` that matched (None: none did)."""
+    if entry is None:
+        return {}
+    return {"listed": entry,
+            "listed_url": reverse(admin_url_name(AccessListEntry, "change"), args=[entry.id])}
 
 
 def _build_request(method, endpoint, ip, user):

@@ -11,7 +11,8 @@ from django.db import models
 
 __all__ = ["MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE", "MINIMUM_MESSAGES", "Mode",
            "Counts", "Kind", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "CalendarPeriod",
-           "NOMINAL_PERIOD_S", "FailureMode", "ALERT_MIN_PERIOD_S", "parse_alert_thresholds"]
+           "NOMINAL_PERIOD_S", "FailureMode", "ALERT_MIN_PERIOD_S", "parse_alert_thresholds",
+           "ListKind", "ListTarget"]
 
 # Token math runs on doubles inside Redis Lua; burst x period in ms must stay an exact integer.
 MAX_BUCKET_UNITS = 2**50
@@ -35,6 +36,20 @@ class Mode(models.TextChoices):
 class Counts(models.TextChoices):
     REQUESTS = "requests", "Requests (each charged its cost)"
     FAILED_AUTH = "failed_auth", "Failed authentications (per client IP)"
+
+
+class ListKind(models.TextChoices):
+    DENY = "deny", "Deny (refuse every request)"
+    ALLOW = "allow", "Allow (trusted: never banned)"
+
+
+# (the values are protection/lists.py's TARGETS)
+class ListTarget(models.TextChoices):
+    IP = "ip", "Client IP or network"
+    API_KEY = "api_key", "API key"
+    USER = "user", "User (and the user's API keys)"
+    TENANT = "tenant", "Tenant"
+    USER_AGENT = "user_agent", "User-Agent containing"
 
 
 class Kind(models.TextChoices):

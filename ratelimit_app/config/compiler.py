@@ -119,8 +119,9 @@ PARTS = {
     "identityoverride": ("overrides",),
     "endpointcost": ("costs", "metering"),
     "banrule": ("ban_rules",),
+    "accesslistentry": ("access_lists",),
 }
-DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride"})
+DATED_PARTS = frozenset({"planassignment", "apikey", "identityoverride", "accesslistentry"})
 ROW_PARTS = frozenset({"rule", "planassignment", "apikey", "identityoverride"})
 
 
@@ -459,6 +460,25 @@ def _read_ban_rules(moment, pause_s):
         for row in rows)}, None
 
 
+_ACCESS_LIST_FIELDS = ("id", "kind", "target", "value", "user_id", "api_key_id", "exempt",
+                       "reason", "starts_at", "ends_at")
+
+
+# (read whole at every change: the index by network and prefix length is rebuilt anyway; the
+# RowIndex holds only the entries' dates, for the moments they start and stop)
+def _read_access_lists(moment, pause_s):
+    from ..conf import get_config
+    from ..protection.lists import AccessLists
+    from .models import AccessListEntry, active_at
+
+    rows = _rows(AccessListEntry.objects.order_by("id"), *_ACCESS_LIST_FIELDS, pause_s=pause_s)
+    lists = AccessLists.from_rows([row for row in rows
+                                   if active_at(row.starts_at, row.ends_at, moment)],
+                                  get_config()["IPV6_PREFIX_LENGTH"])
+    return {"access_lists": lists}, RowIndex({}, {row.id: _dates(row) for row in rows
+                                                  if row.starts_at or row.ends_at})
+
+
 # part -> reader(moment, pause_s): (Snapshot fields, RowIndex or None) of the whole table
 _PART_READERS = {
     "plan": _read_plans,
@@ -468,6 +488,7 @@ _PART_READERS = {
     "identityoverride": _read_overrides,
     "endpointcost": _read_costs,
     "banrule": _read_ban_rules,
+    "accesslistentry": _read_access_lists,
 }
 # part -> patcher(base, ids, moment): the same, from ``base``'s part and the rows ``ids``
 _PART_PATCHERS = {
@@ -493,6 +514,8 @@ def config_models():
     from .models import (
         ApiKey,
         BanRule,
+        AccessListEntry,
+        ApiKey,
         EndpointCost,
         IdentityOverride,
         Plan,
@@ -500,6 +523,8 @@ def config_models():
         Rule,
     )
 
-    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride, BanRule)
+        AccessListEntry,
+        ApiKey,
+        BanRule,
 
 

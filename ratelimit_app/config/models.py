@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..decision.scopes import Scope, hash_api_key
+from ..protection.lists import ListValueError, normalized_value
 from .choices import (
     ALERT_MIN_PERIOD_S,
     MAX_BUCKET_UNITS,
@@ -30,6 +31,8 @@ from .choices import (
     Counts,
     FailureMode,
     Kind,
+    ListKind,
+    ListTarget,
     Mode,
     parse_alert_thresholds,
 )
@@ -42,7 +45,7 @@ from .rule_kinds import (
 )
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
+           "AccessListEntry", "ListKind", "ListTarget", "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
            "schedule_fields", "schedule_of", "active_at", "Mode", "Counts", "Kind",
            "CalendarPeriod", "FailureMode", "parse_alert_thresholds", "burst_below_cost_message",
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
@@ -774,6 +777,88 @@ class Ban(models.Model):
     @property
     def in_force(self):
         return not self.shadow and self.lifted_at is None and self.until > timezone.now()
+
+
+class AccessListEntry(Scheduled, models.Model):
+    """An allow- or deny-list entry: callers matched by their client IP or network, API key,
+    user, tenant or User-Agent, refused outright (deny) or trusted (allow: never banned, and
+    with ``exempt`` never limited); with a start or an end, only between them. Compiled into
+    the snapshot (protection/lists.py): matching costs no query and no Redis call."""
+
+    kind = models.CharField(max_length=5, choices=ListKind.choices, default=ListKind.DENY)
+    target = models.CharField("matches", max_length=10, choices=ListTarget.choices,
+                              default=ListTarget.IP)
+    value = models.CharField(
+        max_length=200, blank=True,
+        help_text="Client IP or network: an address or a CIDR range, IPv4 or IPv6 "
+                  "(203.0.113.7, 198.51.100.0/24, 2001:db8::/48). Tenant: its name. User-Agent: "
+                  "a part of it, in any case (“sqlmap”). Empty for an API key or a user: choose "
+                  "it below.")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                             on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="+", verbose_name="API key")
+    exempt = models.BooleanField(
+        "exempt from quotas", default=False,
+        help_text="Allow entries: these callers are not limited at all (no Redis call). "
+                  "Unticked, they are limited as anyone, but never banned.")
+    reason = models.CharField(
+        max_length=200,
+        help_text="Deny entries: told to the refused caller (never what the entry matched), "
+                  "e.g. “abuse from this network, write to abuse@example.com”. Allow entries: "
+                  "for the next operator.")
+    starts_at, ends_at = schedule_fields("the entry")[:2]
+
+    class Meta:
+        verbose_name = "allow or deny list entry"
+        verbose_name_plural = "allow and deny lists"
+        ordering = ["kind", "target", "value"]
+
+    def __str__(self):
+        return f"{self.get_kind_display().split(' ')[0].lower()} {self.matched_words()}"
+
+    def matched_words(self):
+        """What the entry matches, in words: 'client IP 203.0.113.0/24', 'API key rk_ab12…'."""
+        if self.target == ListTarget.API_KEY:
+            return f"API key {self.api_key}" if self.api_key_id else "an API key"
+        if self.target == ListTarget.USER:
+            return f"user {self.user}" if self.user_id else "a user"
+        if self.target == ListTarget.USER_AGENT:
+            return f"User-Agent containing “{self.value}”"
+        if self.target == ListTarget.TENANT:
+            return f"tenant “{self.value}”"
+        return f"client IP {self.value}"
+
+    def clean(self):
+        from ..conf import get_config
+
+        self.clean_schedule()
+        errors = {}
+        try:
+            self.value = normalized_value(self.target, self.value,
+                                          get_config()["IPV6_PREFIX_LENGTH"])
+        except ListValueError as exc:
+            errors["value"] = str(exc)
+        for field, target in (("user", ListTarget.USER), ("api_key", ListTarget.API_KEY)):
+            chosen = getattr(self, f"{field}_id") is not None
+            if self.target == target and not chosen:
+                errors[field] = f"Choose the {self._meta.get_field(field).verbose_name}."
+            elif self.target != target and chosen:
+                errors[field] = (f"Only an entry matching a {self._meta.get_field(field).verbose_name}"
+                                 f" names one: clear it, or choose “{target.label}” above.")
+        if self.exempt and self.kind == ListKind.DENY:
+            errors["exempt"] = "Only an allow entry exempts its callers from quotas: untick it."
+        if not errors and self.duplicate().exists():
+            errors["__all__"] = (f"The {self.get_kind_display().split(' ')[0].lower()} list "
+                                 f"already holds {self.matched_words()}: edit that entry.")
+        if errors:
+            raise ValidationError(errors)
+
+    def duplicate(self):
+        """The other entries of the same list matching the same callers from the same start."""
+        return AccessListEntry.objects.filter(
+            kind=self.kind, target=self.target, value=self.value, user_id=self.user_id,
+            api_key_id=self.api_key_id, starts_at=self.starts_at).exclude(pk=self.pk)
 
 
 class AuditSource(models.TextChoices):

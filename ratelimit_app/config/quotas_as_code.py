@@ -13,6 +13,10 @@ in version control. Keys are issued, rotated and revoked in the admin; overrides
 prefix, and an import refuses an override whose key does not exist. Users are not created either:
 assignments and overrides refer to users by username.
 
+The allow and deny lists are a list of the document too (``access_lists``, entries naming
+their user and API key as overrides do). A file written before the lists existed has no such
+list: importing it leaves the lists as they are (``Section.optional``).
+
 An import is planned first (``plan_import``: what would be added, changed and removed, per item
 and field, or the validation errors naming item and field), then applied (``apply_import``) in
 one transaction with one config-version bump, so workers switch to the whole new set at once.
@@ -25,7 +29,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from .document_values import DocumentValueError, Shown, document_value, shown, shown_names
-from .models import ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+from .models import (
+    AccessListEntry,
+    ApiKey,
+    EndpointCost,
+    IdentityOverride,
+    Plan,
+    PlanAssignment,
+    Rule,
+)
 
 __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
            "plan_import", "apply_import", "describe_change"]
@@ -59,6 +71,9 @@ class Section:
     model: type
     key: tuple
     noun: str
+    # a list added after the format's first files: a file without it (written before it
+    # existed) leaves its rows as they are, rather than removing them all
+    optional: bool = False
 
     @property
     def fields(self):
@@ -81,6 +96,9 @@ SECTIONS = (
     # with its start: a caller may have a permanent override and a dated one for the same rule
     Section("identity_overrides", IdentityOverride, ("user", "api_key", "ip", "rule", "starts_at"),
             "identity override"),
+    Section("access_lists", AccessListEntry,
+            ("kind", "target", "value", "user", "api_key", "starts_at"), "list entry",
+            optional=True),
 )
 
 
@@ -273,9 +291,11 @@ def _read_document(document, keep_missing):
     unknown = set(document) - set(names) - {"format"}
     if unknown:
         errors.append(f"Unknown list(s) {shown_names(unknown)} (known: {', '.join(names)}).")
-    for name in names:
-        if not isinstance(document.get(name), list):
-            errors.append(f"“{name}” must be a list (an empty list removes every row).")
+    for section in SECTIONS:
+        if section.optional and section.name not in document:
+            continue
+        if not isinstance(document.get(section.name), list):
+            errors.append(f"“{section.name}” must be a list (an empty list removes every row).")
     if errors:
         raise QuotaFileError(errors)
 
@@ -283,7 +303,7 @@ def _read_document(document, keep_missing):
     for section in SECTIONS:
         read[section.name] = []
         seen = {}
-        for position, raw in enumerate(document[section.name]):
+        for position, raw in enumerate(document.get(section.name, ())):
             item, valid = _read_item(section, position, raw, errors)
             if item is None:
                 continue
@@ -328,6 +348,9 @@ def plan_import(document, *, keep_missing=False):
     read = _read_document(document, keep_missing)
     changes, kept = [], 0
     for section in SECTIONS:
+        if section.optional and section.name not in document:
+            kept += section.model.objects.count()  # (see Section.optional)
+            continue
         existing = {}
         removals = []
         for row in _rows(section):

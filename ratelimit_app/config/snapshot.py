@@ -1,7 +1,7 @@
 """The snapshot: the quota configuration as the request path reads it, immutable, in memory.
 
 ``Snapshot`` holds the rules in force (``CompiledRule``, numbers pre-encoded for take.lua), the
-plans, the API keys and the identity overrides of one config version, as ``compiler.py``
+plans, the API keys, the identity overrides and the allow and deny lists of one config version, as ``compiler.py``
 compiled them from the rows; ``policy.PolicyCache`` keeps the one in force.
 """
 import functools
@@ -112,6 +112,9 @@ class Snapshot:
     # (endpoint, method, plan) -> a metered row's minimum charge, or None for a row that is not
     # metered; empty when no row is metered (the request path then looks no further)
     metering: dict = field(default_factory=dict)
+    # the allow and deny list entries in force (protection/lists.py AccessLists); None when
+    # there are none (the request path then looks no further)
+    access_lists: object = None
     # wall-clock time (epoch s) a dated assignment or override next starts or ends: the
     # snapshot is out of date from then on
     next_change_at: float = math.inf

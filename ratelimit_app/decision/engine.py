@@ -70,6 +70,10 @@ class Decision(NamedTuple):
     # names of the ban rules whose ban refused the request (protection/bans.py): answered with
     # the ban's own problem type (see headers.problem_body)
     banned: tuple = ()
+    # the allow- or deny-list entry that decided alone (protection/lists.py ListEntry): a
+    # refusal answered 403 with its reason (see headers.problem_body), or a trusted caller
+    # exempt from quotas; None for every other request
+    listed: object = None
 
     @property
     def limited(self):

@@ -46,12 +46,18 @@ from .header_fields import policy_item, sf_string, window_s
 
 __all__ = ["window_s", "apply_headers", "apply_headers_unless_set", "problem_body",
            "problem_response", "plain_problem", "retry_after_s", "retry_after_with_jitter",
-           "uncharged_preflight", "QUOTA_EXCEEDED", "TEMPORARY_REDUCED_CAPACITY"]
+           "uncharged_preflight", "QUOTA_EXCEEDED", "TEMPORARY_REDUCED_CAPACITY",
+           "DENIED_BY_LIST"]
 
 # Problem types the draft registers (RFC 9457 "type" members).
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 TEMPORARY_REDUCED_CAPACITY = \
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+# The app's own problem type for a caller a deny-list entry refuses (no registry has one): its
+# documentation page, where the type is described.
+DENIED_BY_LIST = \
+    "https://ratelimit-app.github.io/django-ratelimit-app/reference/headers/#denied-by-a-list"
+DENIED_STATUS = 403
 
 # Scopes whose bucket only the caller itself spends (a user, an API key, an address).
 OWN_SCOPES = frozenset(("user", "ip"))
@@ -219,7 +225,9 @@ def _over_capacity_detail(decision):
 
 def problem_body(decision):
     """Return the RFC 9457 problem fields of a denied decision (a new dict); its ``status`` is
-    the response's (429, or 402 when credits ran out)."""
+    the response's (429; 402 when credits ran out; 403 when a deny list refused)."""
+    if decision.listed is not None:
+        return _denied_problem(decision)
     if decision.degraded:
         problem_type, title = TEMPORARY_REDUCED_CAPACITY, "Temporarily reduced capacity"
         detail = ("The rate limiter cannot reach its store and these policies refuse requests "
@@ -280,6 +288,19 @@ def _ban_problem(decision):
             "retry-after": decision.retry_after_s}
 
 
+def _denied_problem(decision):
+    """A deny-list entry refused the caller: 403 (the caller is refused as who it is, not for
+    its rate: a 429 would invite it to retry), naming the entry's reason, never what the entry
+    matched (a network, a key); a Retry-After only when the entry ends."""
+    reason = decision.listed.reason
+    body = {"type": DENIED_BY_LIST, "title": "Denied", "status": DENIED_STATUS,
+            "detail": f"Requests from this caller are refused: {reason}" if reason else
+            "Requests from this caller are refused.", "reason": reason}
+    if decision.retry_after_s:
+        body["retry-after"] = decision.retry_after_s
+    return body
+
+
 def plain_problem(status, title, detail):
     """Return an RFC 9457 ``about:blank`` problem response that no cache keeps (the usage
     endpoint's and the staff API's errors)."""
@@ -291,8 +312,8 @@ def plain_problem(status, title, detail):
 
 
 def problem_response(decision):
-    """Return the ``application/problem+json`` response for a denied decision: 429, or 402
-    when credits ran out."""
+    """Return the ``application/problem+json`` response for a denied decision: 429, 402
+    when credits ran out, or 403 when a deny list refused."""
     body = problem_body(decision)
     response = HttpResponse(json.dumps(body), status=body["status"],
                             content_type="application/problem+json")

@@ -47,6 +47,8 @@ class Identity(NamedTuple):
     tenant: str | None = None
     user_id: str | None = None
     api_key_id: int | None = None
+    # an allow-list entry matches the caller (protection/lists.py): never banned
+    trusted: bool = False
 
     @property
     def client_token(self):
@@ -298,7 +300,7 @@ def identify(request, user, snapshot):
         plan = plan_of(key, assignment, snapshot)
     # positionally, without the NamedTuple's keyword-handling __new__ (one per request)
     identity = _new_identity(Identity, (kind, display, ip, plan, tenant or None, user_id,
-                                        key.id if key else None))
+                                        key.id if key else None, False))
     plan_resolver = _resolver("PLAN_RESOLVER")
     if plan_resolver is not None:
         resolved = plan_resolver(request, identity)

@@ -290,10 +290,12 @@ def authentication_failed(request, response):
     # (SessionAuthentication listed before a token scheme), and with no authenticate() call
     if response.status_code in (401, 403) and _drf_error_code(response) == "authentication_failed":
         return True
-    # an API key that names no active key: the caller was limited as anonymous
+    # an API key that names no active key: the caller was limited as anonymous (unless a deny
+    # list refused it: it reached no view, and tried nothing)
     decision = getattr(request, DECISION_ATTR, None)
     identity = decision.identity if decision is not None else None
-    return sent_key and identity is not None and identity.kind != "key"
+    return sent_key and identity is not None and identity.kind != "key" and \
+        (decision.listed is None or decision.allowed)
 
 
 def _drf_error_code(response):

@@ -44,6 +44,7 @@ from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
 from ..protection import bans
 from ..protection.bans import PenaltyBox
 from ..protection.failed_auth import FailedAuthGate
+from ..protection.lists import screen
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
 
@@ -98,15 +99,19 @@ class LimiterStats:
 class Peek:
     """A read-only look at the buckets a request would be charged against.
 
-    ``buckets`` is None when the caller is exempt; ``statuses`` (in the buckets' order) is None
+    ``buckets`` is None when the caller is exempt or denied by a list (``listed``);
+    ``statuses`` (in the buckets' order) is None
     when the store could not be read, and ``error`` then says why.
     """
 
-    __slots__ = ("identity", "endpoint", "cost", "buckets", "statuses", "allowed", "error")
+    __slots__ = ("identity", "endpoint", "cost", "buckets", "statuses", "allowed", "error",
+                 "listed")
 
-    def __init__(self, identity, endpoint, cost, buckets, statuses=None, allowed=True, error=""):
+    def __init__(self, identity, endpoint, cost, buckets, statuses=None, allowed=True, error="",
+                 listed=None):
         self.identity, self.endpoint, self.cost = identity, endpoint, cost
         self.buckets, self.statuses, self.allowed, self.error = buckets, statuses, allowed, error
+        self.listed = listed  # the allow- or deny-list entry that matched, or None
 
 
 class _Pending(NamedTuple):
@@ -157,6 +162,7 @@ class Limiter:
         # the wall clock (unix s) of dated overrides, metrics, usage days and alert periods: a
         # test clock's time while it sets one (so a test's usage lands on the test's day)
         wall_time = time.time if type(self.clock) is SystemClock else self.clock.wall_time
+        self.wall_time = wall_time  # (when a list entry ends)
         self.breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN_S"],
                                       clock=monotonic)
         self.versions = ConfigVersions(store, config["KEY_PREFIX"], self._guarded,
@@ -344,6 +350,12 @@ class Limiter:
         identity = identify(request, user, snapshot)
         if self.untrusted_forwarding.seen is None:
             self.untrusted_forwarding.observe(request.META)
+        if snapshot.access_lists is not None:
+            screening = screen(snapshot, request, identity, endpoint, self.wall_time)
+            if screening is not None:
+                if screening.decision is not None:
+                    return screening.decision  # denied, or trusted and exempt: no Redis call
+                identity = screening.identity  # trusted
         cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
         buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
         if buckets is None:
@@ -760,17 +772,25 @@ class Limiter:
         would give (the simulator's stand-in API key)."""
         snapshot = self.policies.get()
         identity = identity or identify(request, user, snapshot)
+        screening = screen(snapshot, request, identity, endpoint, self.wall_time) \
+            if snapshot.access_lists is not None else None
+        if screening is not None:
+            identity, decision = screening.identity, screening.decision
+            if decision is not None:
+                return Peek(identity, endpoint, decision.cost, None, statuses=(),
+                            allowed=decision.allowed, listed=screening.entry)
         cost = engine.request_cost(snapshot, request, endpoint, identity.plan)
         buckets = engine.plan_buckets(snapshot, identity, endpoint, cost)
+        listed = screening.entry if screening is not None else None
         if not buckets:
-            return Peek(identity, endpoint, cost, buckets, statuses=())
+            return Peek(identity, endpoint, cost, buckets, statuses=(), listed=listed)
         try:
             statuses, allowed = self.peek_buckets(buckets, now_ms=now_ms)
         except StoreUnavailable as exc:
             return Peek(identity, endpoint, cost, buckets,
                         allowed=not engine.refusing_without_redis(buckets),
-                        error=str(exc) or "no answer")
-        return Peek(identity, endpoint, cost, buckets, statuses, allowed)
+                        error=str(exc) or "no answer", listed=listed)
+        return Peek(identity, endpoint, cost, buckets, statuses, allowed, listed=listed)
 
     def peek_buckets(self, buckets, *, now_ms=None):
         """Return ``(statuses, allowed)`` of ``buckets`` now, debiting nothing. Raises

@@ -41,7 +41,8 @@ GROUPED_INDEX = {
     "Rate limits": ["Ban rules", "Bans", "Endpoint costs", "Plans", "Rules"],
     "Rate limits · Alerts": ["Quota alerts", "Webhook deliveries", "Webhook endpoints"],
     "Rate limits · Billing": ["Credit accounts", "Credit top-ups", "Usage records"],
-    "Rate limits · Callers": ["API keys", "Identity overrides", "Plan assignments"],
+    "Rate limits · Callers": ["API keys", "Allow and deny lists", "Identity overrides",
+                              "Plan assignments"],
     "Rate limits · Monitoring": ["Audit entries", "Dashboard", "Simulator"],
 }
 MOST_ENTRIES_PER_GROUP = 8

@@ -295,3 +295,30 @@ def test_staff_needs_the_rule_view_permission(client, django_user_model):
     assert client.get(SIMULATOR_URL).status_code == 403
     staff.user_permissions.add(Permission.objects.get(codename="view_rule"))
     assert client.get(SIMULATOR_URL).status_code == 200
+
+
+def test_the_simulator_shows_when_a_list_entry_decides(demo, admin_client, redis_client):
+    from ratelimit_app.models import AccessListEntry
+
+    AccessListEntry.objects.create(kind="deny", target="ip", value="203.0.113.0/24",
+                                   reason="abuse from this network")
+    trusted = AccessListEntry.objects.create(kind="allow", target="user_agent",
+                                             value="uptime-probe", reason="our monitoring")
+    limiter().policies.reset()
+    denied = simulate(endpoint="api:items", ip=IP, now_ms=NOW_MS)
+    assert denied.denied_by_list and not denied.allowed and not denied.buckets
+    assert denied.listed.reason == "abuse from this network"
+    marked = simulate(endpoint="api:items", ip="198.51.100.3", user_agent="Uptime-Probe/2",
+                      now_ms=NOW_MS)
+    assert marked.allowed and marked.identity.trusted and marked.buckets
+    assert "Trusted by an allow-list entry" in " ".join(marked.notes)
+    AccessListEntry.objects.filter(pk=trusted.pk).update(exempt=True)
+    limiter().policies.reset()
+    exempt = simulate(endpoint="api:items", ip="198.51.100.3", user_agent="uptime-probe",
+                      now_ms=NOW_MS)
+    assert exempt.allowed and exempt.exempt and not exempt.buckets and exempt.listed
+    assert not redis_client.keys("rl:{*")  # nothing was read into existence
+    page = admin_client.get(SIMULATOR_URL, {"endpoint": "api:items", "method": "GET",
+                                            "ip": IP}).content.decode()
+    assert "Denied (403) by" in page and "abuse from this network" in page
+    assert f'/admin/ratelimit_callers/accesslistentry/{denied.listed.id}/change/' in page

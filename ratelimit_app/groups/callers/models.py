@@ -15,3 +15,7 @@ class PlanAssignment(models.PlanAssignment):
 
 class IdentityOverride(models.IdentityOverride):
     Meta = proxy_meta(models.IdentityOverride)
+
+
+class AccessListEntry(models.AccessListEntry):
+    Meta = proxy_meta(models.AccessListEntry)
