@@ -512,10 +512,9 @@ def config_models():
     """Return the models whose rows ``compile_snapshot`` reads (the tables a fingerprint covers
     and whose saves and deletes announce a new config version)."""
     from .models import (
-        ApiKey,
-        BanRule,
         AccessListEntry,
         ApiKey,
+        BanRule,
         EndpointCost,
         IdentityOverride,
         Plan,
@@ -523,8 +522,5 @@ def config_models():
         Rule,
     )
 
-        AccessListEntry,
-        ApiKey,
-        BanRule,
-
-
+    return (Plan, PlanAssignment, ApiKey, Rule, EndpointCost, IdentityOverride, BanRule,
+            AccessListEntry)

@@ -45,7 +45,8 @@ from .rule_kinds import (
 )
 
 __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "IdentityOverride",
-           "AccessListEntry", "ListKind", "ListTarget", "AuditEntry", "AuditSource", "Scope", "hash_api_key", "Schedule", "Scheduled",
+           "AccessListEntry", "ListKind", "ListTarget", "AuditEntry", "AuditSource", "Scope",
+           "hash_api_key", "Schedule", "Scheduled",
            "schedule_fields", "schedule_of", "active_at", "Mode", "Counts", "Kind",
            "CalendarPeriod", "FailureMode", "parse_alert_thresholds", "burst_below_cost_message",
            "cost_above_burst_message", "MAX_BUCKET_UNITS", "MAX_PERIOD_S", "RULE_NAME_RE",
