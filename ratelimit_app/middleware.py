@@ -104,7 +104,7 @@ def _late_decision_needed(request, response):
         return False  # process_view left it to QuotaThrottle
     match = getattr(request, "resolver_match", None)
     if match is None:  # no view: charged on the rules of every endpoint, unless exempt
-        return not (request.path_info.startswith(exempt_path_prefixes()) or
+        return not (exempt_paths().matches(request.path_info) or
                     uncharged_preflight(request))
     # process_view would have decided it (or left it to the throttle) had it run
     return _limited_by(request, match.func) is not None
