@@ -17,7 +17,7 @@ from django.urls import reverse
 REPO = Path(__file__).resolve().parents[2]
 DOTTED = re.compile(r"ratelimit_app(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 # dotted words in the docs that are not import paths: check ids, permissions, a format's name
-NOT_PATHS = re.compile(r"^ratelimit_app\.(?:[EW]\d{3}|(?:view|reset|restore|add|change|delete)_\w+"
+NOT_PATHS = re.compile(r"^ratelimit_app\.(?:[EW]\d{3}|(?:view|reset|restore|add|change|delete|lift)_\w+"
                        r"|quotas)$")
 
 # the names of the first releases' models (app label ratelimit_app), all in ratelimit_app.models

@@ -162,7 +162,7 @@ def test_decisions_are_counted_in_batches_while_the_async_store_waits_for_redis(
 
     def request(i):
         made = RequestFactory().get("/", REMOTE_ADDR=f"192.0.2.{100 + i}")
-        made.resolver_match = SimpleNamespace(view_name="hello")
+        made.resolver_match = SimpleNamespace(view_name="hello", func=None)
         return made
 
     async def decide_in_one_loop():

@@ -234,7 +234,7 @@ def test_a_fault_while_counting_fails_no_decision_and_is_counted(anonymous_plan,
 def guard_decide(address):
     """Decide as the adapters do (guard.decide: the decision is also recorded)."""
     request = RequestFactory().get("/", REMOTE_ADDR=address)
-    request.resolver_match = SimpleNamespace(view_name="small")
+    request.resolver_match = SimpleNamespace(view_name="small", func=None)
     return guard.decide(request, AnonymousUser())
 
 
