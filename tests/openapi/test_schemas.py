@@ -122,6 +122,16 @@ def test_views_the_limiter_does_not_decide_are_left_alone(demo, settings, monkey
     assert "429" in paths["/ninja-parts/operation"]["get"]["responses"]
 
 
+def test_operations_marked_exempt_document_no_limit(demo):
+    # @ratelimit_exempt on the operation: neither QuotaThrottle nor QuotaMiddleware decides it
+    for prefix, path in (("ninja", "/ninja/health"), ("ninja", "/ninja/async-health"),
+                         ("ninja-parts", "/ninja-parts/exempt"),
+                         ("ninja-parts", "/ninja-parts/exempt-throttled")):
+        operation = ninja_schema(prefix)["paths"][path]["get"]
+        assert "429" not in operation["responses"] and "x-ratelimit-cost" not in operation, path
+    assert "429" in ninja_schema()["paths"]["/ninja/keyed"]["get"]["responses"]
+
+
 # --- Django Ninja ------------------------------------------------------------------------------
 
 def test_every_ninja_operation_documents_its_429_and_its_cost(demo):
