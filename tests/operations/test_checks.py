@@ -114,6 +114,27 @@ def test_w001_throttle_without_middleware():
     assert MIDDLEWARE_PATH in found["ratelimit_app.W001"].hint
 
 
+def test_w008_ninja_throttle_without_middleware():
+    pytest.importorskip("ninja")
+    with override_settings(ROOT_URLCONF="tests.adapters.ninja_urls",
+                           MIDDLEWARE=without_middleware()):
+        found = messages()
+    warning = found["ratelimit_app.W008"]
+    # the operations of tests/adapters/ninja_api.py that have the throttle, by name
+    assert warning.msg.startswith(
+        "Django Ninja operations use ratelimit_app.ninja.QuotaThrottle but QuotaMiddleware is "
+        "not in MIDDLEWARE (ninja-parts:routed, ninja-parts:throttled_operation, ninja:bearer "
+        "and ")
+    assert "middleware_decided" not in warning.msg  # no QuotaThrottle there
+    assert "exempt_from_the_throttle" not in warning.msg  # @ratelimit_exempt
+    assert "no RateLimit or RateLimit-Policy header" in warning.hint
+    assert MIDDLEWARE_PATH in warning.hint
+    with override_settings(ROOT_URLCONF="tests.adapters.ninja_urls"):  # the middleware installed
+        assert "ratelimit_app.W008" not in messages()
+    with override_settings(MIDDLEWARE=without_middleware()):  # no Ninja API in the URLconf
+        assert "ratelimit_app.W008" not in messages()
+
+
 def test_w002_cache_without_socket_timeouts():
     bare = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
     with override_settings(CACHES={"default": bare}):
