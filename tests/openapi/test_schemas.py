@@ -14,8 +14,11 @@ pytest.importorskip("drf_spectacular")
 from django.test import Client  # noqa: E402
 from drf_spectacular.validation import validate_schema  # noqa: E402
 
+from ratelimit_app.decision.headers import TEMPORARY_REDUCED_CAPACITY  # noqa: E402
 from ratelimit_app.models import EndpointCost, Plan, Rule  # noqa: E402
+from ratelimit_app.testing import RedisServer  # noqa: E402
 
+from ..conftest import caches_for  # noqa: E402
 from ..helpers import load_demo_data  # noqa: E402
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.openapi.urls")]
@@ -105,6 +108,38 @@ def test_a_rule_that_fails_closed_is_named_with_its_problem_type(demo):
     other = paths["/api/items/"]["get"]["responses"]["429"]
     assert "temporary-reduced-capacity" not in other["content"]["application/problem+json"][
         "examples"]
+
+
+def test_a_fail_closed_refusal_is_documented_with_the_status_it_is_answered_with(
+        demo, settings, server_executable):
+    # the issue asked for 503 there; the limiter answers a fail-closed refusal 429 (problem type
+    # temporary-reduced-capacity), so that is what the schema documents, and no 503
+    for endpoint in ("ninja:list_items", "api:items"):
+        Rule.objects.create(name=f"closed-{endpoint[:5]}", plan=None, scope="ip",
+                            endpoint=endpoint, rate=10, period_s=60, burst=10,
+                            on_redis_failure="closed")
+    server = RedisServer(executable=server_executable).start()  # this test's own, stopped below
+    try:
+        settings.CACHES = caches_for(server.url)  # a new Limiter on that server
+        documented = {"/ninja/items": ninja_schema()["paths"]["/ninja/items"]["get"],
+                      "/api/items/": spectacular_schema()["paths"]["/api/items/"]["get"]}
+        for path, operation in documented.items():
+            assert "503" not in operation["responses"], path
+            refused = operation["responses"]["429"]
+            assert "closed-" in refused["description"] and "refuse requests then" in \
+                refused["description"], path
+            examples = refused["content"]["application/problem+json"]["examples"]
+            assert "temporary-reduced-capacity" in examples, path
+            assert Client().get(path).status_code == 200  # rules compiled, Redis answering
+        server.stop()
+        for path, operation in documented.items():
+            response = Client().get(path)
+            assert str(response.status_code) == "429" and "429" in operation["responses"], path
+            body = json.loads(response.content)
+            assert body["type"] == TEMPORARY_REDUCED_CAPACITY, path
+            assert body["status"] == 429 and body["violated-policies"][0].startswith("closed-")
+    finally:
+        server.stop()
 
 
 def test_views_the_limiter_does_not_decide_are_left_alone(demo, settings, monkeypatch):
