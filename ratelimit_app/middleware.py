@@ -27,7 +27,11 @@ from .conf import ensure_installed, exempt_paths, get_config
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 # (imported after the check above: they need the app's models)
-from .config.ninja_operations import operation_of, quota_throttled  # noqa: E402
+from .config.ninja_operations import (  # noqa: E402
+    exempt_operation,
+    operation_of,
+    quota_throttled,
+)
 from .decision.headers import (  # noqa: E402
     apply_headers_unless_set,
     problem_response,
@@ -60,24 +64,21 @@ def _is_drf_view(view_func):
     return view_class is not None and hasattr(view_class, "throttle_classes")
 
 
-def _is_quota_throttled_ninja_operation(request, view_func):
-    """True if ``view_func`` is a Django Ninja path whose operation for this request's method
-    has QuotaThrottle among its throttles (which run after Ninja's authentication)."""
-    operation = operation_of(view_func, request.method)
-    return operation is not None and quota_throttled(operation)
-
-
 def _limited_by(request, view_func):
     """Return what limits this request: "middleware", "throttle" (a DRF view, or a Ninja
-    operation with QuotaThrottle, left to its throttles) or None (an exempt path or view, or a
-    preflight that is not charged)."""
+    operation with QuotaThrottle, left to its throttles) or None (an exempt path, view or Ninja
+    operation, or a preflight that is not charged)."""
     if exempt_paths().matches(request.path_info) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
     if _is_drf_view(view_func):
         return "middleware" if get_config()["MIDDLEWARE_INCLUDES_DRF"] else "throttle"
-    if _is_quota_throttled_ninja_operation(request, view_func):
-        return "throttle"
+    operation = operation_of(view_func, request.method)
+    if operation is not None:
+        if exempt_operation(operation):  # (Ninja serves every operation through one view)
+            return None
+        if quota_throttled(operation):  # its throttles run after Ninja's authentication
+            return "throttle"
     return "middleware"
 
 

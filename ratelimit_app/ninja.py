@@ -29,6 +29,7 @@ from .conf import ensure_installed
 ensure_installed("ratelimit_app.ninja.QuotaThrottle")
 
 # (imported after the check above: they need the app's models)
+from .config.ninja_operations import exempt_operation, requested_operation  # noqa: E402
 from .decision.headers import (  # noqa: E402
     apply_headers,
     problem_body,
@@ -64,9 +65,10 @@ class QuotaThrottle(BaseThrottle):
         """Return True if the request should be allowed (it is charged at most once).
 
         A refused request returns False; Ninja then raises ``Throttled`` with ``wait()``'s
-        seconds into the API's exception handlers (see ``add_refusal_handler``).
+        seconds into the API's exception handlers (see ``add_refusal_handler``). An operation
+        marked ``@ratelimit_exempt`` is allowed without a decision (no charge, no Redis call).
         """
-        if uncharged_preflight(request):
+        if uncharged_preflight(request) or _exempt(request):
             return True
         if _on_event_loop():
             decision = self._decide_on_loop(request)
@@ -136,6 +138,11 @@ def refusal_response(api, request, decision):
     if getattr(api.renderer, "media_type", None) == "application/json":
         response["Content-Type"] = PROBLEM_CONTENT_TYPE
     return apply_headers(response, decision)
+
+
+def _exempt(request):
+    operation = requested_operation(request)
+    return operation is not None and exempt_operation(operation)
 
 
 def _on_event_loop():

@@ -9,7 +9,9 @@ show as ``<pk>``, without anchors.
 
 An endpoint is *exempt* when no request to it is ever charged: QuotaMiddleware skips it (its
 route lies under an ``EXEMPT_PATHS`` entry, or its view is marked ``@ratelimit_exempt``) and it
-is not a DRF view that QuotaThrottle limits anyway (the throttle knows neither). The pickers do
+is not a DRF view that QuotaThrottle limits anyway (the throttle knows neither). A Django Ninja
+operation marked ``@ratelimit_exempt`` is exempt whatever its throttles: Ninja's QuotaThrottle
+honours the mark too. The pickers do
 not offer exempt endpoints: a rule or cost on one would never apply.
 """
 
@@ -22,7 +24,7 @@ from django.urls.resolvers import RegexPattern
 from django.utils.regex_helper import normalize
 
 from ..conf import exempt_paths
-from .ninja_operations import path_view_of, quota_throttled
+from .ninja_operations import exempt_operation, path_view_of, quota_throttled
 
 __all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
 
@@ -142,7 +144,8 @@ def _ninja_endpoint(pattern, namespaces, route, under_exempt_path, operation):
     return Endpoint(name=":".join(namespaces + (pattern.name or "",)), route=route,
                     view=f"{view_func.__module__}.{view_func.__qualname__}",
                     methods=tuple(operation.methods),
-                    exempt=under_exempt_path and not quota_throttled(operation))
+                    exempt=exempt_operation(operation) or
+                    (under_exempt_path and not quota_throttled(operation)))
 
 
 def _quota_throttled(view_class):

@@ -20,8 +20,9 @@ from types import FunctionType, MethodType
 from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 
-__all__ = ["path_view_of", "serving_operation", "operation_of", "quota_throttled", "operation_endpoint",
-           "operation_names", "sent_key_credentials"]
+__all__ = ["path_view_of", "serving_operation", "operation_of", "requested_operation",
+           "quota_throttled", "exempt_operation", "operation_endpoint", "operation_names",
+           "sent_key_credentials"]
 
 
 def path_view_of(callback):
@@ -58,6 +59,18 @@ def operation_of(callback, method):
     return serving_operation(path_view, method) if path_view is not None else None
 
 
+def requested_operation(request):
+    """Return the Ninja operation serving ``request`` (resolved already), or None."""
+    match = getattr(request, "resolver_match", None)
+    return operation_of(match.func, request.method) if match is not None else None
+
+
+def exempt_operation(operation):
+    """True if the Ninja ``operation``'s function is marked ``@ratelimit_exempt`` (read at
+    request time, so the decorator may sit above or below Ninja's ``@api.get``)."""
+    return getattr(operation.view_func, "ratelimit_exempt", False) is True
+
+
 def quota_throttled(operation):
     """True if the Ninja ``operation``'s throttles include QuotaThrottle (Ninja gives an
     operation its router's or API's throttles when it has none of its own)."""
@@ -69,8 +82,7 @@ def sent_key_credentials(request):
     """True if ``request`` goes to a Ninja operation whose ``auth`` reads a key (an
     ``APIKeyHeader``, ``APIKeyQuery`` or ``APIKeyCookie``) and it sent one: a 401 then means the
     key was wrong (a session cookie is not such a key: a signed-out session sends one too)."""
-    match = getattr(request, "resolver_match", None)
-    operation = operation_of(match.func, request.method) if match is not None else None
+    operation = requested_operation(request)
     if operation is None:
         return False
     places = {"header": request.headers, "query": request.GET, "cookie": request.COOKIES}

@@ -15,6 +15,9 @@ Why the floors are where they are:
   own reader (``stores/connections.py``) would hand a RESP3 push message back as a reply.
 - Django 5.2 (the LTS), djangorestframework 3.16, django-redis 5.4: the lowest versions the
   floor cell of the test matrix installs.
+- django-ninja 1.3: 1.2 runs no throttle on ``async def`` operations, so they would go
+  unlimited. django-ninja and drf-spectacular are extras: the ninja cell tests their floors,
+  the main cell (``requirements.txt``, which caps them) their newest versions.
 
 Versions are read with ``importlib.metadata`` and compared by their release numbers only (a
 small tolerant parser; the ``packaging`` library is not a dependency): ``5.3.0rc1`` counts as
@@ -50,6 +53,10 @@ SUPPORTED = (
     Supported("hiredis", "3.2", "3.5",
               why_floor="the decision path's reader needs hiredis.PushNotification to skip "
                         "RESP3 push messages"),
+    Supported("django-ninja", "1.3", "1.7", required=False,
+              why_floor="Django Ninja 1.2 runs no throttle on async operations: they go "
+                        "unlimited"),
+    Supported("drf-spectacular", "0.28", "0.30", required=False),
 )
 
 BELOW_FLOOR, UNTESTED, MISSING = "below floor", "untested", "missing"

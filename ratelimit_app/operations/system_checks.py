@@ -127,7 +127,37 @@ def check_adapters(app_configs=None, **kwargs):
             "configured; only views that list QuotaThrottle themselves are limited.",
             hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE.",
             id="ratelimit_app.W003"))
+    if MIDDLEWARE_PATH not in middleware:
+        errors.extend(_ninja_throttle_without_middleware())
     return errors
+
+
+def _ninja_throttle_without_middleware():
+    """W008 when a Django Ninja operation of the URLconf has QuotaThrottle but QuotaMiddleware
+    is not installed: Ninja gives a throttle no response, so the middleware is what puts the
+    RateLimit headers on that operation's answers."""
+    from django.urls import get_resolver
+
+    from ..config.ninja_operations import exempt_operation, operation_names, quota_throttled
+
+    try:
+        path_views = operation_names(get_resolver())
+    except Exception:  # a broken URLconf: Django's own URL checks report it
+        return []
+    throttled = sorted(name for path_view, names in path_views.items()
+                       for operation, name in zip(path_view.operations, names)
+                       if quota_throttled(operation) and not exempt_operation(operation))
+    if not throttled:
+        return []
+    more = f" and {len(throttled) - 3} more" if len(throttled) > 3 else ""
+    return [Warning(
+        f"Django Ninja operations use ratelimit_app.ninja.QuotaThrottle but QuotaMiddleware is "
+        f"not in MIDDLEWARE ({', '.join(throttled[:3])}{more}).",
+        hint=f"Their requests are limited, but their responses carry no RateLimit or "
+             f"RateLimit-Policy header (Ninja gives a throttle no response to set them on) and "
+             f"failed authentications are not charged. Add '{MIDDLEWARE_PATH}' to MIDDLEWARE "
+             f"after AuthenticationMiddleware.",
+        id="ratelimit_app.W008")]
 
 
 @register(TAG)

@@ -1,6 +1,7 @@
 """Two Django Ninja APIs for the Ninja tests (tests/adapters/test_ninja*.py): one throttled as a
 whole, with sync and async operations behind each kind of Ninja authentication, and one whose
-router and single operation are throttled, beside an operation QuotaMiddleware decides.
+router and single operation are throttled, beside an operation QuotaMiddleware decides; each has
+operations marked ``@ratelimit_exempt``.
 
 Its callers sign in with ``X-User-Key: key-<username>`` (an APIKeyHeader, async for the async
 operation), ``Authorization:
@@ -12,6 +13,7 @@ from ninja import NinjaAPI, Router
 from ninja.openapi.docs import Swagger
 from ninja.security import APIKeyHeader, HttpBearer, django_auth
 
+from ratelimit_app.decorators import ratelimit_exempt
 from ratelimit_app.ninja import QuotaThrottle, add_refusal_handler
 from ratelimit_app.openapi.ninja import RateLimitedOpenAPI
 
@@ -101,6 +103,18 @@ def twice(request):
     return {"ok": True}
 
 
+@api.get("/health", auth=UserKey())
+@ratelimit_exempt
+def health(request):
+    return {"ok": True}
+
+
+@ratelimit_exempt  # above Ninja's decorator works too
+@api.get("/async-health", auth=AsyncUserKey())
+async def health_async(request):
+    return {"ok": True}
+
+
 # --- a router and an operation throttled, one operation left to QuotaMiddleware ----------------
 
 parts = DocumentedAPI(urls_namespace="ninja-parts")
@@ -124,3 +138,15 @@ def throttled_operation(request):
 @parts.get("/middleware", auth=UserKey())
 def middleware_decided(request):
     return {"user": request.auth.username}
+
+
+@parts.get("/exempt", auth=UserKey())
+@ratelimit_exempt
+def exempt_from_the_middleware(request):
+    return {"ok": True}
+
+
+@parts.get("/exempt-throttled", auth=UserKey(), throttle=QuotaThrottle())
+@ratelimit_exempt
+def exempt_from_the_throttle(request):
+    return {"ok": True}

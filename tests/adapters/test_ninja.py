@@ -143,6 +143,42 @@ def test_a_limiter_failure_never_fails_the_operation(demo, monkeypatch):
         assert decision_of(response).degraded == "error"
 
 
+# --- @ratelimit_exempt on an operation ---------------------------------------------------------
+
+EXEMPT_OPERATIONS = ["/ninja/health", "/ninja/async-health", "/ninja-parts/exempt",
+                     "/ninja-parts/exempt-throttled"]
+
+
+@pytest.mark.parametrize("middleware", [True, False], ids=["middleware", "throttle-alone"])
+@pytest.mark.parametrize("path", EXEMPT_OPERATIONS)
+def test_an_exempt_operation_is_never_charged_nor_decided(demo, settings, redis_server, path,
+                                                          middleware):
+    # Ninja serves every operation through one view: the mark is read from the operation's
+    # function, by QuotaMiddleware and by the throttle (API-wide, router or operation alike)
+    if not middleware:
+        settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "QuotaMiddleware" not in m]
+    tight_rule(burst=1)
+    client = Client()
+    assert client.get("/ninja-parts/operation", **BOB).status_code == 200  # script loaded
+    calls = redis_server.command_calls("evalsha")
+    responses = [client.get(path, **BOB) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3  # bob has no token left
+    assert redis_server.command_calls("evalsha") == calls  # no Redis call at all
+    assert all(decision_of(r) is None and "RateLimit" not in r.headers for r in responses)
+    assert client.get("/ninja-parts/operation", **BOB).status_code == 429  # bob's limit holds
+    # and the calls are counted: a limited operation beside them makes its one call
+    assert client.get("/ninja/items").status_code == 200
+    assert redis_server.command_calls("evalsha") == calls + 1
+
+
+def test_the_admin_does_not_offer_exempt_operations():
+    endpoints = {endpoint.name: endpoint for endpoint in list_endpoints()}
+    for name in ("ninja:health", "ninja:health_async", "ninja-parts:exempt_from_the_middleware",
+                 "ninja-parts:exempt_from_the_throttle"):
+        assert endpoints[name].exempt, name
+    assert not endpoints["ninja:list_items"].exempt
+
+
 # --- refusals ----------------------------------------------------------------------------------
 
 def tight_rule(endpoint="", burst=2):

@@ -92,3 +92,14 @@ def test_an_operation_without_quota_throttle_is_decided_by_the_middleware(server
     assert answer.status == 200
     # decided before Ninja's auth ran: the client IP's free-plan buckets
     assert '"free-ip";r=39' in answer.headers["RateLimit"]
+
+
+@pytest.mark.parametrize("path", ["/ninja/health", "/ninja/async-health", "/ninja-parts/exempt",
+                                  "/ninja-parts/exempt-throttled"])
+def test_an_exempt_operation_makes_no_redis_call(server, redis_server, path):
+    # uvicorn runs QuotaMiddleware in async mode and the async operation's throttle on its loop
+    calls = redis_server.command_calls("evalsha")
+    answers = [get(server, path, "198.51.100.6", {"X-User-Key": "key-bob"}) for _ in range(4)]
+    assert [a.status for a in answers] == [200] * 4
+    assert not any("RateLimit" in a.headers for a in answers)
+    assert redis_server.command_calls("evalsha") == calls

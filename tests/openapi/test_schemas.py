@@ -14,8 +14,11 @@ pytest.importorskip("drf_spectacular")
 from django.test import Client  # noqa: E402
 from drf_spectacular.validation import validate_schema  # noqa: E402
 
+from ratelimit_app.decision.headers import TEMPORARY_REDUCED_CAPACITY  # noqa: E402
 from ratelimit_app.models import EndpointCost, Plan, Rule  # noqa: E402
+from ratelimit_app.testing import RedisServer  # noqa: E402
 
+from ..conftest import caches_for  # noqa: E402
 from ..helpers import load_demo_data  # noqa: E402
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.openapi.urls")]
@@ -107,6 +110,38 @@ def test_a_rule_that_fails_closed_is_named_with_its_problem_type(demo):
         "examples"]
 
 
+def test_a_fail_closed_refusal_is_documented_with_the_status_it_is_answered_with(
+        demo, settings, server_executable):
+    # the issue asked for 503 there; the limiter answers a fail-closed refusal 429 (problem type
+    # temporary-reduced-capacity), so that is what the schema documents, and no 503
+    for endpoint in ("ninja:list_items", "api:items"):
+        Rule.objects.create(name=f"closed-{endpoint[:5]}", plan=None, scope="ip",
+                            endpoint=endpoint, rate=10, period_s=60, burst=10,
+                            on_redis_failure="closed")
+    server = RedisServer(executable=server_executable).start()  # this test's own, stopped below
+    try:
+        settings.CACHES = caches_for(server.url)  # a new Limiter on that server
+        documented = {"/ninja/items": ninja_schema()["paths"]["/ninja/items"]["get"],
+                      "/api/items/": spectacular_schema()["paths"]["/api/items/"]["get"]}
+        for path, operation in documented.items():
+            assert "503" not in operation["responses"], path
+            refused = operation["responses"]["429"]
+            assert "closed-" in refused["description"] and "refuse requests then" in \
+                refused["description"], path
+            examples = refused["content"]["application/problem+json"]["examples"]
+            assert "temporary-reduced-capacity" in examples, path
+            assert Client().get(path).status_code == 200  # rules compiled, Redis answering
+        server.stop()
+        for path, operation in documented.items():
+            response = Client().get(path)
+            assert str(response.status_code) == "429" and "429" in operation["responses"], path
+            body = json.loads(response.content)
+            assert body["type"] == TEMPORARY_REDUCED_CAPACITY, path
+            assert body["status"] == 429 and body["violated-policies"][0].startswith("closed-")
+    finally:
+        server.stop()
+
+
 def test_views_the_limiter_does_not_decide_are_left_alone(demo, settings, monkeypatch):
     from project.demo.views import ItemList
 
@@ -120,6 +155,16 @@ def test_views_the_limiter_does_not_decide_are_left_alone(demo, settings, monkey
     paths = ninja_schema("ninja-parts")["paths"]
     assert "429" not in paths["/ninja-parts/middleware"]["get"]["responses"]
     assert "429" in paths["/ninja-parts/operation"]["get"]["responses"]
+
+
+def test_operations_marked_exempt_document_no_limit(demo):
+    # @ratelimit_exempt on the operation: neither QuotaThrottle nor QuotaMiddleware decides it
+    for prefix, path in (("ninja", "/ninja/health"), ("ninja", "/ninja/async-health"),
+                         ("ninja-parts", "/ninja-parts/exempt"),
+                         ("ninja-parts", "/ninja-parts/exempt-throttled")):
+        operation = ninja_schema(prefix)["paths"][path]["get"]
+        assert "429" not in operation["responses"] and "x-ratelimit-cost" not in operation, path
+    assert "429" in ninja_schema()["paths"]["/ninja/keyed"]["get"]["responses"]
 
 
 # --- Django Ninja ------------------------------------------------------------------------------

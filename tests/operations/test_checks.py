@@ -114,6 +114,27 @@ def test_w001_throttle_without_middleware():
     assert MIDDLEWARE_PATH in found["ratelimit_app.W001"].hint
 
 
+def test_w008_ninja_throttle_without_middleware():
+    pytest.importorskip("ninja")
+    with override_settings(ROOT_URLCONF="tests.adapters.ninja_urls",
+                           MIDDLEWARE=without_middleware()):
+        found = messages()
+    warning = found["ratelimit_app.W008"]
+    # the operations of tests/adapters/ninja_api.py that have the throttle, by name
+    assert warning.msg.startswith(
+        "Django Ninja operations use ratelimit_app.ninja.QuotaThrottle but QuotaMiddleware is "
+        "not in MIDDLEWARE (ninja-parts:routed, ninja-parts:throttled_operation, ninja:bearer "
+        "and ")
+    assert "middleware_decided" not in warning.msg  # no QuotaThrottle there
+    assert "exempt_from_the_throttle" not in warning.msg  # @ratelimit_exempt
+    assert "no RateLimit or RateLimit-Policy header" in warning.hint
+    assert MIDDLEWARE_PATH in warning.hint
+    with override_settings(ROOT_URLCONF="tests.adapters.ninja_urls"):  # the middleware installed
+        assert "ratelimit_app.W008" not in messages()
+    with override_settings(MIDDLEWARE=without_middleware()):  # no Ninja API in the URLconf
+        assert "ratelimit_app.W008" not in messages()
+
+
 def test_w002_cache_without_socket_timeouts():
     bare = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
     with override_settings(CACHES={"default": bare}):
@@ -171,14 +192,16 @@ def test_versions_in_range_give_no_finding():
 @pytest.mark.parametrize("name, version", [
     ("redis", "5.0.8"), ("redis", "5.2.1"), ("redis", "4.6"), ("Django", "4.2.30"),
     ("Django", "5.1.15"), ("djangorestframework", "3.14.0"), ("django-redis", "5.3.0"),
-    ("hiredis", "2.4.0"), ("hiredis", "3.1.1")])
+    ("hiredis", "2.4.0"), ("hiredis", "3.1.1"), ("django-ninja", "1.2.2"),
+    ("drf-spectacular", "0.27.2")])
 def test_below_the_floor(name, version):
     assert findings(**{name.replace("-", "_"): version}) == {name: "below floor"}
 
 
 @pytest.mark.parametrize("name, version", [
     ("Django", "6.2"), ("Django", "6.2a1"), ("Django", "7.0"), ("redis", "8.2.0"),
-    ("redis", "9.0.0b1"), ("hiredis", "4.0.0"), ("django-redis", "7.1.0")])
+    ("redis", "9.0.0b1"), ("hiredis", "4.0.0"), ("django-redis", "7.1.0"),
+    ("django-ninja", "1.8.0"), ("drf-spectacular", "0.31.0")])
 def test_above_the_newest_tested_minor(name, version):
     assert findings(**{name.replace("-", "_"): version}) == {name: "untested"}
 
@@ -197,6 +220,10 @@ def test_versions_are_parsed_tolerantly():
 
 def test_optional_drf_may_be_absent_hiredis_may_not():
     assert findings(djangorestframework=None) == {}
+    # the ninja and openapi extras are judged only when installed
+    assert findings(django_ninja=None, drf_spectacular=None) == {}
+    assert findings(django_ninja="1.3.0", drf_spectacular="0.28.0") == {}
+    assert findings(django_ninja="1.7.1", drf_spectacular="0.30.0") == {}
     assert findings(hiredis=None) == {"hiredis": "missing"}
 
 
@@ -215,6 +242,12 @@ def test_version_messages_name_the_library_and_the_fix():
         "Django 6.2 is newer than the newest version ratelimit_app is tested with (6.1.x).")
     assert "'Django<6.2'" in by_id["ratelimit_app.W005"].hint
     assert by_id["ratelimit_app.W006"].msg == "hiredis is not installed."
+    ninja = {m.id: m for m in map(_version_message, version_findings(
+        {**CURRENT, "django-ninja": "1.2.2", "drf-spectacular": "0.31.0"}))}
+    assert ninja["ratelimit_app.E009"].msg == (
+        "django-ninja 1.2.2 is installed; ratelimit_app needs django-ninja >= 1.3 (Django Ninja "
+        "1.2 runs no throttle on async operations: they go unlimited).")
+    assert "'drf-spectacular<0.31'" in ninja["ratelimit_app.W005"].hint
 
 
 def test_app_checks_carry_their_own_tag():

@@ -93,17 +93,52 @@ def cell_pins(cell):
     return pins
 
 
+def main_cell_caps():
+    """``{package: upper bound}`` of requirements.txt (the main cell's ``<`` caps)."""
+    caps = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            upper = [spec.version for spec in requirement.specifier if spec.operator == "<"]
+            if upper:
+                caps[canonical(requirement.name)] = Version(upper[0])
+    return caps
+
+
+def next_minor(version):
+    return Version(f"{version.major}.{version.minor + 1}")
+
+
 def test_the_version_check_knows_the_tested_range():
     # ratelimit_app.operations.support feeds the E009/W005 checks: its floors are pyproject's, and
     # its newest tested major.minor is what the current cell installs
     from ratelimit_app.operations.support import SUPPORTED
 
     floors, current = declared_floors(), cell_pins("current")
-    for entry in SUPPORTED:
+    core = [entry for entry in SUPPORTED if canonical(entry.distribution) not in
+            declared_floors(NINJA_CELL_EXTRAS)]
+    for entry in core:
         name = canonical(entry.distribution)
         assert Version(entry.floor) == floors[name], name
         newest = current[name]
         assert Version(entry.newest_tested) == Version(f"{newest.major}.{newest.minor}"), name
+
+
+def test_the_version_check_knows_the_ninja_extras_tested_range():
+    # the current cell installs neither extra: their floors are pyproject's and the ninja cell's
+    # pins, their newest tested the main cell's (requirements.txt caps them just above it)
+    from ratelimit_app.operations.support import SUPPORTED
+
+    floors, pins, caps = declared_floors(NINJA_CELL_EXTRAS), cell_pins("ninja"), main_cell_caps()
+    extras = {canonical(entry.distribution): entry for entry in SUPPORTED
+              if canonical(entry.distribution) in floors}
+    assert set(extras) == {"django-ninja", "drf-spectacular"}
+    for name, entry in extras.items():
+        assert not entry.required, name
+        assert Version(entry.floor) == floors[name] == pins[name], name
+        assert next_minor(Version(entry.newest_tested)) == caps[name], name
+    assert caps["django-ninja"] == Version("1.8") and caps["drf-spectacular"] == Version("0.31")
 
 
 def test_the_readme_states_the_declared_support():
