@@ -63,9 +63,11 @@ def _endpoint_cell(endpoint, empty_text):
 WORDS_PENDING = "Type the numbers to read the rule in words."
 
 
-def rule_words(rule):
-    """Return the words panel's sentence for ``rule`` (saved or typed so far)."""
-    return form_kind_of(rule).sentence(rule) or WORDS_PENDING
+def rule_words(rule, key=""):
+    """Return the words panel's sentence for ``rule`` (saved or typed so far) in the words of
+    the form kind ``key`` (default: the kind the rule's fields make it)."""
+    kind = FORM_KINDS[key] if key in FORM_KINDS else form_kind_of(rule)
+    return kind.sentence(rule) or WORDS_PENDING
 
 
 def max_cost_warning(burst, what):
@@ -339,7 +341,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         rule = rule_from_input(key, form.data, obj) if form.is_bound else obj
         context.update({
             "rule_kind": form.rule_kind, "rule_kind_key": key,
-            "rule_words": rule_words(rule) if rule else WORDS_PENDING,
+            "rule_words": rule_words(rule, key) if rule else WORDS_PENDING,
             "preview_url": reverse("admin:ratelimit_app_rule_preview"),
         })
         return super().render_change_form(request, context, add, change, form_url, obj)
@@ -358,7 +360,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
             saved = Rule.objects.select_related("plan").filter(pk=int(rule_id)).first()
         rule = rule_from_input(key, request.GET, saved)
         impact = impact_of_new_numbers(saved, rule) if saved is not None else ""
-        response = JsonResponse({"words": rule_words(rule), "impact": impact})
+        response = JsonResponse({"words": rule_words(rule, key), "impact": impact})
         response["Cache-Control"] = "no-store"
         return response
 

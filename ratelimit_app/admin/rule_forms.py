@@ -184,6 +184,11 @@ class KindRuleForm(RuleForm):
                 setattr(rule, name, 0)
         if "alert_thresholds" not in self.fields:
             rule.alert_thresholds = ""
+        if "counted_statuses" not in self.fields:
+            rule.counted_statuses = rule.counted_path_prefix = ""
+        elif not (cleaned.get("counted_statuses") or cleaned.get("counted_path_prefix")) and \
+                "counted_statuses" not in self.errors:
+            self.add_error("counted_statuses", kind.nothing_counted_message)
         return cleaned
 
     def _legacy_status(self):
@@ -261,6 +266,9 @@ def rule_from_input(key, data, base=None):
         rule.scope = Scope.IP
     if "endpoint" in kind.form_fields:
         rule.endpoint = (data.get("endpoint") or "")[:200]
+    for name in ("counted_statuses", "counted_path_prefix"):
+        if name in kind.form_fields:
+            setattr(rule, name, (data.get(name) or "").strip()[:200])
     if "calendar_period" in kind.form_fields:
         period = data.get("calendar_period", "")
         rule.calendar_period = period if period in CalendarPeriod.values else ""

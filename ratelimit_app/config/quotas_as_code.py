@@ -15,7 +15,9 @@ assignments and overrides refer to users by username.
 
 The allow and deny lists are a list of the document too (``access_lists``, entries naming
 their user and API key as overrides do). A file written before the lists existed has no such
-list: importing it leaves the lists as they are (``Section.optional``).
+list: importing it leaves the lists as they are (``Section.optional``). The penalty box's ban
+rules are an optional list the same way (``ban_rules``); the bans they imposed are not
+configuration and stay out of the document.
 
 An import is planned first (``plan_import``: what would be added, changed and removed, per item
 and field, or the validation errors naming item and field), then applied (``apply_import``) in
@@ -32,6 +34,7 @@ from .document_values import DocumentValueError, Shown, document_value, shown, s
 from .models import (
     AccessListEntry,
     ApiKey,
+    BanRule,
     EndpointCost,
     IdentityOverride,
     Plan,
@@ -99,6 +102,8 @@ SECTIONS = (
     Section("access_lists", AccessListEntry,
             ("kind", "target", "value", "user", "api_key", "starts_at"), "list entry",
             optional=True),
+    # the penalty box's rules (the bans themselves are events, not configuration: never here)
+    Section("ban_rules", BanRule, ("name",), "ban rule", optional=True),
 )
 
 

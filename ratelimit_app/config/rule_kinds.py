@@ -5,7 +5,8 @@ One table holds every kind (``Rule``, with its migrations); what differs between
 here, so ``Rule.clean()`` asks the rule's kind instead of branching on it, and the admin builds
 one form per kind from the same classes (``admin/rule_forms.py``). A failed-authentication limit
 is a token bucket that counts failed authentications: stored as a token bucket, typed in a
-form of its own, so that each form stays short.
+form of its own, so that each form stays short; so is a limit on responses (a token bucket that
+counts only the responses of some statuses, or under a path prefix).
 
 Nothing here queries the database itself: the checks that compare a rule with other rows call
 the rule's own methods for it (``Rule.largest_cost``, ``Rule.credits_clash``).
@@ -26,8 +27,8 @@ from .choices import (
 from .wording import SCOPE_PHRASES, count, duration, per_period, status_words
 
 __all__ = ["RuleKind", "TokenBucket", "FailedAuthLimit", "CalendarQuota", "ConcurrencyLimit",
-           "PrepaidCredits", "FORM_KINDS", "kind_of", "form_kind_of", "burst_below_cost_message",
-           "cost_above_burst_message"]
+           "PrepaidCredits", "ResponseLimit", "FORM_KINDS", "kind_of", "form_kind_of",
+           "burst_below_cost_message", "cost_above_burst_message", "statuses_words"]
 
 # The fields every kind's form shows around its own numbers.
 _NAME_FIELDS = ("name", "plan", "scope", "endpoint")
@@ -187,6 +188,51 @@ class FailedAuthLimit(TokenBucket):
                 f"up to {count(rule.burst)} in a row")
 
 
+def statuses_words(text):
+    """Return a typed status set as read in a sentence: "404", "401 or 403", "4xx"."""
+    return " or ".join(part for part in text.replace(" ", "").lower().split(",") if part)
+
+
+class ResponseLimit(TokenBucket):
+    """A token bucket that counts only some responses (their status in a set, or their path
+    under a prefix): checked on the way in, charged one token after a matching response.
+    Stored as a token bucket counting requests with ``counted_statuses`` or
+    ``counted_path_prefix`` set; a form of its own keeps the token bucket's short."""
+
+    key = "responses"
+    label = "Limit on responses"
+    chooser_text = ("Stop a scraper or a guesser by what it gets back: “at most 20 responses "
+                    "404 per minute per client IP”, then that caller is refused.")
+    form_fields = (*_NAME_FIELDS, "rate", "period_s", "burst", "counted_statuses",
+                   "counted_path_prefix", *_STATUS_FIELDS)
+    number_rows = (("rate", "period_s", "burst"),)
+    advanced_fields = ()
+    labels = {"rate": "Responses", "period_s": "per", "burst": "up to, in a row",
+              "counted_statuses": "Counting statuses", "counted_path_prefix": "Under path"}
+    help_texts = {
+        "burst": "While none are left, the caller's requests are refused.",
+        "counted_statuses": "e.g. 404, 401,403 or 4xx. Empty: every status (give a path).",
+        "counted_path_prefix": "e.g. /login (also /login/…, not /loginx). Empty: every path.",
+    }
+    required = {"period_s": "Give the period the responses are counted over.",
+                "burst": "Give how many such responses in a row a caller may get."}
+    nothing_counted_message = ("Give the statuses to count (e.g. 404, 401,403 or 4xx), a path "
+                               "prefix (e.g. /login), or both.")
+
+    def limit_words(self, rule):
+        if not (rule.rate and rule.period_s and rule.burst) or \
+                not (rule.counted_statuses or rule.counted_path_prefix):
+            return None
+        words = f"at most {count(rule.rate)} response" + ("" if rule.rate == 1 else "s")
+        if rule.counted_statuses:
+            words += f" {statuses_words(rule.counted_statuses)}"
+        if rule.counted_path_prefix:
+            words += f" under {rule.counted_path_prefix}"
+        if rule.endpoint:
+            words += f" to {rule.endpoint}"
+        return f"{words} {per_period(rule.period_s)}, up to {count(rule.burst)} in a row"
+
+
 class CalendarQuota(RuleKind):
     key = Kind.CALENDAR.value
     kind = Kind.CALENDAR
@@ -337,7 +383,7 @@ class PrepaidCredits(RuleKind):
 
 # Every form kind, in the order the add page offers them.
 FORM_KINDS = {k.key: k for k in (TokenBucket(), CalendarQuota(), ConcurrencyLimit(),
-                                 PrepaidCredits(), FailedAuthLimit())}
+                                 PrepaidCredits(), FailedAuthLimit(), ResponseLimit())}
 _BY_KIND = {k.kind: k for k in FORM_KINDS.values() if k.key == k.kind}
 
 
@@ -348,7 +394,9 @@ def kind_of(rule):
 
 def form_kind_of(rule):
     """Return the RuleKind whose form edits ``rule``: a token bucket counting failed
-    authentications has a form of its own."""
+    authentications, and one counting only some responses, each have a form of their own."""
     if rule.kind == Kind.TOKEN_BUCKET and rule.counts == Counts.FAILED_AUTH:
         return FORM_KINDS["failed_auth"]
+    if rule.kind == Kind.TOKEN_BUCKET and (rule.counted_statuses or rule.counted_path_prefix):
+        return FORM_KINDS["responses"]
     return kind_of(rule)

@@ -38,6 +38,15 @@ CASES = [
      "prepaid credits only per tenant, no allowance; enforced"),
     ("failed_auth", {"rate": "10", "period": ("1", "minute"), "burst": "10"},
      "10 failed authentications per minute per client IP, up to 10 in a row; enforced"),
+    ("responses", {"rate": "20", "period": ("1", "minute"), "burst": "20", "scope": "ip",
+                   "counted_statuses": "404"},
+     "at most 20 responses 404 per minute per client IP, up to 20 in a row; enforced"),
+    ("responses", {"rate": "5", "period": ("10", "minute"), "burst": "5", "scope": "ip",
+                   "counted_statuses": "401,403", "counted_path_prefix": "/login",
+                   "status": "shadow"},
+     "at most 5 responses 401 or 403 under /login per 10 minutes per client IP, up to 5 in a "
+     "row; shadow (counted, never refused)"),
+    ("responses", {"rate": "20", "period": ("1", "minute"), "burst": "20"}, PENDING),
 ]
 
 

@@ -56,6 +56,8 @@ def test_the_add_page_asks_the_kind_first_with_plain_links(admin_client):
      {"endpoint", "period_s", "burst", "lease"}),
     ("failed_auth", {"rate", "period_s", "burst", "endpoint"},
      {"plan", "scope", "calendar_period", "lease", "debt", "alert_thresholds"}),
+    ("responses", {"rate", "period_s", "burst", "counted_statuses", "counted_path_prefix"},
+     {"calendar_period", "lease", "debt", "alert_thresholds", "kind", "counts"}),
 ])
 def test_each_kind_form_shows_only_its_own_fields_at_most_twelve(admin_client, key, shown,
                                                                   hidden):
@@ -115,6 +117,50 @@ def test_a_failed_auth_limit_is_stored_as_an_ip_token_bucket(admin_client):
     # its page is its own kind's form again
     page = admin_client.get(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]))
     assert page.context["rule_kind_key"] == "failed_auth"
+
+
+def test_a_limit_on_responses_is_stored_as_a_token_bucket_counting_them(admin_client):
+    response = admin_client.post(add_url("responses"), base_post(
+        name="scrapers", scope="ip", rate="20", period_s_0="1", period_s_1="minute",
+        burst="20", counted_statuses="4xx", counted_path_prefix="/api"))
+    assert response.status_code == 302, page_errors(response)
+    rule = Rule.objects.get()
+    assert (rule.kind, rule.counts, rule.scope, rule.counted_statuses,
+            rule.counted_path_prefix) == ("token_bucket", "requests", "ip", "4xx", "/api")
+    assert rule.describe() == ("at most 20 responses 4xx under /api per minute per client IP, "
+                               "up to 20 in a row; enforced")
+    page = admin_client.get(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]))
+    assert page.context["rule_kind_key"] == "responses"
+    assert page.context["adminform"].form["counted_statuses"].value() == "4xx"
+    rules_list = admin_client.get(reverse("admin:ratelimit_app_rule_changelist"))
+    assert "at most 20 responses 4xx under /api per minute" in rules_list.content.decode()
+
+
+@pytest.mark.parametrize("fields, errors", [
+    ({}, {"counted_statuses": ["Give the statuses to count (e.g. 404, 401,403 or 4xx), a path "
+                               "prefix (e.g. /login), or both."]}),
+    ({"counted_statuses": "4o4"}, {"counted_statuses": [
+        "“4o4” is not a response status; write statuses such as 401,403 or a class such as "
+        "4xx, separated by commas."]}),
+    ({"counted_statuses": "600"}, {"counted_statuses": [
+        "“600” is not a response status; write statuses such as 401,403 or a class such as "
+        "4xx, separated by commas."]}),
+    ({"counted_path_prefix": "login"},
+     {"counted_path_prefix": ["A path prefix starts with “/”, e.g. /login."]}),
+])
+def test_a_limit_on_responses_refuses_what_it_cannot_count(admin_client, fields, errors):
+    response = admin_client.post(add_url("responses"), base_post(
+        scope="ip", rate="20", period_s_0="1", period_s_1="minute", burst="20", **fields))
+    assert page_errors(response) == errors
+    assert not Rule.objects.exists()
+
+
+def test_a_token_bucket_form_leaves_a_rule_counting_every_request(admin_client):
+    response = admin_client.post(add_url("token_bucket"), base_post(
+        rate="5", period_s_0="1", period_s_1="minute", burst="5", lease="0", debt="0",
+        alert_thresholds="", counted_statuses="404"))
+    assert response.status_code == 302, page_errors(response)
+    assert Rule.objects.get().counted_statuses == ""
 
 
 def test_disabling_keeps_the_mode_for_when_it_is_enabled_again(admin_client):
@@ -231,7 +277,9 @@ def test_a_rule_added_from_the_plan_page_returns_to_it(admin_client):
 def test_the_server_renders_the_word_cases(key, fields, words):
     """The table the browser test types into the forms, rendered by the server."""
     rule = rule_from_input(key, {"scope": "user", **as_form_data(fields)})
-    assert (rule.describe() if rule.describe() != "—" else PENDING) == words
+    assert (FORM_KINDS[key].sentence(rule) or PENDING) == words
+    if words != PENDING:  # a saved row reads the same
+        assert rule.describe() == words
     assert preview_words(key, fields) == words
 
 

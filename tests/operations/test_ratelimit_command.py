@@ -104,7 +104,7 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
 
     document = json.loads(first)
     assert list(document) == ["format", "plans", "rules", "endpoint_costs", "plan_assignments",
-                              "identity_overrides", "access_lists"]
+                              "identity_overrides", "access_lists", "ban_rules"]
     assert [p["slug"] for p in document["plans"]] == ["enterprise", "free", "prepaid", "pro",
                                                    "studio"]
     assert [r["name"] for r in document["rules"]] == sorted(r.name for r in Rule.objects.all())
