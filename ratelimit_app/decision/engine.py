@@ -209,6 +209,8 @@ def _build_buckets(snapshot, identity, endpoint, cost):
         if overrides and rule.scope in (Scope.USER, Scope.IP):
             rule = with_override_numbers(rule, overrides)
         if rule.failed_auth:
+            if identity.trusted:
+                continue  # an allow-listed caller is never locked out (protection/lists.py)
             # checked, never debited here: a client IP out of failed authentications is
             # refused the credentials it has not proven from there (so a right guess teaches
             # it nothing), and a credential used from there lately passes (protection/
@@ -230,7 +232,7 @@ def _build_buckets(snapshot, identity, endpoint, cost):
             kind = CalendarQuota if rule.calendar else \
                 ConcurrencySlot if rule.concurrency else Bucket
             buckets.append(kind(rule, bucket_key(prefix, token), 1 if rule.endpoint else cost))
-    for ban in snapshot.ban_rules:
+    for ban in () if identity.trusted else snapshot.ban_rules:  # a trusted caller: never banned
         # the ban, if any, is a record in the caller's own key: checked in this same call
         token = None if ban.shadow else identity.token_for(ban.scope)
         if token is not None:

@@ -18,6 +18,7 @@ from ..decision.identity import identify
 from ..decision.keys import bucket_key
 from ..decision.scopes import Scope
 from ..stores import StoreUnavailable
+from .lists import is_trusted
 
 __all__ = ["FailedAuthGate", "failed_auth_buckets"]
 
@@ -45,15 +46,16 @@ class FailedAuthGate:
     StoreUnavailable), ``snapshot`` and ``asnapshot`` give its rules in force.
     """
 
-    def __init__(self, *, take, atake, snapshot, asnapshot):
+    def __init__(self, *, take, atake, snapshot, asnapshot, wall_time):
         self._take, self._atake = take, atake
         self._snapshot, self._asnapshot = snapshot, asnapshot
+        self._wall_time = wall_time
 
     def charge(self, request, endpoint, *, charge=True, now_ms=None):
         """Charge one failed authentication of ``request`` to its client IP's failed-auth
         buckets (``charge=False``: only check that they hold one). Returns the Decision, refused
         when a bucket is out of tokens, or None when no failed-auth rule applies."""
-        found = _buckets_of(self._snapshot(), request, endpoint)
+        found = _buckets_of(self._snapshot(), request, endpoint, self._wall_time)
         if found is None:
             return None
         identity, buckets = found
@@ -65,7 +67,8 @@ class FailedAuthGate:
 
     async def acharge(self, request, endpoint, *, charge=True, now_ms=None):
         """``charge`` for an event loop."""
-        found = _buckets_of(await self._asnapshot(), request, endpoint)
+        found = _buckets_of(await self._asnapshot(), request, endpoint,
+                            self._wall_time)
         if found is None:
             return None
         identity, buckets = found
@@ -76,12 +79,15 @@ class FailedAuthGate:
         return _decision(buckets, identity, endpoint, reply)
 
 
-def _buckets_of(snapshot, request, endpoint):
+def _buckets_of(snapshot, request, endpoint, wall_time):
     """Return ``(identity, buckets)`` one failed authentication of ``request`` is charged to,
-    or None when no failed-auth rule applies."""
+    or None when no failed-auth rule applies or the caller is allow-listed (trusted callers
+    are never locked out)."""
     if not snapshot.failed_auth_rules:
         return None
     identity = identify(request, None, snapshot)
+    if is_trusted(snapshot, request, identity, wall_time):
+        return None
     buckets = failed_auth_buckets(snapshot, identity, endpoint)
     return (identity, buckets) if buckets else None
 

@@ -44,7 +44,7 @@ from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
 from ..protection import bans
 from ..protection.bans import PenaltyBox
 from ..protection.failed_auth import FailedAuthGate
-from ..protection.lists import screen
+from ..protection.lists import is_trusted, screen
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
 
@@ -208,7 +208,8 @@ class Limiter:
         # X-Forwarded-For from an address not in TRUSTED_PROXIES: warned of once
         self.untrusted_forwarding = UntrustedForwarding(wall_time)
         self.failed_auth = FailedAuthGate(take=self.take, atake=self.atake,
-                                          snapshot=self.policies.get, asnapshot=self.asnapshot)
+                                          snapshot=self.policies.get, asnapshot=self.asnapshot,
+                                          wall_time=wall_time)
         self.bans = PenaltyBox(store, guarded=self._guarded, now_ms=self.clock.redis_now_ms)
 
     @classmethod
@@ -599,6 +600,9 @@ class Limiter:
             return ()
         identity = decision.identity if decision is not None and decision.identity else \
             identify(request, None, snapshot)
+        if identity.trusted or (decision is None or decision.identity is None) and \
+                is_trusted(snapshot, request, identity, self.wall_time):
+            return ()  # an allow-listed caller is never banned: nothing counted, no call
         banned = decision is not None and bool(decision.banned)
         refused = decision is not None and not decision.allowed and not banned
         found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
