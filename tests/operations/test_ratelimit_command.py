@@ -412,8 +412,8 @@ def test_rows_are_validated_together_and_a_late_error_rolls_everything_back(
     ("{\"format\": \"v0\"}", "“format” must be “ratelimit_app.quotas/1” (found “v0”)."),
     ("{\"format\": " + "[" * 100_000 + "]" * 100_000 + "}",
      "{path} nests lists or objects too deeply to be a quotas file"),
-    ("{\"format\": " + "9" * 5000 + "}", "{path} cannot be read: Exceeds the limit (4300 "
-                                         "digits) for integer string conversion"),
+    ("{\"format\": " + "9" * 5000 + "}", "{path} cannot be read: a number in it has more "
+                                         "than 4300 digits."),
     ("{\"format\": \"ratelimit_app.quotas/1\", \"plans\": []}",
      "“rules” must be a list (an empty list removes every row)."),
 ])

@@ -227,8 +227,11 @@ class Command(BaseCommand):
         except RecursionError:
             raise _bad_input(f"{path} nests lists or objects too deeply to be a quotas file "
                              f"(what export writes is 3 levels deep).") from None
-        except ValueError as exc:  # e.g. an integer of more digits than Python converts
-            raise _bad_input(f"{path} cannot be read: {str(exc)[:200]}.") from None
+        except ValueError:
+            # the one ValueError json.loads raises besides JSONDecodeError: an integer of more
+            # digits than Python converts (in words of our own: Python's change by version)
+            raise _bad_input(f"{path} cannot be read: a number in it has more than "
+                             f"{sys.get_int_max_str_digits()} digits.") from None
 
     def handle_import(self, file, dry_run=False, keep_missing=False, **options):
         document = self._read_document(file)
