@@ -184,10 +184,11 @@ async def _walk_and_ask(client):
 def test_the_async_path_counts_events_and_refuses_the_banned(scraper_rule):
     # QuotaMiddleware in async mode (AsyncClient): events counted in a thread, the ban checked
     # in the decision's own call, and the unresolved URLs charged like the others
-    import asyncio
-
+    from asgiref.sync import async_to_sync
     from django.test import AsyncClient
 
-    refused = asyncio.run(_walk_and_ask(AsyncClient()))
+    # (async_to_sync: the middleware's thread-sensitive work runs on this thread, with the
+    # test's own database connection, as under Django's ASGI handler)
+    refused = async_to_sync(_walk_and_ask)(AsyncClient())
     assert refused.status_code == 429
     assert json.loads(refused.content)["banned-by"] == ["scrapers"]

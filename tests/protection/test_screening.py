@@ -3,11 +3,11 @@ problem type, its reason and never its value) and an exempt allow passes, both w
 command (INFO commandstats); a trusted caller is limited as anyone but marked; IPv6 ranges; an
 entry's start and end keep time (the clock seam, no sleeps); a plain view and a DRF view."""
 
-import asyncio
 import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client, RequestFactory
 
 from ratelimit_app.decision.headers import DENIED_BY_LIST
@@ -203,7 +203,7 @@ def test_the_event_loops_path_screens_as_the_threads_does(quota, redis_client):
                                          None, "hello")
         return denied, exempt
 
-    denied, exempt = asyncio.run(decide_both())
+    denied, exempt = async_to_sync(decide_both)()
     assert not denied.allowed and denied.listed.reason == "async abuse"
     assert exempt.allowed and exempt.exempt and exempt.identity.trusted
     assert sent_since(before, redis_client) == {}
