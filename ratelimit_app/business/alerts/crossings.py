@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.dispatch import Signal
 
 from ...decision import periods
@@ -347,7 +348,11 @@ def _store_aggregate(group, endpoints):
     except IntegrityError:
         pass  # made already: add to it
     with transaction.atomic():
-        alert = QuotaAlert.objects.select_for_update().get(**key)
+        # write first, then read: the no-op UPDATE locks the row on any database and waits for
+        # another writer, where a read that turns into a write fails at once on SQLite
+        # ("database is locked") when another process writes beside it
+        QuotaAlert.objects.filter(**key).update(callers=F("callers"))
+        alert = QuotaAlert.objects.get(**key)
         top, new = _top_callers(alert.top_callers, group)
         if not new and top == alert.top_callers:
             return None
