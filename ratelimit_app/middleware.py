@@ -241,7 +241,8 @@ class QuotaMiddleware:
         except BaseException:
             await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
-        if default_limiter().counts_responses():  # (a ban writes to the database: a thread)
+        # (a ban writes to the database: in a thread)
+        if default_limiter().protection.counts_responses():
             await sync_to_async(count_response)(request, response)
         return finish_after_response(request, response)
 
