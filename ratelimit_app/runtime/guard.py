@@ -256,13 +256,16 @@ def count_response(request, response):
     """Count ``response`` once it is ready, when a rule counts responses (a ban rule, or a
     rule counting only some statuses or paths); never fails the response."""
     try:
-        protection = default_limiter().protection
-        if not protection.counts_responses():
+        limiter = default_limiter()
+        # Protection.counts_responses written out: every response asks, and nearly always no
+        # rule counts it
+        snapshot = limiter.policies.snapshot
+        if snapshot is None or not snapshot.counts_responses:
             return
-        protection.count_response(request, getattr(request, DECISION_ATTR, None),
-                                  response.status_code,
-                                  failed_auth=authentication_failed(request, response),
-                                  path=request.path)
+        limiter.protection.count_response(request, getattr(request, DECISION_ATTR, None),
+                                          response.status_code,
+                                          failed_auth=authentication_failed(request, response),
+                                          path=request.path)
     except Exception as error:  # the limiter must never fail a response
         _unexpected(error, "counting a response; not counted")
 

@@ -345,7 +345,9 @@ class Limiter:
         """The steps of a decision before the store: return a Decision when no call is needed,
         else the _Pending decision to send."""
         identity = identify(request, user, snapshot)
-        if self.untrusted_forwarding.seen is None:
+        # (the header tested here, not in observe: nearly every request sends none, and then
+        # costs no call)
+        if self.untrusted_forwarding.seen is None and request.META.get("HTTP_X_FORWARDED_FOR"):
             self.untrusted_forwarding.observe(request.META)
         if snapshot.access_lists is not None:
             screening = screen(snapshot, request, identity, endpoint, self.wall_time)

@@ -62,7 +62,7 @@ class Protection:
         # (the rules in memory, never a compile: a response is no time to wait for the
         # database, and the watcher or the next decision loads them)
         snapshot = self._policies.snapshot
-        return snapshot is not None and bool(snapshot.ban_rules or snapshot.response_rules)
+        return snapshot is not None and snapshot.counts_responses
 
     def count_response(self, request, decision, status, *, failed_auth, path):
         """Count a sent response: one token on the buckets of the rules counting responses it
