@@ -93,18 +93,29 @@ def serve(kind, variant, count):
         environment.stop()
 
 
-def quiet():
-    """Stop the limiter's periodic work (a version poll each second, a metrics flush, a
-    comparison of the rows each 30 s): under valgrind a second is a few dozen requests, so
-    it would be counted many times over; then turn the collector off."""
+def stop_background():
+    """Stop the limiter's periodic work (the config watcher's GET every 50 ms, a version poll
+    each second, a metrics flush, a comparison of the rows each 30 s). Under valgrind a second
+    is a few dozen requests, so it would be counted many times over, and more of it the slower
+    the machine runs: left running during the warm-up (the same in both runs, but not for the
+    same wall time), the watcher made the count vary by 2 % with other sessions' load. Called
+    once the server's middleware is built (it starts the watcher) and again after the warm-up
+    (a compile resets the moments due)."""
     from ratelimit_app.runtime.limiter import default_limiter
 
     limiter = default_limiter()
     policies = limiter.policies
-    policies.check_interval_s = math.inf
+    policies.check_interval_s = math.inf  # first: a due poll would start the watcher again
     policies.compare_at = policies.switch_at = policies.due_at = math.inf
+    policies.close()  # the watcher thread
     limiter.flusher.autostart = False
     limiter.flusher.stop()
+
+
+def quiet():
+    """After the warm-up: stop the periodic work (``stop_background``), then turn the
+    collector off."""
+    stop_background()
     gc.collect()
     gc.disable()
 
@@ -114,6 +125,7 @@ def serve_wsgi(variant, count):
 
     app = profile_path.handlers()[variant]
     profile_path.fake_store()
+    stop_background()
     for _ in range(WARM_UP):
         profile_path.request(app)
     quiet()
@@ -133,6 +145,7 @@ async def serve_asgi(variant, count):
         "none": [], "take": ["bench.throttles.AsyncTakeAloneMiddleware"],
         "fields": ["bench.throttles.AsyncTakeAndFieldsMiddleware"], "ours": [ours]}[variant]
     app = ASGIHandler()
+    stop_background()
     store = default_limiter().async_store()
     real_take, canned = store.take, {}
 

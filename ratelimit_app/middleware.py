@@ -65,9 +65,9 @@ def _is_drf_view(view_func):
 
 
 def _limited_by(request, view_func):
-    """Return what limits this request: "middleware", "throttle" (a DRF view, or a Ninja
-    operation with QuotaThrottle, left to its throttles) or None (an exempt path, view or Ninja
-    operation, or a preflight that is not charged)."""
+    """Return what limits this request: "middleware", "throttle" (a DRF view left to its
+    throttles), "ninja" (a Ninja operation with QuotaThrottle, left to its throttles) or None
+    (an exempt path, view or Ninja operation, or a preflight that is not charged)."""
     if exempt_paths().matches(request.path_info) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
@@ -78,7 +78,7 @@ def _limited_by(request, view_func):
         if exempt_operation(operation):  # (Ninja serves every operation through one view)
             return None
         if quota_throttled(operation):  # its throttles run after Ninja's authentication
-            return "throttle"
+            return "ninja"
     return "middleware"
 
 
@@ -109,13 +109,6 @@ def _late_decision_needed(request, response):
                     uncharged_preflight(request))
     # process_view would have decided it (or left it to the throttle) had it run
     return _limited_by(request, match.func) is not None
-
-
-def _leave_to_throttle(request, limited_by):
-    """Let QuotaThrottle decide a DRF view's request; this middleware sets the headers of its
-    decision on the response (see headers.apply_headers_unless_set)."""
-    if limited_by == "throttle":
-        setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
 
 
 def _async_ninja_operation(request, view_func):
@@ -241,19 +234,23 @@ class QuotaMiddleware:
         except BaseException:
             await sync_to_async(finish_now, thread_sensitive=False)(request)
             raise
-        if default_limiter().counts_responses():  # (a ban writes to the database: a thread)
+        # (a ban writes to the database: in a thread)
+        if default_limiter().protection.counts_responses():
             await sync_to_async(count_response)(request, response)
         return finish_after_response(request, response)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)
-        if limited_by is None and request.method == "POST":
-            # an exempt path such as the admin's login form: no quota, but a client IP out of
-            # failed authentications may not try credentials there either
-            return check_failed_authentication(request)
         if limited_by != "middleware":
-            _leave_to_throttle(request, limited_by)
-            if limited_by == "throttle":
+            if limited_by is None:
+                # an exempt path such as the admin's login form: no quota, but a client IP out
+                # of failed authentications may not try credentials there either
+                return check_failed_authentication(request) if request.method == "POST" \
+                    else None
+            # QuotaThrottle decides (a DRF view's or a Ninja operation's); this middleware
+            # sets the headers of its decision on the response (headers.apply_headers_unless_set)
+            setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)
+            if limited_by == "ninja":  # (a DRF view's request, the common one, skips this)
                 _ready_for_ninja_loop(request, view_func)
             return None
         decision = decide(request, getattr(request, "user", None))
@@ -263,11 +260,12 @@ class QuotaMiddleware:
 
     async def _aprocess_view(self, request, view_func, view_args, view_kwargs):
         limited_by = _limited_by(request, view_func)
-        if limited_by is None and request.method == "POST":
-            return await acheck_failed_authentication(request)
         if limited_by != "middleware":
-            _leave_to_throttle(request, limited_by)
-            if limited_by == "throttle":
+            if limited_by is None:
+                return await acheck_failed_authentication(request) \
+                    if request.method == "POST" else None
+            setattr(request, HEADERS_ON_THE_WAY_OUT_ATTR, True)  # (as process_view)
+            if limited_by == "ninja":
                 await _aready_for_ninja_loop(request, view_func)
             return None
         decision = await adecide(request, await _auser(request) if _has_user(request) else None)

@@ -66,7 +66,7 @@ class BanAdmin(admin.ModelAdmin):
         lifted = 0
         for ban in queryset.filter(shadow=False, lifted_at=None):
             try:
-                default_limiter().lift_ban(ban, actor)
+                default_limiter().protection.lift_ban(ban, actor)
             except StoreUnavailable as exc:
                 self.message_user(request, f"Redis is unavailable; the ban of {ban.who} was not "
                                            f"lifted ({exc}).", messages.ERROR)

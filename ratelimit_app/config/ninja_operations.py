@@ -25,9 +25,9 @@ __all__ = ["path_view_of", "serving_operation", "operation_of", "requested_opera
            "sent_key_credentials"]
 
 
-def path_view_of(callback):
+def _path_view_behind(callback):
     """Return the Ninja ``PathView`` behind a URL pattern's view ``callback``, or None for any
-    other view."""
+    other view (what ``path_view_of`` remembers)."""
     # by the callback's type, not getattr with a default: a missing attribute raises inside,
     # which would cost every request to every other view
     kind = type(callback)
@@ -41,6 +41,29 @@ def path_view_of(callback):
     if owner_kind.__name__ != "PathView" or not owner_kind.__module__.startswith("ninja"):
         return None
     return owner
+
+
+class _PathViews(dict):
+    """``{callback: its PathView or None}``, filled on first sight (``__missing__``), so that
+    ``path_view_of`` on a callback seen before is one dict lookup in C, with no Python call:
+    every request asks, twice (a function's ``__code__.co_freevars`` is a new tuple at each
+    read). Its keys are URL patterns' callbacks (the URLconfs' views, never request input;
+    hashable, as Django's reverse lookups key on them too), and it is emptied at MAX_CALLBACKS
+    all the same (URLconfs rebuilt again and again, as tests
+    do, would otherwise keep every old one)."""
+
+    MAX_CALLBACKS = 4096
+
+    def __missing__(self, callback):
+        if len(self) >= self.MAX_CALLBACKS:
+            self.clear()
+        path_view = self[callback] = _path_view_behind(callback)
+        return path_view
+
+
+# Return the Ninja ``PathView`` behind a URL pattern's view ``callback``, or None for any other
+# view. (A bound dict method, not a function: see _PathViews.)
+path_view_of = _PathViews().__getitem__
 
 
 def serving_operation(path_view, method):

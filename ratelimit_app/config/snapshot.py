@@ -134,6 +134,12 @@ class Snapshot:
         """The rules among ``rules`` that count responses (usually none)."""
         return tuple(rule for rule in self.rules if rule.counts_responses)
 
+    @functools.cached_property
+    def counts_responses(self):
+        """True when a response is counted once sent: a ban rule, or a rule counting responses
+        (read after every response: an attribute once computed)."""
+        return bool(self.ban_rules or self.response_rules)
+
     @property
     def has_alerts(self):
         """True when a rule has alert thresholds the request path checks (see

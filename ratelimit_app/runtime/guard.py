@@ -205,7 +205,8 @@ def charge_failed_authentication(request, response):
     if not authentication_failed(request, response):
         return response
     try:
-        decision = default_limiter().failed_authentication(request, endpoint_name(request))
+        decision = default_limiter().protection.failed_authentication(request,
+                                                                      endpoint_name(request))
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "charging a failed authentication; not charged")
         return response
@@ -217,8 +218,8 @@ async def acharge_failed_authentication(request, response):
     if not authentication_failed(request, response):
         return response
     try:
-        decision = await default_limiter().afailed_authentication(request,
-                                                                  endpoint_name(request))
+        decision = await default_limiter().protection.afailed_authentication(
+            request, endpoint_name(request))
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "charging a failed authentication; not charged")
         return response
@@ -232,8 +233,8 @@ def check_failed_authentication(request):
     without it, a blocked client could still learn that a guess was right.
     """
     try:
-        decision = default_limiter().failed_authentication(request, endpoint_name(request),
-                                                           charge=False)
+        decision = default_limiter().protection.failed_authentication(
+            request, endpoint_name(request), charge=False)
     except Exception as error:
         _unexpected(error, "checking failed authentications; request allowed")
         return None
@@ -243,7 +244,7 @@ def check_failed_authentication(request):
 async def acheck_failed_authentication(request):
     """``check_failed_authentication`` for an event loop."""
     try:
-        decision = await default_limiter().afailed_authentication(
+        decision = await default_limiter().protection.afailed_authentication(
             request, endpoint_name(request), charge=False)
     except Exception as error:
         _unexpected(error, "checking failed authentications; request allowed")
@@ -256,12 +257,15 @@ def count_response(request, response):
     rule counting only some statuses or paths); never fails the response."""
     try:
         limiter = default_limiter()
-        if not limiter.counts_responses():
+        # Protection.counts_responses written out: every response asks, and nearly always no
+        # rule counts it
+        snapshot = limiter.policies.snapshot
+        if snapshot is None or not snapshot.counts_responses:
             return
-        limiter.count_response(request, getattr(request, DECISION_ATTR, None),
-                               response.status_code,
-                               failed_auth=authentication_failed(request, response),
-                               path=request.path)
+        limiter.protection.count_response(request, getattr(request, DECISION_ATTR, None),
+                                          response.status_code,
+                                          failed_auth=authentication_failed(request, response),
+                                          path=request.path)
     except Exception as error:  # the limiter must never fail a response
         _unexpected(error, "counting a response; not counted")
 

@@ -2,10 +2,10 @@
 
 A Limiter owns the policy snapshot cache, the local deny cache, the leases of hot buckets, the
 circuit breaker, its error counters, the metrics recorder and flusher, the queue of quota-alert
-crossings, and the store. The
-adapters (throttle, middleware), the simulator, the inspector and the benchmarks all call it;
-the steps it runs are the pure functions of ``engine`` and the store's scripts. The request
-path reads one way: adapter → Limiter → pure modules → store.
+crossings, the store, and its Protection (runtime/protection.py: failed authentications,
+counted responses, bans). The adapters (throttle, middleware), the simulator, the inspector
+and the benchmarks all call it; the steps it runs are the pure functions of ``engine`` and the
+store's scripts. The request path reads one way: adapter → Limiter → pure modules → store.
 
 ``default_limiter()`` is the process's Limiter, built from settings on first use and rebuilt when
 the settings change; tests install their own through ``install_limiter``.
@@ -32,7 +32,7 @@ from ..config.policy import PolicyCache
 from ..config.versions import ConfigVersions
 from ..decision import engine
 from ..decision.breaker import CircuitBreaker
-from ..decision.buckets import BanGate, ConcurrencySlot, CreditBalance, slot_member
+from ..decision.buckets import ConcurrencySlot, CreditBalance, slot_member
 from ..decision.clock import SystemClock, process_clock
 from ..decision.deny_cache import DenyCache
 from ..decision.engine import Decision
@@ -41,12 +41,10 @@ from ..decision.identity import identify
 from ..decision.leases import Leases
 from ..decision.meter import Meter
 from ..process.unexpected import UnexpectedErrorLog, error_text, type_label
-from ..protection import bans
-from ..protection.bans import PenaltyBox
-from ..protection.failed_auth import FailedAuthGate
-from ..protection.lists import is_trusted, screen
+from ..protection.lists import screen
 from ..stores import StoreUnavailable, SupersededRules, build_store
 from ..stores.base import BalancesMissing, is_misconfiguration
+from .protection import Protection
 
 __all__ = ["Limiter", "LimiterStats", "Peek", "SystemClock", "default_limiter",
            "install_limiter", "forget_default_limiter"]
@@ -207,10 +205,8 @@ class Limiter:
                                  config=lambda: self.config, autostart=metrics_autostart)
         # X-Forwarded-For from an address not in TRUSTED_PROXIES: warned of once
         self.untrusted_forwarding = UntrustedForwarding(wall_time)
-        self.failed_auth = FailedAuthGate(take=self.take, atake=self.atake,
-                                          snapshot=self.policies.get, asnapshot=self.asnapshot,
-                                          wall_time=wall_time)
-        self.bans = PenaltyBox(store, guarded=self._guarded, now_ms=self.clock.redis_now_ms)
+        # the failed-auth gate, response counting and the penalty box (runtime/protection.py)
+        self.protection = Protection(self)
 
     @classmethod
     def from_settings(cls, clock=None, *, metrics_autostart=True):
@@ -349,7 +345,9 @@ class Limiter:
         """The steps of a decision before the store: return a Decision when no call is needed,
         else the _Pending decision to send."""
         identity = identify(request, user, snapshot)
-        if self.untrusted_forwarding.seen is None:
+        # (the header tested here, not in observe: nearly every request sends none, and then
+        # costs no call)
+        if self.untrusted_forwarding.seen is None and request.META.get("HTTP_X_FORWARDED_FOR"):
             self.untrusted_forwarding.observe(request.META)
         if snapshot.access_lists is not None:
             screening = screen(snapshot, request, identity, endpoint, self.wall_time)
@@ -561,94 +559,6 @@ class Limiter:
             statuses[i] = buckets[i].status(buckets[i].capacity_units, False)
         return allowed, tuple(statuses)
 
-    def failed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
-        """Charge one failed authentication of ``request`` to its client address (see
-        protection/failed_auth.py; ``charge=False``: only check). Returns the Decision, or None
-        when no failed-auth rule applies."""
-        return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
-
-    def counts_responses(self):
-        """True when the rules in force count responses: a ban rule, or a rule counting
-        responses (the adapters then report responses to ``count_response``)."""
-        # (the rules in memory, never a compile: a response is no time to wait for the
-        # database, and the watcher or the next decision loads them)
-        snapshot = self.policies.snapshot
-        return snapshot is not None and bool(snapshot.ban_rules or snapshot.response_rules)
-
-    def count_response(self, request, decision, status, *, failed_auth, path):
-        """Count a sent response: one token on the buckets of the rules counting responses it
-        matches (settle.lua, sent without waiting: Limiter.settle_units_later), and its events
-        towards its caller's bans (``count_ban_events``)."""
-        snapshot = self.policies.snapshot
-        if snapshot.response_rules and decision is not None and decision.identity is not None \
-                and decision.allowed:
-            buckets = engine.response_buckets(snapshot, decision.identity, decision.endpoint,
-                                              status, path)
-            if buckets:
-                self.settle_units_later(buckets, 1, _ignore)
-        if snapshot.ban_rules:
-            self.count_ban_events(request, decision, status, failed_auth=failed_auth,
-                                  path=path)
-
-    def count_ban_events(self, request, decision, status, *, failed_auth, path):
-        """Count a finished request's events towards its caller's bans (protection/bans.py):
-        ``decision`` is the request's (or None), ``status`` its response's. Records each ban
-        it imposed (the Ban row, the audit trail, ``caller.banned`` webhooks). Returns the
-        BanOutcomes; none when no ban rule counts this response or Redis cannot answer."""
-        snapshot = self.policies.get()
-        if not snapshot.ban_rules:
-            return ()
-        identity = decision.identity if decision is not None and decision.identity else \
-            identify(request, None, snapshot)
-        if identity.trusted or (decision is None or decision.identity is None) and \
-                is_trusted(snapshot, request, identity, self.wall_time):
-            return ()  # an allow-listed caller is never banned: nothing counted, no call
-        banned = decision is not None and bool(decision.banned)
-        refused = decision is not None and not decision.allowed and not banned
-        found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
-                                    banned)
-        if not found:
-            return ()
-        try:
-            outcomes = self.bans.count(identity, found)
-        except StoreUnavailable as exc:
-            logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
-            return ()
-        if self.deny_cache is not None:
-            # a ban imposed or extended: what this worker remembers of the gate is stale (other
-            # workers learn it at their next call to Redis; until then they refuse anyway)
-            self.deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
-                                    if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
-        new = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN)]
-        if new:
-            self._record_bans(new)
-        return outcomes
-
-    def _record_bans(self, outcomes):
-        from ..business.alerts.bans import deliver_ban
-        from ..config.ban_records import record_bans
-
-        for ban in record_bans(outcomes, shadow_outcome=bans.WOULD_BAN):
-            if not ban.shadow:
-                deliver_ban(ban)
-                logger.warning("ratelimit_app: %s banned %s until %s (ban %d within its "
-                               "memory)", ban.rule_name, ban.who, ban.until.isoformat(),
-                               ban.times)
-
-    def lift_ban(self, ban, actor):
-        """Lift ``ban`` (a Ban row) now: end it in Redis, record who lifted it (``actor``, an
-        audit Actor), and announce a new config version so no worker's deny cache keeps
-        refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
-        from ..config.ban_records import record_lift
-
-        rule = next((r for r in self.policies.get().ban_rules if r.id == ban.rule_id), None)
-        lifted = False
-        if rule is not None:
-            lifted = any(o.outcome == bans.LIFTED for o in self.bans.lift(ban.key, [rule]))
-        record_lift(ban, actor)
-        self.bump_config_version(parts=())  # no rows changed: the deny caches forget
-        return lifted
-
     # --- the request path on an asyncio event loop (QuotaMiddleware under ASGI) --------------
 
     # built on first use by async_store(); set by adecide while a thread refreshes the snapshot
@@ -702,10 +612,6 @@ class Limiter:
         except StoreUnavailable:
             return pending.degraded()
         return self._conclude(pending, allowed, statuses)
-
-    async def afailed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
-        """``failed_authentication`` for an event loop. Returns the Decision or None."""
-        return await self.failed_auth.acharge(request, endpoint, charge=charge, now_ms=now_ms)
 
     async def asnapshot(self):
         """``snapshot()`` for an event loop. Nearly always the snapshot in memory, with no
@@ -956,10 +862,6 @@ def settled_decision(decision, meter, extra, reply):
 
 def _takes_slot(bucket):
     return isinstance(bucket, ConcurrencySlot)
-
-
-def _ignore(reply):
-    """A settle's reply nobody waits for (a counted response: its decision was counted)."""
 
 
 def _lease_was_too_much(plan, buckets, reply):

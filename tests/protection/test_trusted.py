@@ -93,6 +93,6 @@ def test_a_trusted_address_sending_wrong_keys_is_not_locked_out(failed_auth_rule
     wrong = client.get("/api/items/", HTTP_X_API_KEY="rk_guess_x")
     right = client.get("/hello/", HTTP_X_API_KEY="rk_alice_free")
     assert (wrong.status_code, right.status_code) == ((429, 429) if locked_out else (200, 200))
-    charged = limiter().failed_authentication(
+    charged = limiter().protection.failed_authentication(
         client.get("/hello/").wsgi_request, "hello", charge=False)
     assert (charged is None) == (not locked_out)

@@ -112,7 +112,7 @@ def test_failed_authentication_on_the_async_path(rules):
 
     async def charge():
         try:
-            return await limiter().afailed_authentication(request, "hello")
+            return await limiter().protection.afailed_authentication(request, "hello")
         finally:
             await limiter().async_store().aclose()
 

@@ -467,8 +467,8 @@ class Command(BaseCommand):
         if ban is None:
             raise _bad_input(f"No ban #{ban_id} in force (see manage.py ratelimit bans list).")
         try:
-            default_limiter().lift_ban(ban, Actor(operator.get_username(), AuditSource.ADMIN,
-                                                  user=operator))
+            default_limiter().protection.lift_ban(
+                ban, Actor(operator.get_username(), AuditSource.ADMIN, user=operator))
         except StoreUnavailable as exc:
             raise _redis_down("the ban was not lifted", exc)
         self.stdout.write(self.style.SUCCESS(f"Lifted ban #{ban.pk} of {ban.who} by "

@@ -1,0 +1,147 @@
+"""``Protection``: the Limiter's side of the protection package, for one process.
+
+The failed-authentication gate, the penalty box and the lists (``ratelimit_app.protection``)
+are pure rules and store calls; what they need at run time (the Limiter's store calls through
+its breaker, its rules in force, its deny cache, the audit trail and the webhooks) is wired
+here, so the Limiter only owns one ``Protection`` and hands it what is not an ordinary
+decision: a failed authentication, a finished response, a ban lifted by staff.
+
+Callers reach it as ``default_limiter().protection``; the ordinary decision reads only the
+lists' ``screen`` from here (the ban gate and the failed-auth gate are planned as buckets by
+``decision.engine``).
+"""
+
+import logging
+
+from ..decision import engine
+from ..decision.buckets import BanGate
+from ..decision.identity import identify
+from ..protection import bans
+from ..protection.bans import PenaltyBox
+from ..protection.failed_auth import FailedAuthGate
+from ..protection.lists import is_trusted
+from ..stores import StoreUnavailable
+
+__all__ = ["Protection"]
+
+logger = logging.getLogger("ratelimit_app")
+
+
+class Protection:
+    """Failed authentications, response counting and bans for ``limiter`` (a Limiter, which
+    builds its Protection when it is built: the two share one store, breaker and snapshot)."""
+
+    def __init__(self, limiter):
+        self._limiter = limiter
+        self._policies = limiter.policies
+        self._wall_time = limiter.wall_time
+        self.failed_auth = FailedAuthGate(take=limiter.take, atake=limiter.atake,
+                                          snapshot=limiter.policies.get,
+                                          asnapshot=limiter.asnapshot,
+                                          wall_time=limiter.wall_time)
+        self.bans = PenaltyBox(limiter.store, guarded=limiter._guarded,
+                               now_ms=limiter.clock.redis_now_ms)
+
+    # --- failed authentication ---------------------------------------------------------------
+
+    def failed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
+        """Charge one failed authentication of ``request`` to its client address (see
+        protection/failed_auth.py; ``charge=False``: only check). Returns the Decision, or None
+        when no failed-auth rule applies."""
+        return self.failed_auth.charge(request, endpoint, charge=charge, now_ms=now_ms)
+
+    async def afailed_authentication(self, request, endpoint, *, charge=True, now_ms=None):
+        """``failed_authentication`` for an event loop. Returns the Decision or None."""
+        return await self.failed_auth.acharge(request, endpoint, charge=charge, now_ms=now_ms)
+
+    # --- responses and bans ------------------------------------------------------------------
+
+    def counts_responses(self):
+        """True when the rules in force count responses: a ban rule, or a rule counting
+        responses (the adapters then report responses to ``count_response``)."""
+        # (the rules in memory, never a compile: a response is no time to wait for the
+        # database, and the watcher or the next decision loads them)
+        snapshot = self._policies.snapshot
+        return snapshot is not None and snapshot.counts_responses
+
+    def count_response(self, request, decision, status, *, failed_auth, path):
+        """Count a sent response: one token on the buckets of the rules counting responses it
+        matches (settle.lua, sent without waiting: Limiter.settle_units_later), and its events
+        towards its caller's bans (``count_ban_events``)."""
+        snapshot = self._policies.snapshot
+        if snapshot.response_rules and decision is not None and decision.identity is not None \
+                and decision.allowed:
+            buckets = engine.response_buckets(snapshot, decision.identity, decision.endpoint,
+                                              status, path)
+            if buckets:
+                self._limiter.settle_units_later(buckets, 1, _ignore)
+        if snapshot.ban_rules:
+            self.count_ban_events(request, decision, status, failed_auth=failed_auth,
+                                  path=path)
+
+    def count_ban_events(self, request, decision, status, *, failed_auth, path):
+        """Count a finished request's events towards its caller's bans (protection/bans.py):
+        ``decision`` is the request's (or None), ``status`` its response's. Records each ban
+        it imposed (the Ban row, the audit trail, ``caller.banned`` webhooks). Returns the
+        BanOutcomes; none when no ban rule counts this response or Redis cannot answer."""
+        snapshot = self._policies.get()
+        if not snapshot.ban_rules:
+            return ()
+        identity = decision.identity if decision is not None and decision.identity else \
+            identify(request, None, snapshot)
+        if identity.trusted or (decision is None or decision.identity is None) and \
+                is_trusted(snapshot, request, identity, self._wall_time):
+            return ()  # an allow-listed caller is never banned: nothing counted, no call
+        banned = decision is not None and bool(decision.banned)
+        refused = decision is not None and not decision.allowed and not banned
+        found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
+                                    banned)
+        if not found:
+            return ()
+        try:
+            outcomes = self.bans.count(identity, found)
+        except StoreUnavailable as exc:
+            logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
+            return ()
+        deny_cache = self._limiter.deny_cache
+        if deny_cache is not None:
+            # a ban imposed or extended: what this worker remembers of the gate is stale (other
+            # workers learn it at their next call to Redis; until then they refuse anyway)
+            deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
+                               if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
+        new = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN)]
+        if new:
+            _record_bans(new)
+        return outcomes
+
+    def lift_ban(self, ban, actor):
+        """Lift ``ban`` (a Ban row) now: end it in Redis, record who lifted it (``actor``, an
+        audit Actor), and announce a new config version so no worker's deny cache keeps
+        refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
+        from ..config.ban_records import record_lift
+
+        rule = next((r for r in self._policies.get().ban_rules if r.id == ban.rule_id), None)
+        lifted = False
+        if rule is not None:
+            lifted = any(o.outcome == bans.LIFTED for o in self.bans.lift(ban.key, [rule]))
+        record_lift(ban, actor)
+        self._limiter.bump_config_version(parts=())  # no rows changed: the deny caches forget
+        return lifted
+
+
+def _record_bans(outcomes):
+    """Record the new bans (and would-be bans) among ``outcomes``: the Ban rows and the audit
+    trail; a real ban is also delivered to its webhooks and logged."""
+    # (the models and the webhooks: imported late, as a ban is rare)
+    from ..business.alerts.bans import deliver_ban
+    from ..config.ban_records import record_bans
+
+    for ban in record_bans(outcomes, shadow_outcome=bans.WOULD_BAN):
+        if not ban.shadow:
+            deliver_ban(ban)
+            logger.warning("ratelimit_app: %s banned %s until %s (ban %d within its memory)",
+                           ban.rule_name, ban.who, ban.until.isoformat(), ban.times)
+
+
+def _ignore(reply):
+    """A settle's reply nobody waits for (a counted response: its decision was counted)."""
