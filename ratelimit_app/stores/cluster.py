@@ -101,9 +101,11 @@ def parse_nodes(nodes):
 
 
 SLOTS = 16384
-# KEYS[1] = ARGV[2] if it holds ARGV[1]: a version key moved by nobody else meanwhile
-_SET_IF_EQUAL = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                 "return redis.call('SET', KEYS[1], ARGV[2]) end return false")
+# KEYS[1] = ARGV[2] if it holds ARGV[1] (a version key moved by nobody else meanwhile; a
+# missing key holds "0", as read_version says); returns what KEYS[1] holds then
+_SET_IF_EQUAL = ("local held = redis.call('GET', KEYS[1]) or '0' "
+                 "if held == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return ARGV[2] end "
+                 "return held")
 
 
 @functools.cache
@@ -392,8 +394,9 @@ class ClusterStore(Store):
 
     def finish_publication(self, version_key, expected, value):
         def finish(client):
-            client.eval(_SET_IF_EQUAL, 1, version_key, expected, value)
-            self._write_copies(client, version_key, client.get(version_key).decode())
+            held = client.eval(_SET_IF_EQUAL, 1, version_key, expected, value).decode()
+            if held != "0":  # no version at all: no copy to write
+                self._write_copies(client, version_key, held)
 
         self._call(finish)
 

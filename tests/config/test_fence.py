@@ -234,6 +234,27 @@ def test_a_slot_whose_copy_was_lost_is_repaired_and_debited_once(cluster, free_p
         other.close()
 
 
+def test_a_lost_version_key_is_set_forwards_from_the_rules_a_worker_holds(cluster, free_plan):
+    """A node restarted empty (or flushed) lost the version key and the client's slot's copy:
+    the fenced worker waits for a publication, then finishes it forwards with the version it
+    holds (its rows are the database's), and decides."""
+    other = worker()
+    try:
+        first = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+        held = other.snapshot().version
+        client_key = first.policies[0].key
+        copy = version_copy_key(VERSION_KEY, key_slot(client_key.encode()))
+        client = cluster.client()
+        client.delete(VERSION_KEY, copy)
+
+        second = other.decide(ip_request(), AnonymousUser(), "hello", now_ms=T0)
+        assert second.allowed and [p.remaining for p in second.policies] == [98]
+        assert client.get(VERSION_KEY).decode() == held
+        assert client.get(copy).decode() == held
+    finally:
+        other.close()
+
+
 def test_a_publication_under_way_is_never_repaired_backwards(cluster, free_plan):
     """A publication writes every slot's copy before the version key: a worker fenced by a
     copy newer than the version key compiles the new rows as that version, and writes
