@@ -28,6 +28,9 @@ _RECORD = struct.Struct("<iqqq")
 _SPEC = struct.Struct("<qqqqqq")
 # a calendar quota's: rule id, period start, N, next start, cost, mode, the start after next
 _CALENDAR_SPEC = struct.Struct("<qqqqqqq")
+# A ban's check: its gate record's id as take.lua stores record ids (take.lua's GATE is the
+# gate's capacity and cost, BanGateRule's one token of 1,000 units refilling 1 unit per ms)
+_BAN_CHECK = struct.Struct("<i")
 # take.lua's period_ms of a calendar quota's record (used units, period start, this)
 CALENDAR_RECORD = -1
 # added by take.lua to a calendar quota's level counted in the period after the one sent
@@ -240,9 +243,14 @@ class BanGate(CheckedBucket):
     """A caller's ban by one ban rule (protection/bans.py), checked in the decision's take.lua
     call: ``rule`` is the ban rule's BanGateRule (one token a second, capacity one), so its
     level counts in ms and is short exactly while the ban lasts; no record (no ban) reads as
-    full."""
+    full. Its spec is the gate record's id alone (take.lua knows the gate's numbers): the check
+    of a caller with no ban costs Redis a string search, not a bucket's arithmetic."""
 
     __slots__ = ()
+
+    def __init__(self, rule, key):
+        super().__init__(rule, key)
+        self.spec = _BAN_CHECK.pack(rule.id)
 
 
 class CredentialProof(Bucket):

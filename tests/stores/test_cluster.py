@@ -22,10 +22,11 @@ from django.core.checks import run_checks
 from django.test import Client, override_settings
 from redis.exceptions import ClusterCrossSlotError
 
-from ratelimit_app.decision.buckets import pack_value, read_state, unpack_value
+from ratelimit_app.decision.buckets import BanGate, pack_value, read_state, unpack_value
 from ratelimit_app.decision.engine import Decision, take_args
 from ratelimit_app.decision.keys import bucket_key, scope_token
 from ratelimit_app.metrics import WAIT_BATCH
+from ratelimit_app.protection.bans import BanGateRule, gate_record_id
 from ratelimit_app.runtime.limiter import Limiter
 from ratelimit_app.stores import StoreMisconfigured, StoreUnavailable
 from ratelimit_app.stores.base import reply_code
@@ -148,6 +149,27 @@ def test_one_group_short_refunds_every_other_group_exactly(cluster):
     allowed, statuses, _ = take(buckets)
     assert allowed
     assert [s.level_units for s in statuses] == [9 * MINUTE, 9 * MINUTE, 9 * MINUTE, 0]
+
+
+def test_a_ban_check_in_a_group_that_debited_is_refunded_with_it(cluster):
+    """A ban's check (no ban in force) rides in a group whose bucket was debited while another
+    group refused: the refund passes over the check (it debited nothing) and gives the bucket
+    back."""
+    use_fake_clock()
+    tokens = token_per_master(cluster)
+    user_bucket = make_bucket(minute_rule(10, scope="user"), token=tokens[0])
+    ban_check = BanGate(BanGateRule(id=gate_record_id(7), name="scrapers", scope="user"),
+                        user_bucket.key)
+    client_bucket = make_bucket(make_rule(rate=1, period_s=60, burst=1), token=tokens[2])
+    buckets = [user_bucket, ban_check, client_bucket]
+    assert take(buckets)[0]  # the client bucket now empty
+    before = unpack_value(stored(cluster, user_bucket.key))[1]
+
+    allowed, statuses, _ = take(buckets)
+
+    assert not allowed
+    assert unpack_value(stored(cluster, user_bucket.key))[1] == before
+    assert [s.short for s in statuses] == [False, False, True]
 
 
 def test_a_refund_never_goes_above_capacity(cluster):

@@ -6,7 +6,8 @@
 --             refund id of the decision
 -- ARGV[1]     how long the marker lives, in ms (longer than any retry of this refund)
 -- ARGV[2..]   one per bucket, exactly as take.lua got it: six little-endian int64, rule id,
---             period_ms, capacity, refill_per_ms, cost, mode (refill and mode unused here)
+--             period_ms, capacity, refill_per_ms, cost, mode (refill and mode unused here), or a
+--             ban's check (its gate record's id, an int32: never debited, so never refunded)
 --
 -- Idempotent: the first call sets the marker (SET NX) and adds the cost back; a retried call
 -- finds the marker and adds nothing. Never above capacity: a bucket refilled meanwhile stays
@@ -33,6 +34,7 @@
 -- Returns the buckets' levels after the call, in units of their period_ms.
 
 local HEADER, RECORD = 8, 28
+local GATE = 1000  -- a ban's gate (take.lua): capacity and cost in units, 1 unit per ms
 local CALENDAR, NEXT_PERIOD = -1, 4503599627370496
 local n = #KEYS - 1
 local first_call = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[1])
@@ -40,7 +42,11 @@ local values, changed, levels = {}, {}, {}
 
 for i = 1, n do
   local key = KEYS[i]
-  local rule, period, capacity, next_start, cost, mode = struct.unpack('<i8i8i8i8i8i8', ARGV[i + 1])
+  local spec = ARGV[i + 1]
+  if #spec == 4 then  -- take.lua's ban check (its gate record's id): as the gate it stands for
+    spec = struct.pack('<i8i8i8i8i8i8', (struct.unpack('<i4', spec)), GATE, GATE, 1, GATE, -1)
+  end
+  local rule, period, capacity, next_start, cost, mode = struct.unpack('<i8i8i8i8i8i8', spec)
   local level = capacity
   local value = ''
   if mode > 6 then

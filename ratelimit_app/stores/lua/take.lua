@@ -23,10 +23,14 @@
 --             A credit balance (mode 7 = enforce, 8 = shadow; buckets.CreditBalance) sends a
 --             calendar quota's seven (its allowance as N; a never-refilled balance's period
 --             starts at 0 and never ends); its key is its own (in the identity's {tag})
---             A ban (mode -1; buckets.BanGate, protection/bans.py) is a token bucket that
+--             A checked bucket (mode -1; buckets.CheckedBucket) is a token bucket that
 --             refuses while it holds less than its cost, like a gate, but never debited and,
 --             while it holds its cost, neither short nor debited: the common reply stays the
 --             short one. A credential's proof (below) does not let it pass.
+--             A ban's check (buckets.BanGate, protection/bans.py) sends only its gate
+--             record's id (one little-endian int32): a checked bucket of capacity and cost
+--             GATE units refilling 1 unit per ms, which ban.lua writes. The common case (no
+--             ban record in the key) costs a plain find, no unpack and no arithmetic.
 --             A credential's proof from a client address (mode 9; buckets.CredentialProof)
 --             sends six: 0, memory_ms, 0, 0, 0, 9; its key is its own string (in the
 --             address's {tag}) holding the last time the credential was used from there
@@ -104,6 +108,7 @@
 -- stores/redis.parse_take_reply reads all three.
 
 local SLACK_MS = 1000
+local GATE = 1000  -- a ban's gate: capacity and cost (units), refilling 1 unit per ms
 local CALENDAR, NEXT_PERIOD = -1, 4503599627370496  -- 2^52: above any level (2^50)
 local unpack_, pack, floor, ceil, find, sub, byte =
   struct.unpack, struct.pack, math.floor, math.ceil, string.find, string.sub, string.byte
@@ -142,216 +147,237 @@ local missing  -- credit balances without a value: the indices
 local proven  -- a credential proof (mode 9) earlier in this call holds a time
 local proofs  -- credential proofs to write: i -> their memory (ms)
 for i = 1, n do
-  local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
-  -- once its record is found: at = the offset of the fields after its id (for SETRANGE),
-  -- same = its period_ms (CALENDAR for a calendar record)
-  local level, stamp, expiry, alone, at, same, moved = capacity, now, 0, true
-  if mode == 9 then
-    -- a credential's proof from this address (period = its memory): see the header
-    -- (a test clock is not Redis's: the age is checked as well as the key's TTL)
-    local used_at = tonumber(stored[i])
-    proven = used_at ~= nil and now - used_at <= period
-    result[i + 2] = proven and 1 or 0
-    if not used_at or now - used_at > period / 2 then
-      proofs = proofs or {}
-      proofs[i] = period
-    end
-  elseif mode > 6 then
-    -- a credit balance: period = the allowance's period start, capacity = N, refill = the next
-    -- start
-    local value = stored[i]
-    if not value or #value ~= 40 then
-      missing = missing or {}
-      missing[#missing + 1] = i
-    else
-      local granted, spent, used, start, seq = unpack_('<i8i8i8i8i8', value)
-      local current = now >= refill and refill or period
-      if start ~= current then start, used = current, 0 end
-      local free = capacity - used
-      if free < 0 then free = 0 end
-      level = free + granted - spent
-      if level < cost then
-        every_debited = false
-        if mode == 7 then allowed = false end
-        result[i + 2] = level
-        short = short or {}
-        short[i] = true
-      else
-        -- past the allowance, the rest of the cost is prepaid units
-        local over, after = used - capacity, used + cost - capacity
-        if over < 0 then over = 0 end
-        if after < 0 then after = 0 end
-        result[i + 2] = level - cost
-        -- written in place like a bucket's record: the four fields after granted (which only
-        -- a top-up raises)
-        result[m + 1], result[m + 2] = keys[i], '8'
-        result[m + 3] = pack('<i8i8i8i8', spent + after - over, used + cost, start, seq + 1)
-        m = m + 3
+  local spec = argv[i + 2]
+  if #spec == 4 then
+    -- a ban's check (buckets.BanGate): its spec is its gate record's id, searched for as
+    -- is any record in a key of several; no record, or a full one, is no ban in force
+    local level, value = GATE, stored[i]
+    if value and #value % 28 == 8 then  -- (a value not ours holds no ban)
+      local a = find(value, spec, 9, true)
+      while a and (a - 9) % 28 ~= 0 do a = find(value, spec, a + 1, true) end
+      if a then
+        local banned, stamp = unpack_('<i8i8', value, a + 4)
+        if now > stamp then banned = banned + now - stamp end
+        if banned < GATE then
+          level, allowed, every_debited = banned, false, false
+          short = short or {}
+          short[i] = true
+        end
       end
     end
-  elseif mode > 4 then
-    -- a concurrency limit (its own sorted-set key, which MGET read as nil): period = the
-    -- timeout, capacity = N, refill = the slot id; slots past their deadline are dropped first
-    local key = keys[i]
-    call('ZREMRANGEBYSCORE', key, '-inf', now)
-    level = capacity - call('ZCARD', key)
-    if level < 1 then
-      if level < 0 then level = 0 end  -- N was lowered below the slots taken
-      every_debited = false
-      if mode == 5 then allowed = false end
-      result[i + 2] = level
-      short = short or {}
-      short[i] = true
-    else
-      result[i + 2] = level - 1
-      slots = slots or {}
-      slots[i] = now + period
-    end
+    result[i + 2] = level
   else
-    local value = stored[i]
-    if value then
-      -- the bucket's record: a key of one record is read with one unpack; in a key of
-      -- several, a plain find of the id's 4 bytes (the low ones of the spec's first int64),
-      -- skipping a match that is not at a record's start
-      local size = #value
-      if size == 36 then
-        local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
-        expiry = e
-        if id == rule then
-          at, level, stamp, same = '12', l, s, p
+    local rule, period, capacity, refill, cost, mode = unpack_('<i8i8i8i8i8i8', spec)
+    -- once its record is found: at = the offset of the fields after its id (for SETRANGE),
+    -- same = its period_ms (CALENDAR for a calendar record)
+    local level, stamp, expiry, alone, at, same, moved = capacity, now, 0, true
+    if mode == 9 then
+      -- a credential's proof from this address (period = its memory): see the header
+      -- (a test clock is not Redis's: the age is checked as well as the key's TTL)
+      local used_at = tonumber(stored[i])
+      proven = used_at ~= nil and now - used_at <= period
+      result[i + 2] = proven and 1 or 0
+      if not used_at or now - used_at > period / 2 then
+        proofs = proofs or {}
+        proofs[i] = period
+      end
+    elseif mode > 6 then
+      -- a credit balance: period = the allowance's period start, capacity = N, refill = the next
+      -- start
+      local value = stored[i]
+      if not value or #value ~= 40 then
+        missing = missing or {}
+        missing[#missing + 1] = i
+      else
+        local granted, spent, used, start, seq = unpack_('<i8i8i8i8i8', value)
+        local current = now >= refill and refill or period
+        if start ~= current then start, used = current, 0 end
+        local free = capacity - used
+        if free < 0 then free = 0 end
+        level = free + granted - spent
+        if level < cost then
+          every_debited = false
+          if mode == 7 then allowed = false end
+          result[i + 2] = level
+          short = short or {}
+          short[i] = true
         else
-          alone = false  -- the key holds another rule's bucket: keep it
-        end
-      elseif size > 36 and (size - 8) % 28 == 0 then
-        alone = false
-        local needle = sub(argv[i + 2], 1, 4)
-        local a = find(value, needle, 9, true)
-        while a and (a - 9) % 28 ~= 0 do a = find(value, needle, a + 1, true) end
-        if a then
-          level, stamp, same = unpack_('<i8i8i8', value, a + 4)
-          expiry = unpack_('<i8', value)
-          -- the offset as a string constant for the first records (see Cost)
-          if a == 9 then at = '12' elseif a == 37 then at = '40' elseif a == 65 then at = '68'
-          elseif a == 93 then at = '96' elseif a == 121 then at = '124'
-          elseif a == 149 then at = '152' elseif a == 177 then at = '180' else at = a + 3 end
+          -- past the allowance, the rest of the cost is prepaid units
+          local over, after = used - capacity, used + cost - capacity
+          if over < 0 then over = 0 end
+          if after < 0 then after = 0 end
+          result[i + 2] = level - cost
+          -- written in place like a bucket's record: the four fields after granted (which only
+          -- a top-up raises)
+          result[m + 1], result[m + 2] = keys[i], '8'
+          result[m + 3] = pack('<i8i8i8i8', spent + after - over, used + cost, start, seq + 1)
+          m = m + 3
         end
       end
-    end
-    if mode > 2 then
-      -- a calendar quota: period = the period's start, capacity = N, refill = the next start;
-      -- its record: used, start (in level, stamp), CALENDAR (in same)
-      local start, ends, used = period, refill, 0
-      if now >= refill then
-        start, ends = refill, unpack_('<i8', argv[i + 2], 49)
-        next_period = next_period or {}
-        next_period[i] = true
-      end
-      if at and same == CALENDAR and stamp == start then used = level end
-      same = same == CALENDAR and stamp == start
-      level = capacity - used
-      if level < 0 then level = 0 end  -- N was lowered below what this period used
-      if level < cost then
+    elseif mode > 4 then
+      -- a concurrency limit (its own sorted-set key, which MGET read as nil): period = the
+      -- timeout, capacity = N, refill = the slot id; slots past their deadline are dropped first
+      local key = keys[i]
+      call('ZREMRANGEBYSCORE', key, '-inf', now)
+      level = capacity - call('ZCARD', key)
+      if level < 1 then
+        if level < 0 then level = 0 end  -- N was lowered below the slots taken
         every_debited = false
-        if mode == 3 then allowed = false end
+        if mode == 5 then allowed = false end
         result[i + 2] = level
         short = short or {}
         short[i] = true
       else
-        level, used = level - cost, used + cost
-        result[i + 2] = level
-        if at and ends <= expiry then
-          -- its record found, and the key lives long enough: overwrite it in place
-          result[m + 1], result[m + 2] = keys[i], at
-          result[m + 3] = same and pack('<i8', used) or pack('<i8i8i8', used, start, CALENDAR)
-          m = m + 3
-        else
-          if alone then  -- unless another bucket of this call shares the key
-            local key = keys[i]
-            for j = 1, n do
-              if keys[j] == key and j ~= i then alone = false; break end
-            end
-          end
-          if alone then
-            local px = false
-            if ends > expiry then expiry = ends + SLACK_MS; px = expiry - now end
-            whole = whole or {}
-            whole[i] = {pack('<i8i4i8i8i8', expiry, rule, used, start, CALENDAR), px}
-          else
-            records = records or {}
-            records[i] = {rule, used, start, CALENDAR, ends}
-          end
-        end
+        result[i + 2] = level - 1
+        slots = slots or {}
+        slots[i] = now + period
       end
     else
-      if at then
-        if same ~= period then  -- the period changed: rescale to the new unit
-          level = same > 0 and floor(level * period / same) or capacity
-        end
-        if now > stamp then level, stamp, moved = level + (now - stamp) * refill, now, true end
-        if level > capacity then level = capacity end
-      end
-      if level < cost and not (proven and mode == 2) then
-        every_debited = false
-        if mode ~= 0 then allowed = false end
-        result[i + 2] = level
-        short = short or {}
-        short[i] = true
-      elseif mode == 2 then
-        every_debited = false
-        -- a gate a proven credential passes is shown holding the cost (it is not its limit)
-        result[i + 2] = level < cost and cost or level
-        short = short or {}
-        short[i] = true
-      elseif mode < 0 then
-        result[i + 2] = level  -- no ban in force: checked, nothing to write
-      else
-        level = level - cost
-        result[i + 2] = level
-        -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
-        -- now): later than the expiry the key holds exactly when this holds
-        local rearm = capacity - level > (expiry - stamp) * refill
-        if at and not rearm then
-          -- its record found, and the key lives long enough: overwrite in place the record's
-          -- level, and its stamp if it moved (several calls per ms do not move it), and its
-          -- period if it changed
-          result[m + 1], result[m + 2] = keys[i], at
-          result[m + 3] = same ~= period and pack('<i8i8i8', level, stamp, period) or
-                           moved and pack('<i8i8', level, stamp) or pack('<i8', level)
-          m = m + 3
-        else
-          if alone then  -- unless another bucket of this call shares the key
-            local key = keys[i]
-            for j = 1, n do
-              if keys[j] == key and j ~= i then alone = false; break end
-            end
-          end
-          if alone then
-            -- a key of its own (absent, not ours, or its record to re-arm)
-            local px = false
-            if rearm then
-              expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
-              px = expiry > now and expiry - now or 1
-            end
-            whole = whole or {}
-            whole[i] = {pack('<i8i4i8i8i8', expiry, rule, level, stamp, period), px}
+      local value = stored[i]
+      if value then
+        -- the bucket's record: a key of one record is read with one unpack; in a key of
+        -- several, a plain find of the id's 4 bytes (the low ones of the spec's first int64),
+        -- skipping a match that is not at a record's start
+        local size = #value
+        if size == 36 then
+          local e, id, l, s, p = unpack_('<i8i4i8i8i8', value)
+          expiry = e
+          if id == rule then
+            at, level, stamp, same = '12', l, s, p
           else
-            records = records or {}
-            records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
+            alone = false  -- the key holds another rule's bucket: keep it
+          end
+        elseif size > 36 and (size - 8) % 28 == 0 then
+          alone = false
+          local needle = sub(argv[i + 2], 1, 4)
+          local a = find(value, needle, 9, true)
+          while a and (a - 9) % 28 ~= 0 do a = find(value, needle, a + 1, true) end
+          if a then
+            level, stamp, same = unpack_('<i8i8i8', value, a + 4)
+            expiry = unpack_('<i8', value)
+            -- the offset as a string constant for the first records (see Cost)
+            if a == 9 then at = '12' elseif a == 37 then at = '40' elseif a == 65 then at = '68'
+            elseif a == 93 then at = '96' elseif a == 121 then at = '124'
+            elseif a == 149 then at = '152' elseif a == 177 then at = '180' else at = a + 3 end
           end
         end
       end
-    end
-    if at and records and records[i] then
-      -- its record in the key written whole: drop an in-place write of the same record that
-      -- an earlier bucket queued (one rule twice in a call: the later bucket's record wins)
-      local key, j = keys[i], n + 5
-      while j <= m do
-        if result[j - 2] == key and result[j - 1] == at then
-          result[j - 2], result[j - 1], result[j] = result[m - 2], result[m - 1], result[m]
-          result[m - 2], result[m - 1], result[m] = nil, nil, nil
-          m = m - 3
+      if mode > 2 then
+        -- a calendar quota: period = the period's start, capacity = N, refill = the next start;
+        -- its record: used, start (in level, stamp), CALENDAR (in same)
+        local start, ends, used = period, refill, 0
+        if now >= refill then
+          start, ends = refill, unpack_('<i8', argv[i + 2], 49)
+          next_period = next_period or {}
+          next_period[i] = true
+        end
+        if at and same == CALENDAR and stamp == start then used = level end
+        same = same == CALENDAR and stamp == start
+        level = capacity - used
+        if level < 0 then level = 0 end  -- N was lowered below what this period used
+        if level < cost then
+          every_debited = false
+          if mode == 3 then allowed = false end
+          result[i + 2] = level
+          short = short or {}
+          short[i] = true
         else
-          j = j + 3
+          level, used = level - cost, used + cost
+          result[i + 2] = level
+          if at and ends <= expiry then
+            -- its record found, and the key lives long enough: overwrite it in place
+            result[m + 1], result[m + 2] = keys[i], at
+            result[m + 3] = same and pack('<i8', used) or pack('<i8i8i8', used, start, CALENDAR)
+            m = m + 3
+          else
+            if alone then  -- unless another bucket of this call shares the key
+              local key = keys[i]
+              for j = 1, n do
+                if keys[j] == key and j ~= i then alone = false; break end
+              end
+            end
+            if alone then
+              local px = false
+              if ends > expiry then expiry = ends + SLACK_MS; px = expiry - now end
+              whole = whole or {}
+              whole[i] = {pack('<i8i4i8i8i8', expiry, rule, used, start, CALENDAR), px}
+            else
+              records = records or {}
+              records[i] = {rule, used, start, CALENDAR, ends}
+            end
+          end
+        end
+      else
+        if at then
+          if same ~= period then  -- the period changed: rescale to the new unit
+            level = same > 0 and floor(level * period / same) or capacity
+          end
+          if now > stamp then level, stamp, moved = level + (now - stamp) * refill, now, true end
+          if level > capacity then level = capacity end
+        end
+        if level < cost and not (proven and mode == 2) then
+          every_debited = false
+          if mode ~= 0 then allowed = false end
+          result[i + 2] = level
+          short = short or {}
+          short[i] = true
+        elseif mode == 2 then
+          every_debited = false
+          -- a gate a proven credential passes is shown holding the cost (it is not its limit)
+          result[i + 2] = level < cost and cost or level
+          short = short or {}
+          short[i] = true
+        elseif mode < 0 then
+          result[i + 2] = level  -- no ban in force: checked, nothing to write
+        else
+          level = level - cost
+          result[i + 2] = level
+          -- full again at stamp + ceil((capacity - level) / refill) (the stamp may be ahead of
+          -- now): later than the expiry the key holds exactly when this holds
+          local rearm = capacity - level > (expiry - stamp) * refill
+          if at and not rearm then
+            -- its record found, and the key lives long enough: overwrite in place the record's
+            -- level, and its stamp if it moved (several calls per ms do not move it), and its
+            -- period if it changed
+            result[m + 1], result[m + 2] = keys[i], at
+            result[m + 3] = same ~= period and pack('<i8i8i8', level, stamp, period) or
+                             moved and pack('<i8i8', level, stamp) or pack('<i8', level)
+            m = m + 3
+          else
+            if alone then  -- unless another bucket of this call shares the key
+              local key = keys[i]
+              for j = 1, n do
+                if keys[j] == key and j ~= i then alone = false; break end
+              end
+            end
+            if alone then
+              -- a key of its own (absent, not ours, or its record to re-arm)
+              local px = false
+              if rearm then
+                expiry = stamp + ceil((capacity - level) / refill) + SLACK_MS
+                px = expiry > now and expiry - now or 1
+              end
+              whole = whole or {}
+              whole[i] = {pack('<i8i4i8i8i8', expiry, rule, level, stamp, period), px}
+            else
+              records = records or {}
+              records[i] = {rule, level, stamp, period, stamp + ceil((capacity - level) / refill)}
+            end
+          end
+        end
+      end
+      if at and records and records[i] then
+        -- its record in the key written whole: drop an in-place write of the same record that
+        -- an earlier bucket queued (one rule twice in a call: the later bucket's record wins)
+        local key, j = keys[i], n + 5
+        while j <= m do
+          if result[j - 2] == key and result[j - 1] == at then
+            result[j - 2], result[j - 1], result[j] = result[m - 2], result[m - 1], result[m]
+            result[m - 2], result[m - 1], result[m] = nil, nil, nil
+            m = m - 3
+          else
+            j = j + 3
+          end
         end
       end
     end
@@ -436,16 +462,18 @@ end
 -- the full reply: levels before any debit that did not happen, and each bucket's status
 local reply = {allowed and 1 or 0, result[2]}
 for i = 1, n do
-  local level, status = result[i + 2], 0
-  if not (short and short[i]) then  -- held its cost: debited, or its level shown as if debited
+  local level, status, spec = result[i + 2], 0, argv[i + 2]
+  if #spec == 4 then  -- a ban's check: short while the ban is in force, never debited
+    if short and short[i] then status = -1 elseif allowed and debit then status = 1 end
+  elseif not (short and short[i]) then  -- held its cost: debited, or shown as if debited
     if allowed and debit then
       status = 1
     else
-      local _, _, _, _, cost, mode = unpack_('<i8i8i8i8i8i8', argv[i + 2])
-      if mode >= 0 then level = level + cost end  -- (a ban's level is never debited)
+      local _, _, _, _, cost, mode = unpack_('<i8i8i8i8i8i8', spec)
+      if mode >= 0 then level = level + cost end  -- (a checked level is never debited)
     end
   else
-    local _, _, _, _, cost = unpack_('<i8i8i8i8i8', argv[i + 2])
+    local _, _, _, _, cost = unpack_('<i8i8i8i8i8', spec)
     if level < cost then status = -1 end
   end
   reply[2 * i + 1], reply[2 * i + 2] = level, status
