@@ -10,7 +10,8 @@ These promises keep a project's existing staff and links working:
 
 - Permissions are the app model's (``ratelimit_app.view_creditaccount``): ``GroupPlacedAdmin``
   asks each permission of the same admin class registered on the app's model.
-- Django's history page of an object lists its changes from before the move too.
+- Django's history page of an object lists its changes from before the move too, and those
+  made while its page was in another group (the allow and deny lists were under Callers).
 - The old addresses answer: ``MovedAdmin``, hidden from the index, is registered on the app's
   model and sends each of its paths to the same path under the group (308: a POST is sent again
   with its body), and keeps its URL names (``admin:ratelimit_app_creditaccount_change``)

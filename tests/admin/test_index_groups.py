@@ -404,6 +404,56 @@ def test_without_the_group_apps_everything_is_in_one_section_and_w007_says_so():
            '"ratelimit_app.groups.protection"' in hint
 
 
+PAGES_WITHOUT_GROUPS = """
+import json
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+setup_test_environment()
+connection.creation.create_test_db(verbosity=0)  # an in-memory SQLite test database
+client = Client()
+client.force_login(get_user_model().objects.create_superuser("admin"))
+paths = ["/admin/ratelimit_app/banrule/", "/admin/ratelimit_app/banrule/add/",
+         "/admin/ratelimit_app/ban/", "/admin/ratelimit_app/accesslistentry/",
+         "/admin/ratelimit_app/accesslistentry/add/", "/admin/ratelimit_protection/ban/"]
+print(json.dumps({path: client.get(path).status_code for path in paths}))
+"""
+
+
+def test_without_the_group_apps_the_protection_pages_work_under_ratelimit_app():
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.admin.settings_without_groups",
+           "SQLITE_PATH": ":memory:"}
+    env.pop("POSTGRES_DB", None)  # SQLite: its test database may not clash with the suite's
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", PAGES_WITHOUT_GROUPS],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "/admin/ratelimit_app/banrule/": 200, "/admin/ratelimit_app/banrule/add/": 200,
+        "/admin/ratelimit_app/ban/": 200, "/admin/ratelimit_app/accesslistentry/": 200,
+        "/admin/ratelimit_app/accesslistentry/add/": 200,
+        "/admin/ratelimit_protection/ban/": 404}  # no such section without the group
+
+
+def test_a_lists_history_keeps_the_changes_logged_while_it_was_under_callers(
+        admin_client, admin_user):
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    entry = deny_entry()
+    # the Callers group's proxy, before the lists moved to Protection (its content type stays)
+    under_callers, _ = ContentType.objects.get_or_create(app_label="ratelimit_callers",
+                                                         model="accesslistentry")
+    LogEntry.objects.create(
+        user=admin_user, content_type=under_callers, object_id=str(entry.pk),
+        object_repr=str(entry), action_flag=CHANGE,
+        change_message="Changed the reason under Callers.")
+    history = admin_client.get(
+        f"/admin/ratelimit_protection/accesslistentry/{entry.pk}/history/").content.decode()
+    assert "Changed the reason under Callers." in history
+
+
 def test_an_objects_history_keeps_the_changes_logged_before_its_group_was_installed(
         admin_client, admin_user):
     from django.contrib.admin.models import CHANGE, LogEntry
