@@ -170,6 +170,7 @@ def test_protection_holds_the_penalty_box_and_the_lists_and_leads_their_breadcru
     page = admin_client.get("/admin/ratelimit_protection/").content.decode()
     assert rate_limit_sections(page) == {
         "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"]}
+    assert "ratelimit_app/admin.css" in page  # the app's accessibility styles, as on each group's
     rule, ban = ban_rule_and_ban()
     entry = deny_entry()
     for path in (f"/admin/ratelimit_protection/banrule/{rule.pk}/change/",
