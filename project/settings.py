@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "ratelimit_app.groups.billing",
     "ratelimit_app.groups.alerts",
     "ratelimit_app.groups.monitoring",
+    "ratelimit_app.groups.protection",
     "project.demo",
 ]
 

@@ -1,13 +1,17 @@
 """The penalty box's admin: ban rules, and the bans they imposed (lifted from here)."""
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from ..config.audit import Actor
-from ..config.models import AuditSource
+from ..config.models import AuditSource, BanRule
 from ..runtime.limiter import default_limiter
 from ..stores import StoreUnavailable
 from .list_cells import moment
+from .placement import admin_url_name
 
 __all__ = ["BanRuleAdmin", "BanAdmin"]
 
@@ -34,12 +38,22 @@ class BanAdmin(admin.ModelAdmin):
     list_filter = ["shadow", "rule_name", "scope"]
     search_fields = ["who", "rule_name"]
     actions = ["lift_bans"]
-    readonly_fields = ["rule", "rule_name", "scope", "who", "since", "until", "times", "shadow",
-                       "lifted_at", "lifted_by"]
-    exclude = ["key"]
+    readonly_fields = ["rule_link", "rule_name", "scope", "who", "since", "until", "times",
+                       "shadow", "lifted_at", "lifted_by"]
+    exclude = ["key", "rule"]  # the rule is shown as rule_link
 
     def has_add_permission(self, request):
         return False  # bans are imposed by the penalty box
+
+    @admin.display(description="rule")
+    def rule_link(self, ban):
+        """The ban rule, linked where its page is: Django's own link of a read-only foreign key
+        names the app's model, whose old address only redirects once Protection holds it."""
+        if ban.rule_id is None:
+            return None  # deleted (the admin's empty value); rule_name still names it
+        url = reverse(admin_url_name(BanRule, "change", self.admin_site),
+                      args=[quote(ban.rule_id)])
+        return format_html('<a href="{}">{}</a>', url, ban.rule)
 
     @admin.display(description="since", ordering="since")
     def since_cell(self, ban):

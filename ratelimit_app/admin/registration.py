@@ -1,16 +1,17 @@
 """Where each model admin is registered: on the app's model, or on its group's proxy.
 
 Django's admin index makes one section per app label. The optional group apps
-(``ratelimit_app/groups/``: Callers, Billing, Alerts, Monitoring) each hold proxies of some of
-the app's models; when one is installed, the model's admin is registered on the proxy, so its
-pages live under the group (``/admin/ratelimit_billing/creditaccount/``), and the index, the
-sidebar and the breadcrumbs name the group. The admin classes are the same either way.
+(``ratelimit_app/groups/``: Callers, Billing, Alerts, Monitoring, Protection) each hold proxies
+of some of the app's models; when one is installed, the model's admin is registered on the
+proxy, so its pages live under the group (``/admin/ratelimit_billing/creditaccount/``), and the
+index, the sidebar and the breadcrumbs name the group. The admin classes are the same either way.
 
 These promises keep a project's existing staff and links working:
 
 - Permissions are the app model's (``ratelimit_app.view_creditaccount``): ``GroupPlacedAdmin``
   asks each permission of the same admin class registered on the app's model.
-- Django's history page of an object lists its changes from before the move too.
+- Django's history page of an object lists its changes from before the move too, and those
+  made while its page was in another group (the allow and deny lists were under Callers).
 - The old addresses answer: ``MovedAdmin``, hidden from the index, is registered on the app's
   model and sends each of its paths to the same path under the group (308: a POST is sent again
   with its body), and keeps its URL names (``admin:ratelimit_app_creditaccount_change``)
@@ -140,16 +141,24 @@ class GroupPlacedAdmin:
         context = getattr(response, "context_data", None)
         if not context or "action_list" not in context:  # no such object: a redirect
             return response
-        types = ContentType.objects.get_for_models(
-            self.model, self.concrete_opts.model, for_concrete_models=False).values()
         entries = LogEntry.objects.filter(
-            object_id=unquote(object_id), content_type__in=types,
+            object_id=unquote(object_id), content_type__in=self._logged_types(),
         ).select_related("user", "content_type")
         paginator = self.get_paginator(request, entries.order_by("action_time"), 100)
         page = paginator.get_page(request.GET.get(PAGE_VAR, 1))
         context.update(action_list=page, page_range=paginator.get_elided_page_range(page.number),
                        pagination_required=paginator.count > 100)
         return response
+
+    def _logged_types(self):
+        """The content types the admin logged this model's changes under: the app model's,
+        and every group's proxy of it, this one's and a group that held it before (the allow
+        and deny lists moved from Callers to Protection; their old proxy's rows stay)."""
+        labels = {self.concrete_opts.app_label} | {
+            app_config.label for app_config in apps.get_app_configs()
+            if app_config.name.startswith(GROUPS_PACKAGE + ".")}
+        return ContentType.objects.filter(app_label__in=labels,
+                                          model=self.concrete_opts.model_name)
 
     def get_urls(self):
         # The admin classes name their own extra views after the app's label

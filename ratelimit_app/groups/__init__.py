@@ -1,4 +1,5 @@
-"""Optional apps that group the app's admin index by task: Callers, Billing, Alerts, Monitoring.
+"""Optional apps that group the app's admin index by task: Callers, Billing, Alerts, Monitoring,
+Protection.
 
 Django's admin index makes one section per app label, so a section of its own needs an app of
 its own. Each app here holds PROXY models of ``ratelimit_app``'s models (``proxy=True``: no
@@ -8,7 +9,8 @@ keeps the quotas (plans, rules, endpoint costs). Installed after ``"ratelimit_ap
 
     INSTALLED_APPS = [..., "ratelimit_app",
                       "ratelimit_app.groups.callers", "ratelimit_app.groups.billing",
-                      "ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring"]
+                      "ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring",
+                      "ratelimit_app.groups.protection"]
 
 Without them every page is under one section, as before (``ratelimit_app.W007`` says so).
 Layer: the top one; it imports ``ratelimit_app.models`` and nothing imports it (the admin finds
@@ -23,7 +25,7 @@ __all__ = ["GroupConfig", "proxy_meta"]
 class GroupConfig(AppConfig):
     """The AppConfig of a group: its label names the admin's URLs (``/admin/<label>/…``), its
     verbose name the index section ("Rate limits · Billing"). Every group's name starts with
-    "Rate limits · " so the five sections sort together in the index and the sidebar."""
+    "Rate limits · " so the six sections sort together in the index and the sidebar."""
 
     default_auto_field = "django.db.models.BigAutoField"
 

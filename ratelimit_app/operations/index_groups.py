@@ -16,6 +16,7 @@ GROUP_APPS = (
     "ratelimit_app.groups.billing",
     "ratelimit_app.groups.alerts",
     "ratelimit_app.groups.monitoring",
+    "ratelimit_app.groups.protection",
 )
 
 

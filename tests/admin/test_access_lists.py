@@ -1,4 +1,4 @@
-"""The allow and deny lists' admin (admin/access_lists.py): under Callers, a form that refuses
+"""The allow and deny lists' admin (admin/access_lists.py): under Protection, a form that refuses
 what cannot be matched with words to act on, normalises what it keeps, a list in words, each
 change audited as the signed-in user."""
 
@@ -7,10 +7,12 @@ from django.contrib.auth.models import User
 
 from ratelimit_app.models import AccessListEntry, ApiKey, AuditEntry, AuditSource
 
+from .test_index_groups import rate_limit_sections
+
 pytestmark = pytest.mark.django_db
 
-ADD = "/admin/ratelimit_callers/accesslistentry/add/"
-LIST = "/admin/ratelimit_callers/accesslistentry/"
+ADD = "/admin/ratelimit_protection/accesslistentry/add/"
+LIST = "/admin/ratelimit_protection/accesslistentry/"
 
 
 def entry_post(**fields):
@@ -74,9 +76,16 @@ def test_a_saved_entry_is_normalised_listed_in_words_and_audited(admin_client):
     assert audited.first().actor == "admin"
 
 
-def test_the_lists_are_in_the_callers_section_of_the_index(admin_client):
+def test_the_lists_are_in_the_protection_section_of_the_index(admin_client):
+    sections = rate_limit_sections(admin_client.get("/admin/").content.decode())
+    assert "Allow and deny lists" in sections["Rate limits · Protection"]
+    assert "Allow and deny lists" not in sections["Rate limits · Callers"]
     html = admin_client.get("/admin/").content.decode()
-    assert 'href="/admin/ratelimit_callers/accesslistentry/"' in html
-    assert "Allow and deny lists" in html
-    moved = admin_client.get("/admin/ratelimit_app/accesslistentry/")
-    assert moved.status_code == 308 and moved["Location"] == LIST
+    assert 'href="/admin/ratelimit_protection/accesslistentry/"' in html
+    assert "/admin/ratelimit_callers/accesslistentry/" not in html
+    moved = admin_client.get("/admin/ratelimit_app/accesslistentry/?q=abuse")
+    assert moved.status_code == 308 and moved["Location"] == LIST + "?q=abuse"
+    moved = admin_client.post("/admin/ratelimit_app/accesslistentry/add/",
+                              entry_post(value="192.0.2.1"), follow=True)
+    assert moved.redirect_chain[0] == (ADD, 308)  # sent again with its body: the entry is saved
+    assert AccessListEntry.objects.get().value == "192.0.2.1"

@@ -1,8 +1,9 @@
 """The admin index by task (ratelimit_app/groups/, admin/registration.py, admin/placement.py):
-five sections in the stock index, each page under its group with the app model's permissions,
+six sections in the stock index, each page under its group with the app model's permissions,
 the old addresses redirected (308), the app's own links going straight to the new ones, and,
 in a project without the group apps, one section and the W007 warning."""
 
+import datetime
 import json
 import os
 import re
@@ -17,12 +18,16 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from ratelimit_app.admin.placement import admin_url_name, placed_model
 from ratelimit_app.admin.registration import ADMIN_CLASSES
 from ratelimit_app.models import (
+    AccessListEntry,
     ApiKey,
     AuditEntry,
+    Ban,
+    BanRule,
     CreditAccount,
     CreditTopUp,
     IdentityOverride,
@@ -38,12 +43,12 @@ pytestmark = pytest.mark.django_db(transaction=True)  # real commits: saves anno
 ROOT = Path(__file__).resolve().parents[2]
 
 GROUPED_INDEX = {
-    "Rate limits": ["Ban rules", "Bans", "Endpoint costs", "Plans", "Rules"],
+    "Rate limits": ["Endpoint costs", "Plans", "Rules"],
     "Rate limits · Alerts": ["Quota alerts", "Webhook deliveries", "Webhook endpoints"],
     "Rate limits · Billing": ["Credit accounts", "Credit top-ups", "Usage records"],
-    "Rate limits · Callers": ["API keys", "Allow and deny lists", "Identity overrides",
-                              "Plan assignments"],
+    "Rate limits · Callers": ["API keys", "Identity overrides", "Plan assignments"],
     "Rate limits · Monitoring": ["Audit entries", "Dashboard", "Simulator"],
+    "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"],
 }
 MOST_ENTRIES_PER_GROUP = 8
 
@@ -96,22 +101,41 @@ def staff_with(*codenames):
     return client
 
 
-def test_the_index_shows_five_groups_of_at_most_eight_entries(admin_client):
+def ban_rule_and_ban():
+    """A ban rule and a ban it imposed (rows only: no Redis key behind the ban)."""
+    rule = BanRule.objects.create(name="scrapers", scope="ip", events="statuses", statuses="404",
+                                  threshold=3, window_s=60, ban_s=600)
+    now = timezone.now()
+    ban = Ban.objects.create(rule=rule, rule_name=rule.name, scope="ip", who="203.0.113.77",
+                             key="rl:{ban:ip:203.0.113.77}", since=now,
+                             until=now + datetime.timedelta(seconds=600))
+    return rule, ban
+
+
+def deny_entry():
+    return AccessListEntry.objects.create(kind="deny", target="ip", value="192.0.2.0/24",
+                                          reason="abuse from this network")
+
+
+def test_the_index_shows_six_groups_of_at_most_eight_entries(admin_client):
     response = admin_client.get(reverse("admin:index"))
     sections = IndexSections(response.content.decode()).sections
     grouped = {name: entries for name, entries in sections.items()
                if name.startswith("Rate limits")}
     assert {name: [entry for entry, _ in entries] for name, entries in grouped.items()} \
         == GROUPED_INDEX
-    # the stock index sorts sections by name: the five stay together, the quotas first
+    # the stock index sorts sections by name: the six stay together, the quotas first
     names = list(sections)
     first = names.index("Rate limits")
-    assert names[first:first + 5] == list(GROUPED_INDEX)
+    assert names[first:first + len(GROUPED_INDEX)] == list(GROUPED_INDEX)
     assert max(len(entries) for entries in grouped.values()) <= MOST_ENTRIES_PER_GROUP
     hrefs = dict(entry for entries in grouped.values() for entry in entries)
     assert hrefs["Credit accounts"] == "/admin/ratelimit_billing/creditaccount/"
     assert hrefs["Simulator"] == "/admin/ratelimit_monitoring/simulator/"
     assert hrefs["Rules"] == "/admin/ratelimit_app/rule/"
+    assert hrefs["Ban rules"] == "/admin/ratelimit_protection/banrule/"
+    assert hrefs["Bans"] == "/admin/ratelimit_protection/ban/"
+    assert hrefs["Allow and deny lists"] == "/admin/ratelimit_protection/accesslistentry/"
     for href in hrefs.values():  # every entry opens
         assert admin_client.get(href).status_code == 200, href
 
@@ -139,6 +163,45 @@ def test_staff_with_only_the_app_models_view_permission_see_and_open_credit_acco
     page = client.get(f"/admin/ratelimit_billing/creditaccount/{account.pk}/change/")
     assert page.status_code == 200 and "Top up" not in page.content.decode()  # no add_credittopup
     assert client.get("/admin/ratelimit_billing/credittopup/").status_code == 403
+
+
+def test_protection_holds_the_penalty_box_and_the_lists_and_leads_their_breadcrumbs(
+        admin_client):
+    page = admin_client.get("/admin/ratelimit_protection/").content.decode()
+    assert rate_limit_sections(page) == {
+        "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"]}
+    assert "ratelimit_app/admin.css" in page  # the app's accessibility styles, as on each group's
+    rule, ban = ban_rule_and_ban()
+    entry = deny_entry()
+    for path in (f"/admin/ratelimit_protection/banrule/{rule.pk}/change/",
+                 f"/admin/ratelimit_protection/ban/{ban.pk}/change/",
+                 f"/admin/ratelimit_protection/accesslistentry/{entry.pk}/change/"):
+        html = admin_client.get(path).content.decode()
+        assert '<a href="/admin/ratelimit_protection/">Rate limits · Protection</a>' in html, path
+
+
+def test_staff_with_only_the_app_models_permissions_see_and_use_the_protection_pages():
+    rule, ban = ban_rule_and_ban()
+    deny_entry()
+    client = staff_with("view_banrule", "view_ban", "view_accesslistentry")
+    index = client.get(reverse("admin:index")).content.decode()
+    assert rate_limit_sections(index) == {
+        "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"]}
+    for path, shown in (("/admin/ratelimit_protection/banrule/", "scrapers"),
+                        ("/admin/ratelimit_protection/ban/", "203.0.113.77"),
+                        ("/admin/ratelimit_protection/accesslistentry/",
+                         "abuse from this network")):
+        listed = client.get(path)
+        assert listed.status_code == 200 and shown in listed.content.decode(), path
+    assert client.get(f"/admin/ratelimit_protection/ban/{ban.pk}/change/").status_code == 200
+    assert client.get("/admin/ratelimit_protection/banrule/add/").status_code == 403
+    assert client.get("/admin/ratelimit_protection/accesslistentry/add/").status_code == 403
+    bans = client.get("/admin/ratelimit_protection/ban/").content.decode()
+    assert "Lift the selected bans" not in bans  # the action asks ratelimit_app.lift_ban
+    get_user_model().objects.get(username="operator").user_permissions.add(
+        Permission.objects.get(content_type__app_label="ratelimit_app", codename="lift_ban"))
+    bans = client.get("/admin/ratelimit_protection/ban/").content.decode()
+    assert "Lift the selected bans" in bans
 
 
 def test_every_placed_admin_answers_permissions_as_on_the_app_model(admin_user):
@@ -181,6 +244,34 @@ def test_an_old_address_answers_308_to_the_same_path_and_query_under_the_group(a
     followed = admin_client.get("/admin/ratelimit_app/creditaccount/?q=acme", follow=True)
     assert followed.redirect_chain == [("/admin/ratelimit_billing/creditaccount/?q=acme", 308)]
     assert "tenant acme" in followed.content.decode()
+
+
+def test_the_protection_pages_old_addresses_answer_308_under_protection(admin_client):
+    rule, ban = ban_rule_and_ban()
+    entry = deny_entry()
+    moved = {
+        "/admin/ratelimit_app/banrule/?q=scrapers":
+            "/admin/ratelimit_protection/banrule/?q=scrapers",
+        f"/admin/ratelimit_app/banrule/{rule.pk}/change/":
+            f"/admin/ratelimit_protection/banrule/{rule.pk}/change/",
+        "/admin/ratelimit_app/ban/?shadow__exact=0":
+            "/admin/ratelimit_protection/ban/?shadow__exact=0",
+        f"/admin/ratelimit_app/ban/{ban.pk}/change/":
+            f"/admin/ratelimit_protection/ban/{ban.pk}/change/",
+        f"/admin/ratelimit_app/accesslistentry/{entry.pk}/change/":
+            f"/admin/ratelimit_protection/accesslistentry/{entry.pk}/change/",
+    }
+    for old, new in moved.items():
+        response = admin_client.get(old)
+        assert (response.status_code, response["Location"]) == (308, new)
+        assert admin_client.get(new).status_code == 200, new
+    # the old URL names still reverse (to the old address); the app's links ask placement
+    assert reverse("admin:ratelimit_app_ban_change", args=[ban.pk]) == \
+        f"/admin/ratelimit_app/ban/{ban.pk}/change/"
+    assert reverse(admin_url_name(BanRule, "changelist")) == \
+        "/admin/ratelimit_protection/banrule/"
+    assert reverse(admin_url_name(AccessListEntry, "change"), args=[entry.pk]) == \
+        f"/admin/ratelimit_protection/accesslistentry/{entry.pk}/change/"
 
 
 def test_a_post_to_an_old_address_is_sent_again_with_its_body(admin_client, admin_user):
@@ -237,11 +328,17 @@ def test_the_apps_own_links_go_to_the_groups_pages(admin_client, admin_user):
     assert 'href="/admin/ratelimit_monitoring/auditentry/?touched=' in change.content.decode()
     rules = admin_client.get("/admin/ratelimit_app/rule/").content.decode()
     assert 'href="/admin/ratelimit_monitoring/simulator/"' in rules
+    rule, ban = ban_rule_and_ban()
+    ban_page = admin_client.get(f"/admin/ratelimit_protection/ban/{ban.pk}/change/")
+    ban_html = ban_page.content.decode()
+    assert f'<a href="/admin/ratelimit_protection/banrule/{rule.pk}/change/">scrapers</a>' \
+        in ban_html
     # (Django's own raw-id lookup beside a foreign key links the old address, which redirects)
     stock_lookup = re.compile(r'<a href="[^"]*" class="related-lookup"')
-    for html in (html, dashboard, stock_lookup.sub("", change.content.decode()), rules):
+    for html in (html, dashboard, stock_lookup.sub("", change.content.decode()), rules,
+                 ban_html):
         for model in ("creditaccount", "credittopup", "dashboard", "auditentry", "apikey",
-                      "identityoverride"):
+                      "identityoverride", "banrule", "ban", "accesslistentry"):
             assert f"/admin/ratelimit_app/{model}/" not in html
 
 
@@ -302,9 +399,60 @@ def test_without_the_group_apps_everything_is_in_one_section_and_w007_says_so():
         if entry != "Simulator")  # the simulator stays a page beside the rules
     assert found["account"] == "/admin/ratelimit_app/creditaccount/"
     message, hint = found["checks"]["ratelimit_app.W007"]
-    assert "Callers, Billing, Alerts, Monitoring" in message
+    assert "Callers, Billing, Alerts, Monitoring, Protection" in message
     assert '"ratelimit_app.groups.callers", "ratelimit_app.groups.billing", ' \
-           '"ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring"' in hint
+           '"ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring", ' \
+           '"ratelimit_app.groups.protection"' in hint
+
+
+PAGES_WITHOUT_GROUPS = """
+import json
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+setup_test_environment()
+connection.creation.create_test_db(verbosity=0)  # an in-memory SQLite test database
+client = Client()
+client.force_login(get_user_model().objects.create_superuser("admin"))
+paths = ["/admin/ratelimit_app/banrule/", "/admin/ratelimit_app/banrule/add/",
+         "/admin/ratelimit_app/ban/", "/admin/ratelimit_app/accesslistentry/",
+         "/admin/ratelimit_app/accesslistentry/add/", "/admin/ratelimit_protection/ban/"]
+print(json.dumps({path: client.get(path).status_code for path in paths}))
+"""
+
+
+def test_without_the_group_apps_the_protection_pages_work_under_ratelimit_app():
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.admin.settings_without_groups",
+           "SQLITE_PATH": ":memory:"}
+    env.pop("POSTGRES_DB", None)  # SQLite: its test database may not clash with the suite's
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", PAGES_WITHOUT_GROUPS],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "/admin/ratelimit_app/banrule/": 200, "/admin/ratelimit_app/banrule/add/": 200,
+        "/admin/ratelimit_app/ban/": 200, "/admin/ratelimit_app/accesslistentry/": 200,
+        "/admin/ratelimit_app/accesslistentry/add/": 200,
+        "/admin/ratelimit_protection/ban/": 404}  # no such section without the group
+
+
+def test_a_lists_history_keeps_the_changes_logged_while_it_was_under_callers(
+        admin_client, admin_user):
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    entry = deny_entry()
+    # the Callers group's proxy, before the lists moved to Protection (its content type stays)
+    under_callers, _ = ContentType.objects.get_or_create(app_label="ratelimit_callers",
+                                                         model="accesslistentry")
+    LogEntry.objects.create(
+        user=admin_user, content_type=under_callers, object_id=str(entry.pk),
+        object_repr=str(entry), action_flag=CHANGE,
+        change_message="Changed the reason under Callers.")
+    history = admin_client.get(
+        f"/admin/ratelimit_protection/accesslistentry/{entry.pk}/history/").content.decode()
+    assert "Changed the reason under Callers." in history
 
 
 def test_an_objects_history_keeps_the_changes_logged_before_its_group_was_installed(

@@ -321,4 +321,4 @@ def test_the_simulator_shows_when_a_list_entry_decides(demo, admin_client, redis
     page = admin_client.get(SIMULATOR_URL, {"endpoint": "api:items", "method": "GET",
                                             "ip": IP}).content.decode()
     assert "Denied (403) by" in page and "abuse from this network" in page
-    assert f'/admin/ratelimit_callers/accesslistentry/{denied.listed.id}/change/' in page
+    assert f'/admin/ratelimit_protection/accesslistentry/{denied.listed.id}/change/' in page

@@ -258,7 +258,7 @@ def test_app_checks_carry_their_own_tag():
 
 
 def test_w007_names_the_group_apps_missing_from_installed_apps():
-    assert "ratelimit_app.W007" not in messages()  # the demo installs all four
+    assert "ratelimit_app.W007" not in messages()  # the demo installs all five
     partial = [app for app in django_settings.INSTALLED_APPS
                if app not in ("ratelimit_app.groups.billing", "ratelimit_app.groups.alerts")]
     with override_settings(INSTALLED_APPS=partial):

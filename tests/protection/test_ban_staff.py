@@ -46,7 +46,7 @@ def test_the_dashboard_lists_the_bans_in_force(banned_scraper):
 
 def test_staff_lift_a_ban_from_the_admin(banned_scraper):
     ban = Ban.objects.get()
-    response = staff_client().post("/admin/ratelimit_app/ban/", {
+    response = staff_client().post("/admin/ratelimit_protection/ban/", {
         "action": "lift_bans", "_selected_action": [ban.pk]}, follow=True)
     assert "1 ban lifted." in response.content.decode()
     assert banned_scraper.get("/hello/").status_code == 200

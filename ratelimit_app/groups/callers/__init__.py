@@ -1,2 +1,1 @@
-"""Callers: the API keys, plan assignments, identity overrides and allow and deny lists, in a
-section of their own."""
+"""Callers: the API keys, plan assignments and identity overrides, in a section of their own."""

@@ -1,4 +1,5 @@
-"""Proxies of the callers' models: their rows stay in ``ratelimit_app``'s tables."""
+"""Proxies of the callers' models: their rows stay in ``ratelimit_app``'s tables. (The allow
+and deny lists moved to Protection, beside the penalty box.)"""
 
 from ratelimit_app import models
 
@@ -15,7 +16,3 @@ class PlanAssignment(models.PlanAssignment):
 
 class IdentityOverride(models.IdentityOverride):
     Meta = proxy_meta(models.IdentityOverride)
-
-
-class AccessListEntry(models.AccessListEntry):
-    Meta = proxy_meta(models.AccessListEntry)
