@@ -322,3 +322,20 @@ def test_without_the_middleware_an_async_operation_loads_in_a_worker_thread(sett
     assert identity_of(response) == ("user", "bob", "pro")
     assert not decision_of(response).degraded
     assert the_apis_throttle()._worker is not None
+
+
+def test_the_memo_of_path_views_stays_bounded_and_still_names_operations(demo):
+    from django.urls import resolve
+
+    from ratelimit_app.config.ninja_operations import path_view_of
+
+    memo = path_view_of.__self__
+    ninja_callback = resolve("/ninja/keyed").func
+    assert path_view_of(ninja_callback) is not None
+    # URLconfs rebuilt again and again bring new callbacks: the memo starts afresh when full
+    for _ in range(memo.MAX_CALLBACKS + 10):
+        assert path_view_of(lambda request: None) is None
+        assert len(memo) <= memo.MAX_CALLBACKS
+    assert path_view_of(ninja_callback) is not None
+    response = Client().get("/ninja/keyed", **BOB)
+    assert response.status_code == 200 and "RateLimit" in response.headers
