@@ -618,6 +618,9 @@ class BanEvents(models.TextChoices):
     FAILED_AUTH = "failed_auth", "Failed authentications"
 
 
+# a ban rule's modes, in its own words (a rule's speak of denials)
+BAN_MODES = [(Mode.ENFORCE.value, "Enforce"),
+             (Mode.SHADOW.value, "Shadow (count would-be bans, ban no one)")]
 # the scopes a caller can be banned at (a ban of everyone, or of a plan, would be an outage)
 BAN_SCOPES = (Scope.IP, Scope.USER, Scope.TENANT)
 # the longest ban, and the longest memory of earlier bans
@@ -694,7 +697,7 @@ class BanRule(models.Model):
     extend_on_retry = models.BooleanField(
         "retries extend the ban", default=False,
         help_text="Off (the default): requests during a ban do not make it longer.")
-    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.ENFORCE,
+    mode = models.CharField(max_length=10, choices=BAN_MODES, default=Mode.ENFORCE,
                             help_text="Shadow: count the would-be bans, ban no one.")
     enabled = models.BooleanField(default=True)
     updated = models.DateTimeField(auto_now=True)

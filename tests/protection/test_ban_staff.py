@@ -86,3 +86,12 @@ def test_a_ban_rule_is_explained_in_words_and_checked(db):
     with pytest.raises(ValidationError) as error:
         rule.full_clean()
     assert set(error.value.message_dict) == {"statuses", "max_ban_s"}
+
+
+def test_the_ban_rules_list_names_its_modes_in_a_bans_words(db):
+    load_demo_data()
+    response = staff_client().get("/admin/ratelimit_protection/banrule/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Shadow (count would-be bans, ban no one)" in page
+    assert "would-be denials" not in page
