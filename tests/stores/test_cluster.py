@@ -22,7 +22,13 @@ from django.core.checks import run_checks
 from django.test import Client, override_settings
 from redis.exceptions import ClusterCrossSlotError
 
-from ratelimit_app.decision.buckets import BanGate, pack_value, read_state, unpack_value
+from ratelimit_app.decision.buckets import (
+    BanGate,
+    CheckedBucket,
+    pack_value,
+    read_state,
+    unpack_value,
+)
 from ratelimit_app.decision.engine import Decision, take_args
 from ratelimit_app.decision.keys import bucket_key, scope_token
 from ratelimit_app.metrics import WAIT_BATCH
@@ -170,6 +176,25 @@ def test_a_ban_check_in_a_group_that_debited_is_refunded_with_it(cluster):
     assert not allowed
     assert unpack_value(stored(cluster, user_bucket.key))[1] == before
     assert [s.short for s in statuses] == [False, False, True]
+
+
+def test_a_checked_bucket_is_never_refunded(cluster):
+    """A rule counting responses is only checked on the way in (never debited): a refund of
+    the decision, refused in another group, gives it nothing back."""
+    use_fake_clock()
+    tokens = token_per_master(cluster)
+    counting = minute_rule(5, scope="user")
+    counted = make_bucket(counting, cost=2, token=tokens[0])
+    assert take([counted])[0]  # two responses counted: 3 of 5 left
+    checked = CheckedBucket(counting, counted.key)
+    client_bucket = make_bucket(make_rule(rate=1, period_s=60, burst=1), token=tokens[2])
+    assert take([client_bucket])[0]  # the client bucket now empty
+
+    allowed, statuses, _ = take([checked, client_bucket])
+
+    assert not allowed
+    assert read_state(stored(cluster, counted.key), counting.id)[0] == 3 * MINUTE
+    assert [s.short for s in statuses] == [False, True]
 
 
 def test_a_refund_never_goes_above_capacity(cluster):

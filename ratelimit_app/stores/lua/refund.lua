@@ -6,8 +6,10 @@
 --             refund id of the decision
 -- ARGV[1]     how long the marker lives, in ms (longer than any retry of this refund)
 -- ARGV[2..]   one per bucket, exactly as take.lua got it: six little-endian int64, rule id,
---             period_ms, capacity, refill_per_ms, cost, mode (refill and mode unused here), or a
---             ban's check (its gate record's id, an int32: never debited, so never refunded)
+--             period_ms, capacity, refill_per_ms, cost, mode (refill unused here), or a ban's
+--             check (its gate record's id, an int32), read as the checked bucket it stands for.
+--             A checked bucket (mode -1: take.lua only checks it, never debits it) is never
+--             refunded: its level is read and reported, nothing is written.
 --
 -- Idempotent: the first call sets the marker (SET NX) and adds the cost back; a retried call
 -- finds the marker and adds nothing. Never above capacity: a bucket refilled meanwhile stays
@@ -95,7 +97,7 @@ for i = 1, n do
       elseif id == rule then
         level = stored
         if p ~= period then level = p > 0 and math.floor(level * period / p) or capacity end
-        if first_call and level < capacity then
+        if first_call and level < capacity and mode >= 0 then  -- (checked: never debited)
           level = math.min(capacity, level + cost)
           value = string.sub(value, 1, at - 1) .. struct.pack('<i4i8i8i8', rule, level, stamp, period)
             .. string.sub(value, at + RECORD)
