@@ -50,7 +50,7 @@ def raw_take_like(decide, host, port):
     commands = list(store.encoded_takes.commands.values())
     if len(commands) != 1:
         raise RuntimeError(f"expected our path to send one take, it cached {len(commands)}")
-    command = commands[0]
+    command = commands[0][0]  # (the encoded command, its fold: see stores.ban_checks)
     packed = command if isinstance(command, bytes) else b"".join(command)
     raw = RawTake(host, port, packed)
     reply = raw()

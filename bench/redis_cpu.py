@@ -15,6 +15,7 @@ from ratelimit_app.decision import engine
 from ratelimit_app.decision.identity import identify
 from ratelimit_app.runtime import guard
 from ratelimit_app.runtime.limiter import default_limiter
+from ratelimit_app.stores.ban_checks import folded_call
 
 from . import alternatives, naive
 from .harness import median, table, verdict
@@ -51,7 +52,8 @@ def _under_load(client, sha, keys, args, calls):
 
 
 def _our_call(user):
-    """The keys and arguments of one decision for ``user``, exactly as the engine sends them."""
+    """The keys and arguments of one decision for ``user``, exactly as the store sends them
+    (its ban checks folded: stores/ban_checks.py)."""
     request = RequestFactory().get("/item/", REMOTE_ADDR="10.1.2.3")
     request.resolver_match = resolve("/item/")
     limiter = default_limiter()
@@ -60,8 +62,9 @@ def _our_call(user):
     endpoint = guard.endpoint_name(request)
     buckets = engine.plan_buckets(snapshot, identity, endpoint,
                                   engine.request_cost(snapshot, request, endpoint, identity.plan))
-    args = engine.take_args(buckets)
-    return limiter.store.take_sha, [b.key for b in buckets] + [limiter.version_key], args
+    keys, args, _ = folded_call(buckets.keys, tuple(engine.take_args(buckets)),
+                                limiter.version_key)
+    return limiter.store.take_sha, list(keys), list(args)
 
 
 def run(env, quick):

@@ -36,6 +36,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .aio_wire import AsyncWire
 from .base import StoreUnavailable, script_sha, script_source
+from .ban_checks import folded_call
 from .redis import EncodedTakes, RedisStore, parse_take_reply
 
 __all__ = ["AsyncWireStore", "AsyncRedisStore", "ThreadedAsyncStore", "async_store_for",
@@ -119,8 +120,8 @@ class AsyncWireStore:
 
     async def take(self, bucket_keys, args, *, version_key):
         """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
-        command = self.encoded_takes.command(self._sha, tuple(bucket_keys), tuple(args),
-                                             version_key)
+        command, fold = self.encoded_takes.command(self._sha, tuple(bucket_keys), tuple(args),
+                                                   version_key)
         wire = self._wire()
         try:
             try:
@@ -131,7 +132,8 @@ class AsyncWireStore:
                 reply = await wire.request(command)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        return parse_take_reply(reply)
+        reply = parse_take_reply(reply)
+        return reply if fold is None else fold.unfold(reply)
 
     async def aclose(self):
         """Close the running loop's connection (before that loop ends)."""
@@ -186,17 +188,19 @@ class AsyncRedisStore:
     async def take(self, bucket_keys, args, *, version_key):
         """``RedisStore.take``, awaited. Returns a TakeReply; raises StoreUnavailable."""
         client = self._client()
-        keys_and_args = (*bucket_keys, version_key, *args)
+        # (a fallback store: its calls are not memoised)
+        keys, args_sent, fold = folded_call(bucket_keys, args, version_key)
         try:
             try:
-                reply = await client.evalsha(self._sha, len(bucket_keys) + 1, *keys_and_args)
+                reply = await client.evalsha(self._sha, len(keys), *keys, *args_sent)
             except NoScriptError:  # after a restart or SCRIPT FLUSH: the script did not run
                 for source in self._sources:
                     await client.script_load(source)
-                reply = await client.evalsha(self._sha, len(bucket_keys) + 1, *keys_and_args)
+                reply = await client.evalsha(self._sha, len(keys), *keys, *args_sent)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        return parse_take_reply(reply)
+        reply = parse_take_reply(reply)
+        return reply if fold is None else fold.unfold(reply)
 
     def run_while_waiting(self, work):
         """Nothing: redis.asyncio's client offers no gap between writing and reading (what

@@ -56,6 +56,7 @@ from .base import (
     settled_pairs,
     store_error,
 )
+from .ban_checks import folded_call
 from .redis import parse_take_reply
 
 __all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]
@@ -192,20 +193,26 @@ class ClusterStore(Store):
 
     def take(self, bucket_keys, args, *, version_key):
         client = self.client
-        head, calls, positions = args[:HEAD], [], []
+        head, calls, positions, folds = args[:HEAD], [], [], []
         for slot, indices in _group_by_slot(bucket_keys).items():
-            calls.append(_Call(slot, [*[bucket_keys[i] for i in indices],
-                                      version_copy_key(version_key, slot)],
-                               [*head, *_bucket_args(args, indices)]))
+            # a group's ban checks ride on one of its buckets (ban_checks.py): all its keys
+            # are in one slot
+            keys, group_args, fold = folded_call([bucket_keys[i] for i in indices],
+                                                 [*head, *_bucket_args(args, indices)],
+                                                 version_copy_key(version_key, slot))
+            calls.append(_Call(slot, list(keys), list(group_args)))
             positions.append(indices)
+            folds.append(fold)
         self._run(client, self._take, calls)
 
         replies, superseded, missing = [], None, []
-        for call, indices in zip(calls, positions):
+        for call, indices, fold in zip(calls, positions, folds):
             reply = None
             if call.reply is not None:
                 try:
                     reply = parse_take_reply(call.reply, False)
+                    if fold is not None:
+                        reply = fold.unfold(reply)
                 except SupersededRules as exc:
                     superseded = exc  # this group debited nothing
                 except BalancesMissing as exc:  # nor this one: its balances are to be seeded
@@ -241,7 +248,7 @@ class ClusterStore(Store):
                 continue
             debited = [n for n, result in enumerate(reply.results) if result == 1]
             if debited:
-                keys = [call.keys[n] for n in debited]
+                keys = [bucket_keys[indices[n]] for n in debited]
                 refund_calls.append(_Call(call.slot, [*keys, marker_key(keys[0], refund_id)],
                                           [REFUND_MARKER_TTL_MS,
                                            *_bucket_args(args, [indices[n] for n in debited])]))

@@ -25,6 +25,7 @@ from .base import (
     script_source,
     settled_pairs,
 )
+from .ban_checks import folded_call
 from .connections import HeldConnections
 
 __all__ = ["RedisStore", "SentinelStore", "EncodedTakes", "parse_take_reply"]
@@ -60,26 +61,28 @@ MAX_PACKED_COMMANDS = 4096
 
 class EncodedTakes:
     """take.lua's EVALSHA as bytes on the wire, per (keys, args, version key): a decision's keys
-    and arguments are the same request after request, so they are encoded once. Only calls on
-    the server's clock (``args[0] == b""``) are kept (a test clock's differ each time); at most
-    MAX_PACKED_COMMANDS, then it starts afresh. ``encode`` packs a command tuple."""
+    and arguments are the same request after request, so they are encoded once, with its ban
+    checks folded (ban_checks.py). Only calls on the server's clock (``args[0] == b""``) are
+    kept (a test clock's differ each time); at most MAX_PACKED_COMMANDS, then it starts afresh.
+    ``encode`` packs a command tuple."""
 
     def __init__(self, encode):
         self.encode = encode
         self.commands = {}
 
     def command(self, sha, bucket_keys, args, version_key):
-        """Return the encoded EVALSHA of ``sha`` for these keys and arguments (tuples)."""
+        """Return ``(command, fold)``: the encoded EVALSHA of ``sha`` for these keys and
+        arguments (tuples), and the FoldedTake whose ``unfold`` its reply needs, or None."""
         memo_key = (bucket_keys, args, version_key)
-        command = self.commands.get(memo_key)
-        if command is None:
-            command = self.encode(("EVALSHA", sha, len(bucket_keys) + 1, *bucket_keys,
-                                   version_key, *args))
+        encoded = self.commands.get(memo_key)
+        if encoded is None:
+            keys, args_sent, fold = folded_call(bucket_keys, args, version_key)
+            encoded = (self.encode(("EVALSHA", sha, len(keys), *keys, *args_sent)), fold)
             if args[0] == b"":  # the server's clock: the same bytes every time
                 if len(self.commands) >= MAX_PACKED_COMMANDS:
                     self.commands.clear()
-                self.commands[memo_key] = command
-        return command
+                self.commands[memo_key] = encoded
+        return encoded
 
 
 def encode_evalsha(sha, keys, args):
@@ -148,10 +151,11 @@ class RedisStore(Store):
 
     def take(self, bucket_keys, args, *, version_key):
         try:
-            reply = self._evalsha_take(tuple(bucket_keys), tuple(args), version_key)
+            reply, fold = self._evalsha_take(tuple(bucket_keys), tuple(args), version_key)
         except RedisError as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        return parse_take_reply(reply)
+        reply = parse_take_reply(reply)
+        return reply if fold is None else fold.unfold(reply)
 
     def _evalsha_take(self, bucket_keys, args, version_key):
         """Send take.lua's EVALSHA, encoded once per (keys, args), on a pooled connection and
@@ -163,14 +167,15 @@ class RedisStore(Store):
         No retry on purpose: a take whose reply was lost may have debited. NOSCRIPT (after a
         restart or SCRIPT FLUSH: the script did not run) loads the script and sends it again.
         """
-        command = self.encoded_takes.command(self._take.sha, bucket_keys, args, version_key)
+        command, fold = self.encoded_takes.command(self._take.sha, bucket_keys, args,
+                                                   version_key)
         try:
-            return self._send(command)
+            return self._send(command), fold
         except NoScriptError:
             self.client.script_load(self._take.script)
             if self._settle is not None:  # settles are sent without waiting: see _settle_script
                 self.client.script_load(self._settle.script)
-            return self._send(command)
+            return self._send(command), fold
 
     def run_while_waiting(self, work):
         self._connections.while_waiting = work

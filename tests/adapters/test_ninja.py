@@ -14,7 +14,6 @@ from django.test import Client  # noqa: E402
 
 from ratelimit_app.config.endpoints import list_endpoints  # noqa: E402
 from ratelimit_app.models import EndpointCost, Plan, Rule  # noqa: E402
-from ratelimit_app.runtime import guard  # noqa: E402
 
 from ..helpers import limiter  # noqa: E402
 from .test_adapters import decision_of, demo  # noqa: E402,F401

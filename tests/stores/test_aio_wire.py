@@ -86,11 +86,11 @@ def test_on_an_open_connection_a_request_is_the_reply_future_itself(store):
     async def first_then_second(s):
         wire = s._wire()
         keys, args = call("first")
-        command = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
+        command, _ = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
         connecting = wire.request(command)
         first = await connecting
         keys, args = call("second", 3)
-        command = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
+        command, _ = s.encoded_takes.command(s._sha, tuple(keys), tuple(args), VERSION_KEY)
         open_request = wire.request(command)
         second = await open_request
         return connecting, first, open_request, second

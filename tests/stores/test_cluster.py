@@ -178,6 +178,38 @@ def test_a_ban_check_in_a_group_that_debited_is_refunded_with_it(cluster):
     assert [s.short for s in statuses] == [False, False, True]
 
 
+@pytest.mark.parametrize("banned", ["user", "address"])
+def test_a_ban_in_force_refuses_the_decision_across_slot_groups(cluster, banned):
+    """The user's ban rides in the user's bucket of its slot group (stores/ban_checks.py); the
+    address's, alone in its group with no bucket to carry it, is sent as built. Either in force
+    refuses the whole decision: the other groups' debits are given back."""
+    clock = use_fake_clock()
+    tokens = token_per_master(cluster)
+    user_bucket = make_bucket(minute_rule(10, scope="user"), token=tokens[0])
+    user_ban = BanGate(BanGateRule(id=gate_record_id(7), name="guessers", scope="user"),
+                       user_bucket.key)
+    global_bucket = make_bucket(minute_rule(10, scope="global"), token=tokens[2])
+    address_ban = BanGate(BanGateRule(id=gate_record_id(8), name="scrapers", scope="ip"),
+                          bucket_key("rl", tokens[1]))
+    buckets = [global_bucket, user_bucket, user_ban, address_ban]
+    assert take(buckets)[0]  # no ban: both buckets debited once
+    ban = user_ban if banned == "user" else address_ban
+    stored_before = stored(cluster, ban.key)
+    records = unpack_value(stored_before)[1] if stored_before else {}
+    records[ban.rule.id] = (-60_000, clock.now_ms, 1000)  # 61 s to run
+    cluster.client().set(ban.key, pack_value(records, clock.now_ms + 120_000), px=120_000)
+    before = {b.key: unpack_value(stored(cluster, b.key))[1] for b in (global_bucket,
+                                                                         user_bucket)}
+
+    allowed, statuses, _ = take(buckets)
+
+    assert not allowed
+    assert [s.short for s in statuses] == [False, False, banned == "user",
+                                           banned == "address"]
+    assert {b.key: unpack_value(stored(cluster, b.key))[1]
+            for b in (global_bucket, user_bucket)} == before
+
+
 def test_a_checked_bucket_is_never_refunded(cluster):
     """A rule counting responses is only checked on the way in (never debited): a refund of
     the decision, refused in another group, gives it nothing back."""
