@@ -159,7 +159,7 @@ class RedisStore(Store):
 
     def _evalsha_take(self, bucket_keys, args, version_key):
         """Send take.lua's EVALSHA, encoded once per (keys, args), on a pooled connection and
-        return the raw reply.
+        return the raw reply with the FoldedTake to read it by (None: sent as built).
 
         The same call as redis-py's Script, without its per-command layers (argument encoding,
         retries, observability hooks, the pool's checkout: see HeldConnections): about two

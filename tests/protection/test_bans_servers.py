@@ -3,15 +3,20 @@ on the 3-master Cluster, and uvicorn with 2 (QuotaMiddleware's async path) on a 
 workers' background threads on. A scraper walking 404s is banned after exactly N across the
 workers, every worker then refuses it, and a banned caller's flood costs Redis at most 0.1
 commands per request (INFO commandstats, on the server; the workers' time-based background,
-the watcher's polls and the metrics flush, is printed apart)."""
+the watcher's polls and the metrics flush, is printed apart). Behind a trusted proxy (callers
+told apart by X-Forwarded-For): shadow mode records a would-be ban and refuses no one, a ban
+ends at its moment on every worker, the second doubles, a trusted network is never banned,
+CSRF's 403s (a middleware above the limiter) are counted, and a ban lifted by
+``manage.py ratelimit bans lift`` frees the caller on every worker and is audited."""
 
 import json
 import os
 import threading
+import time
 
 import pytest
 
-from ..asgi_server import Gunicorn, Uvicorn, get
+from ..asgi_server import POLL_INTERVAL_S, Gunicorn, Uvicorn, get
 from ..config.test_reload_live import python, stop_server
 from ..helpers import server_store
 
@@ -37,24 +42,30 @@ print(json.dumps([[b.who, b.rule_name, b.times, b.shadow] for b in Ban.objects.a
 
 
 SERVERS = {"gunicorn": (Gunicorn, 3), "uvicorn": (Uvicorn, 2)}
+DEPLOYMENTS = [("gunicorn", "redis"), ("gunicorn", "cluster"), ("uvicorn", "redis")]
 
 
-@pytest.fixture(scope="module", params=[("gunicorn", "redis"), ("gunicorn", "cluster"),
-                                        ("uvicorn", "redis")], ids="-".join)
-def deployment(request, tmp_path_factory, redis_server, database_env):
+def start_deployment(request, tmp_path_factory, redis_server, database_env, setup, **env_vars):
+    """Start the server of ``request.param`` (kind, store) on a database of its own, set up by
+    ``setup`` (a script); yield ``(server, env, topology, workers)``, then stop it."""
     kind, store = request.param
     server_class, workers = SERVERS[kind]
     workdir = tmp_path_factory.mktemp(f"bans-{kind}-{store}")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.config.propagation_settings",
-           "RELOAD_INTERVAL_S": "30", **database_env(workdir), "DJANGO_DEBUG": "0"}
+           "RELOAD_INTERVAL_S": "30", **database_env(workdir), "DJANGO_DEBUG": "0", **env_vars}
     client = server_store(request, store, env, redis_server)
     python(["manage.py", "migrate", "--verbosity", "0"], env)
-    python(["-c", SETUP], env)
+    python(["-c", setup], env)
     server = server_class(env, workdir, workers=workers).start()
     topology = request.getfixturevalue("redis_cluster") if store == "cluster" else redis_server
     yield server, env, topology, workers
     stop_server(server)
     client.close()
+
+
+@pytest.fixture(scope="module", params=DEPLOYMENTS, ids="-".join)
+def deployment(request, tmp_path_factory, redis_server, database_env):
+    yield from start_deployment(request, tmp_path_factory, redis_server, database_env, SETUP)
 
 
 def commands_sent(topology):
@@ -117,3 +128,139 @@ def test_a_scraper_is_banned_after_exactly_n_across_workers_and_its_flood_is_nea
     scripts = spent_by.get("cmdstat_evalsha", 0)
     inside = sum(spent_by.get(f"cmdstat_{name}", 0) for name in ("mget", "time"))
     assert scripts + inside <= 0.1 * 10_000
+
+
+# Three ban rules on client IPs, each counting its own statuses: a shadow rule and an escalating
+# one of short bans on 404s, one on 403s (CSRF's, for a POST without a token) of long bans to
+# lift; a trusted network; a staff account to lift with
+BOX_SETUP = """
+import django
+django.setup()
+from django.contrib.auth.models import User
+from ratelimit_app.models import AccessListEntry, BanRule, Plan, Rule
+plan = Plan.objects.create(slug="free", name="Free", default_for_anonymous=True)
+Rule.objects.create(name="live-ip", plan=plan, scope="ip", rate=1000, period_s=1, burst=100000)
+BanRule.objects.create(name="watch", scope="ip", events="statuses", statuses="404",
+                       threshold=2, window_s=600, ban_s=600, mode="shadow")
+BanRule.objects.create(name="short", scope="ip", events="statuses", statuses="404",
+                       threshold=3, window_s=600, ban_s=2, factor=2, max_ban_s=8,
+                       memory_s=600)
+BanRule.objects.create(name="forgers", scope="ip", events="statuses", statuses="403",
+                       threshold=2, window_s=600, ban_s=600)
+AccessListEntry.objects.create(kind="allow", target="ip", value="198.51.100.0/24",
+                               reason="our monitoring")
+User.objects.create_superuser("staff", "staff@example.com", "unused")
+"""
+BANS_OF = """
+import json, sys
+import django
+django.setup()
+from ratelimit_app.models import Ban
+print(json.dumps([[b.id, b.rule_name, b.times, b.shadow, b.since.timestamp(),
+                   b.until.timestamp()] for b in Ban.objects.filter(who=sys.argv[1])
+                                                                .order_by("id")]))
+"""
+LIFTED = """
+import sys
+import django
+django.setup()
+from ratelimit_app.models import AuditEntry
+print(AuditEntry.objects.filter(summary__icontains="lift").filter(
+    summary__contains=sys.argv[1]).count())
+"""
+
+
+@pytest.fixture(scope="module", params=DEPLOYMENTS, ids="-".join)
+def penalty_box(request, tmp_path_factory, redis_server, database_env):
+    yield from start_deployment(request, tmp_path_factory, redis_server, database_env,
+                                BOX_SETUP, DEMO_BEHIND_PROXY="1")
+
+
+def bans_of(env, who):
+    """``who``'s Ban rows: [id, rule, times, shadow, since, until (epoch s)], oldest first."""
+    return json.loads(python(["-c", BANS_OF, who], env))
+
+
+def requests_until(server, client_ip, moment):
+    """GET /hello/ as ``client_ip`` until 1 s past ``moment`` (epoch s); return each answer's
+    (sent at, answered at, status, worker)."""
+    records = []
+    while time.time() < moment + 1:
+        started = time.time()
+        answer = get(server, "/hello/", client_ip)
+        records.append((started, time.time(), answer.status, answer.headers["RateLimit-Worker"]))
+    return records
+
+
+def assert_ends_at(records, moment):
+    """Refused up to ``moment``, let through from it."""
+    before = [status for started, ended, status, _ in records if ended < moment]
+    after = [status for started, ended, status, _ in records if started >= moment]
+    assert before and set(before) == {429}
+    assert after and set(after) == {200}
+
+
+def walk_404s(server, client_ip, count):
+    for i in range(count):
+        assert get(server, f"/no-such-page-{i}/", client_ip).status == 404
+
+
+def test_shadow_then_a_ban_that_ends_on_time_and_doubles_the_second_time(penalty_box):
+    server, env, _, workers = penalty_box
+    caller = "203.0.113.5"
+    walk_404s(server, caller, 2)  # the shadow rule's threshold: a would-be ban, no refusal
+    [[_, rule, times, shadow, *_]] = bans_of(env, caller)
+    assert (rule, times, shadow) == ("watch", 1, True)
+    assert {get(server, "/hello/", caller).status for _ in range(3 * workers)} == {200}
+
+    walk_404s(server, caller, 1)  # the third: "short" bans for 2 s
+    first = [ban for ban in bans_of(env, caller) if ban[1] == "short"]
+    [[_, _, times, shadow, since, until]] = first
+    assert (times, shadow, until - since) == (1, False, 2)
+    refused = get(server, "/hello/", caller)
+    assert refused.status == 429 and refused.json()["banned-by"] == ["short"]
+    records = requests_until(server, caller, until)
+    assert_ends_at(records, until)
+    assert len({worker for *_, worker in records}) == workers
+
+    walk_404s(server, caller, 3)  # banned again within the rule's memory: twice as long
+    second = [ban for ban in bans_of(env, caller) if ban[1] == "short"][-1]
+    assert (second[2], second[5] - second[4]) == (2, 4)
+    assert 3 <= int(get(server, "/hello/", caller).headers["Retry-After"]) <= 4
+    assert_ends_at(requests_until(server, caller, second[5]), second[5])
+
+
+def test_a_trusted_network_is_never_banned(penalty_box):
+    server, env, _, workers = penalty_box
+    caller = "198.51.100.7"
+    walk_404s(server, caller, 8)  # past every threshold
+    assert {get(server, "/hello/", caller).status for _ in range(3 * workers)} == {200}
+    assert bans_of(env, caller) == []  # not even a would-be ban: its events are not counted
+
+
+def test_csrf_refusals_ban_and_a_lift_frees_the_caller_on_every_worker(penalty_box):
+    server, env, _, workers = penalty_box
+    caller = "203.0.113.9"
+    for _ in range(2):  # refused by CSRF's middleware, above the limiter: counted all the same
+        assert get(server, "/hello/", caller, method="POST").status == 403
+    [[ban_id, rule, times, shadow, *_]] = bans_of(env, caller)
+    assert (rule, times, shadow) == ("forgers", 1, False)
+    refused_by = set()
+    deadline = time.monotonic() + 30
+    while len(refused_by) < workers:  # every worker refuses it (its deny cache holds the ban)
+        assert time.monotonic() < deadline, f"refused by {refused_by} only"
+        answer = get(server, "/hello/", caller)
+        assert answer.status == 429
+        refused_by.add(answer.headers["RateLimit-Worker"])
+
+    python(["manage.py", "ratelimit", "bans", "lift", str(ban_id), "--user", "staff"], env)
+    lifted_at = time.monotonic()
+    deadline = lifted_at + 15
+    while get(server, "/hello/", caller).status != 200:
+        assert time.monotonic() < deadline, "the lifted caller is still refused"
+        time.sleep(POLL_INTERVAL_S)
+    answers = [get(server, "/hello/", caller) for _ in range(10 * workers)]
+    assert {answer.status for answer in answers} == {200}
+    assert len({answer.headers["RateLimit-Worker"] for answer in answers}) == workers
+    assert int(python(["-c", LIFTED, caller], env)) == 1
+    print(f"lifted: served again {time.monotonic() - lifted_at:.2f} s after the command")
