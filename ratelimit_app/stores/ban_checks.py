@@ -16,11 +16,10 @@ holding only the client IP's key), is sent as the engine built it.
 
 import struct
 
-from .base import TakeReply
+from .base import TAKE_HEAD, TakeReply
 
 __all__ = ["FoldedTake", "fold_ban_checks", "folded_call", "BAN_CHECK_FULL"]
 
-_HEAD = 2  # take.lua's ARGV before the buckets: now, the debit flag
 _BAN_CHECK_SIZE = 4  # a ban check's argument: its gate record's id (buckets.BanGate)
 _TOKEN_BUCKET_SIZE = 48  # six int64, the mode last (buckets._SPEC)
 _MODE = struct.Struct("<q")
@@ -56,7 +55,7 @@ class FoldedTake:
 def fold_ban_checks(bucket_keys, args):
     """Return the FoldedTake of take.lua's call on ``bucket_keys`` with ``args`` (a version key
     follows the keys), or None when it has no ban check or no token bucket to carry one."""
-    specs = args[_HEAD:]
+    specs = args[TAKE_HEAD:]
     checks = [i for i, spec in enumerate(specs) if len(spec) == _BAN_CHECK_SIZE]
     if not checks:
         return None
@@ -71,7 +70,8 @@ def fold_ban_checks(bucket_keys, args):
     folded = set(checks)
     kept = [i for i in range(len(specs)) if i not in folded]
     keys = tuple([bucket_keys[i] for i in kept])
-    position = {bucket_keys[host]: kept.index(host) + 1}  # a key's 1-based index in KEYS
+    host_at = kept.index(host)
+    position = {bucket_keys[host]: host_at + 1}  # a key's 1-based index in KEYS
     for index, key in enumerate(keys, 1):
         position.setdefault(key, index)
     extra_keys = []
@@ -83,9 +83,8 @@ def fold_ban_checks(bucket_keys, args):
             position[key] = len(keys) + 1 + len(extra_keys)
         carried.append(_FOLDED.pack(specs[i], position[key]))
     wire_specs = [specs[i] for i in kept]
-    host_at = kept.index(host)
     wire_specs[host_at] = specs[host] + b"".join(carried)
-    return FoldedTake(keys, tuple(extra_keys), (*args[:_HEAD], *wire_specs),
+    return FoldedTake(keys, tuple(extra_keys), (*args[:TAKE_HEAD], *wire_specs),
                       tuple(kept + checks))
 
 

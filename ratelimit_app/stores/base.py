@@ -35,7 +35,11 @@ __all__ = [
     "settled_pairs",
     "store_error",
     "READ_ERRORS",
+    "TAKE_HEAD",
 ]
+
+# take.lua's arguments before the buckets' specs: now, the debit flag
+TAKE_HEAD = 2
 
 
 # How many published versions the record of changes keeps (see Store.write_version): a worker

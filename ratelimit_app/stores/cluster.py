@@ -46,6 +46,7 @@ from redis.exceptions import (
 
 from .base import (
     CHANGE_LOG_LENGTH,
+    TAKE_HEAD,
     BalancesMissing,
     Store,
     StoreUnavailable,
@@ -63,7 +64,7 @@ __all__ = ["ClusterStore", "parse_nodes", "version_copy_key"]
 
 # take.lua's and refund.lua's arguments: a head (take: now, debit flag), then 1 per bucket
 # (settle.lua's head is now alone)
-HEAD, PER_BUCKET = 2, 1
+HEAD, PER_BUCKET = TAKE_HEAD, 1
 # A refund marker outlives any retry of that refund by far, and then vanishes.
 REFUND_MARKER_TTL_MS = 10_000
 # Error replies that mean "not run here, ask the cluster where": redo through RedisCluster.

@@ -8,7 +8,7 @@ from ratelimit_app.decision.buckets import BanGate, CheckedBucket, pack_value
 from ratelimit_app.decision.engine import statuses_from, take_args
 from ratelimit_app.decision.keys import bucket_key
 from ratelimit_app.protection.bans import BanGateRule, gate_record_id
-from ratelimit_app.stores.ban_checks import fold_ban_checks
+from ratelimit_app.stores.ban_checks import BAN_CHECK_FULL, fold_ban_checks
 from ratelimit_app.stores.base import script_source
 from ratelimit_app.stores.redis import RedisStore, parse_take_reply
 
@@ -16,7 +16,7 @@ from ..helpers import make_bucket, make_rule
 
 NOW = 1_700_000_000_000
 MINUTE = 60_000  # units per token of a 1-minute rule
-GATE = 1000  # a ban gate's capacity (units): take.lua's GATE
+GATE = BAN_CHECK_FULL  # a ban gate's capacity (units): take.lua's GATE
 VERSION_KEY = "test:version"
 
 USER_KEY, IP_KEY = bucket_key("rl", "user.7"), bucket_key("rl", "ip.203.0.113.9")
@@ -49,7 +49,8 @@ SCENARIOS = {
         True, True),
     "the user banned": (
         [PLAN, USER, USER_BAN, IP_BAN],
-        {USER_KEY: value({USER.rule.id: (3 * MINUTE, NOW, MINUTE), USER_BAN.rule.id: banned_for(5000)})},
+        {USER_KEY: value({USER.rule.id: (3 * MINUTE, NOW, MINUTE),
+                          USER_BAN.rule.id: banned_for(5000)})},
         True, False),
     "the user's key holding its ban alone": (
         [PLAN, USER, USER_BAN, IP_BAN], {USER_KEY: value({USER_BAN.rule.id: banned_for(5000)})},
@@ -74,7 +75,8 @@ SCENARIOS = {
         True, False),
     "the user's key sent twice": (
         [USER_ENDPOINT, USER, USER_BAN, IP_BAN],
-        {USER_KEY: value({USER.rule.id: (3 * MINUTE, NOW, MINUTE), USER_BAN.rule.id: banned_for(5000)})},
+        {USER_KEY: value({USER.rule.id: (3 * MINUTE, NOW, MINUTE),
+                          USER_BAN.rule.id: banned_for(5000)})},
         True, False),
     "a checked bucket as the host": (
         [CheckedBucket(USER.rule, USER_KEY), IP_BAN],

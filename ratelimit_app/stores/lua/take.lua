@@ -110,8 +110,8 @@
 -- where level is the bucket's units after the call and status is 1 = debited, 0 = held the
 -- cost but not debited, -1 = short of the cost (a denial, or a would-be denial for a shadow
 -- bucket), then a level and a status for each folded ban check, in the order sent (the
--- common reply has none: no ban was in force). A fenced call replies {3, config_version} (see ARGV[2]); a call that found a credit
--- balance missing {4, config_version, i, ...}.
+-- common reply has none: no ban was in force). A fenced call replies {3, config_version} (see
+-- ARGV[2]); a call that found a credit balance missing {4, config_version, i, ...}.
 -- stores/redis.parse_take_reply reads all three.
 
 local SLACK_MS = 1000
