@@ -21,7 +21,16 @@ Why it is not a free way to hammer Redis:
 - A worker reads at most ``READS_PER_S`` times a second in all, so callers that are cheap to
   make up (IP addresses) cannot multiply the first bound; past it the answer is 503 with
   ``Retry-After: 1``, and no quota is touched.
+- Anonymous callers (known by their address alone, which costs nothing to make up) may spend
+  only ``ANONYMOUS_READS_PER_S`` of that budget: a flood from fresh addresses leaves the rest
+  to callers with an API key or an account, which an attacker cannot make up by the thousand
+  (and each of which costs at most one read a second, by the first bound). Two counters per
+  worker, whatever the number of callers.
 - At most ``MAX_ANSWERS`` readings are kept (the oldest go first), so memory is bounded too.
+
+A caller a deny-list entry matches gets the 403 its requests get (no store read); a caller
+with an exempt allow entry is ``exempt``; a banned caller gets the ban's 429, as on any
+endpoint.
 
 Why it is not a free way to guess API keys: a key header that names no key is charged to the
 client IP's failed authentications (by the middleware, as on any endpoint), and a client IP out
@@ -52,14 +61,17 @@ from ..decision.headers import OWN_SCOPES, plain_problem, problem_response, wind
 from ..decision.identity import identify
 from ..decorators import ratelimit_exempt
 from ..metrics.usage import usage_caller
+from ..protection.lists import screen
 from ..runtime.guard import mark_authentication_failed
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
 
-__all__ = ["ANSWER_TTL_S", "MAX_ANSWERS", "READS_PER_S", "usage_view"]
+__all__ = ["ANONYMOUS_READS_PER_S", "ANSWER_TTL_S", "MAX_ANSWERS", "READS_PER_S", "usage_view"]
 
 ANSWER_TTL_S = 1.0
 READS_PER_S = 100
+# the part of READS_PER_S that anonymous callers may spend (see the module's docstring)
+ANONYMOUS_READS_PER_S = 25
 MAX_ANSWERS = 4096
 
 
@@ -82,7 +94,7 @@ class _Readings:
         self._clock = clock  # the Limiter's monotonic seconds: tests move it, never sleep
         self._lock = threading.Lock()
         self._kept = collections.OrderedDict()  # key -> (expires_at_s, Reading), oldest first
-        self._second, self._reads = None, 0
+        self._second, self._reads, self._anonymous_reads = None, 0, 0
 
     def recent(self, key):
         """Return the Reading kept for ``key`` if it is younger than ANSWER_TTL_S, else None."""
@@ -99,14 +111,19 @@ class _Readings:
             while len(self._kept) > MAX_ANSWERS:
                 self._kept.popitem(last=False)
 
-    def may_read(self):
-        """Count one store read against this second's budget; False when it is spent."""
+    def may_read(self, anonymous):
+        """Count one store read against this second's budget (an ``anonymous`` caller's also
+        against the anonymous callers' part of it); False when it is spent."""
         second = int(self._clock())
         with self._lock:
             if second != self._second:
-                self._second, self._reads = second, 0
+                self._second, self._reads, self._anonymous_reads = second, 0, 0
             if self._reads >= READS_PER_S:
                 return False
+            if anonymous:
+                if self._anonymous_reads >= ANONYMOUS_READS_PER_S:
+                    return False
+                self._anonymous_reads += 1
             self._reads += 1
             return True
 
@@ -130,11 +147,20 @@ def _readings_for(limiter):
 @ratelimit_exempt
 @require_safe
 def usage_view(request):
-    """Return the caller's policies as JSON (200), a 429 problem when its client IP is out of
-    failed authentications, or a 503 problem when the store cannot be read now."""
+    """Return the caller's policies as JSON (200); the problem its requests get when a
+    deny-list entry refuses it (403), a ban refuses it or its client IP is out of failed
+    authentications (429); or a 503 problem when the store cannot be read now."""
     limiter = default_limiter()
     snapshot = limiter.snapshot()
     identity = identify(request, getattr(request, "user", None), snapshot)
+    if snapshot.access_lists is not None:
+        screening = screen(snapshot, request, identity, "", limiter.wall_time)
+        if screening is not None:
+            if screening.decision is not None and not screening.decision.allowed:
+                return _no_store(problem_response(screening.decision))  # denied: a 403
+            if screening.decision is not None:  # an exempt allow entry
+                return _json_response(_body(identity, True, []))
+            identity = screening.identity  # trusted: never banned, limited as anyone
     unknown_key = _sent_unknown_api_key(request, identity)
     buckets = engine.client_buckets(snapshot, identity)
     if not buckets:  # exempt (None), or no rule applies: nothing to read
@@ -144,7 +170,7 @@ def usage_view(request):
     reading = readings.recent(key)
     if reading is None or (unknown_key and
                            not engine.refusing_gate_statuses(buckets, reading.statuses)):
-        if not readings.may_read():
+        if not readings.may_read(anonymous=identity.kind == "anonymous"):
             return _problem_response(
                 503, "Usage lookups busy", "This server answers a limited number of usage "
                 "lookups a second. Retry in 1 s.", retry_after_s=1)

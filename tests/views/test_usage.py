@@ -11,7 +11,16 @@ from django.urls import include, path, reverse
 from rest_framework import routers
 from rest_framework.reverse import reverse as drf_reverse
 
-from ratelimit_app.models import ApiKey, IdentityOverride, Kind, Plan, Rule
+from ratelimit_app.decision.headers import BANNED
+from ratelimit_app.models import (
+    AccessListEntry,
+    ApiKey,
+    BanRule,
+    IdentityOverride,
+    Kind,
+    Plan,
+    Rule,
+)
 from ratelimit_app.views import usage
 from ratelimit_app.views.usage import ANSWER_TTL_S, usage_view
 
@@ -219,6 +228,39 @@ def test_many_callers_cost_at_most_the_reads_budget(monkeypatch, demo, clock, re
     assert redis_server.command_calls("evalsha") - reads_before == 6
 
 
+def test_a_flood_from_fresh_addresses_leaves_callers_with_credentials_their_share(
+        monkeypatch, demo, clock, redis_server):
+    """Addresses cost nothing to make up: anonymous callers spend at most
+    ANONYMOUS_READS_PER_S of a worker's reads, and bob (an API key) still reads his."""
+    monkeypatch.setattr(usage, "READS_PER_S", 10)
+    monkeypatch.setattr(usage, "ANONYMOUS_READS_PER_S", 3, raising=False)
+    client = Client()
+    reads_before = redis_server.command_calls("evalsha")
+    bob_statuses, flood_answered = [], []
+    for second in range(6):
+        flood = [client.get(USAGE_URL, REMOTE_ADDR=f"10.{second}.{i // 250}.{i % 250}")
+                 for i in range(300)]
+        flood_answered.append([r.status_code for r in flood].count(200))
+        bob_statuses.append(client.get(USAGE_URL, **BOB).status_code)
+        clock.advance(1000)
+    assert bob_statuses == [200] * 6
+    assert flood_answered == [3] * 6  # the anonymous share, each second
+    assert redis_server.command_calls("evalsha") - reads_before == 6 * (3 + 1)
+
+
+def test_callers_with_credentials_share_the_whole_budget(monkeypatch, demo, clock,
+                                                         redis_server):
+    monkeypatch.setattr(usage, "READS_PER_S", 2)
+    monkeypatch.setattr(usage, "ANONYMOUS_READS_PER_S", 1, raising=False)
+    reads_before = redis_server.command_calls("evalsha")
+    assert Client().get(USAGE_URL, REMOTE_ADDR="10.0.0.1").status_code == 200
+    assert Client().get(USAGE_URL, REMOTE_ADDR="10.0.0.2").status_code == 503  # its share
+    assert Client().get(USAGE_URL, **BOB).status_code == 200
+    # the anonymous share is part of the budget, never added to it
+    assert alice_client().get(USAGE_URL).status_code == 503
+    assert redis_server.command_calls("evalsha") - reads_before == 2
+
+
 def test_kept_answers_are_bounded(monkeypatch, demo, clock, redis_server):
     monkeypatch.setattr(usage, "MAX_ANSWERS", 3)
     client = Client()
@@ -237,6 +279,42 @@ def test_an_exempt_caller_reads_nothing(demo, clock, redis_server):
     body = usage_of(Client(), **BOB)
     assert (body["exempt"], body["policies"]) == (True, [])
     assert redis_server.command_calls("evalsha") == reads_before
+
+
+def test_a_denied_caller_is_told_it_is_denied_as_its_requests_are(demo, clock, redis_server):
+    AccessListEntry.objects.create(kind="deny", target="ip", value="203.0.113.0/24",
+                                   reason="abuse: write to abuse@example.com")
+    AccessListEntry.objects.create(kind="allow", target="ip", value="198.51.100.7", exempt=True,
+                                   reason="our monitoring")
+    limiter().policies.reset()
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    api = client.get("/api/items/", **BOB)
+    reads_before = redis_server.command_calls("evalsha")
+    usage_answer = client.get(USAGE_URL, **BOB)
+    assert redis_server.command_calls("evalsha") == reads_before  # nothing read
+    assert (usage_answer.status_code, api.status_code) == (403, 403)
+    assert usage_answer["Content-Type"] == "application/problem+json"
+    assert usage_answer["Cache-Control"] == "no-store"
+    assert json.loads(usage_answer.content) == json.loads(api.content)
+    assert json.loads(usage_answer.content)["reason"] == "abuse: write to abuse@example.com"
+    # an exempt allow entry: exempt, as its requests are
+    body = usage_of(Client(REMOTE_ADDR="198.51.100.7"))
+    assert (body["exempt"], body["policies"]) == (True, [])
+
+
+def test_a_banned_caller_is_told_it_is_banned(demo, clock):
+    BanRule.objects.create(name="scrapers", scope="ip", events="statuses", statuses="404",
+                           threshold=3, window_s=60, ban_s=600)
+    limiter().policies.reset()
+    client = Client()
+    for i in range(3):
+        assert client.get(f"/no-such-page-{i}/").status_code == 404
+    api = client.get("/api/items/", **BOB)
+    answer = client.get(USAGE_URL, **BOB)
+    assert (answer.status_code, api.status_code) == (429, 429)
+    body = json.loads(answer.content)
+    assert (body["type"], body["banned-by"]) == (BANNED, ["scrapers"])
+    assert answer["Retry-After"] == api["Retry-After"] == "600"
 
 
 def test_guessed_api_keys_are_charged_and_a_right_guess_looks_like_a_wrong_one(demo, clock):
