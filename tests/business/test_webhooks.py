@@ -382,6 +382,26 @@ def test_resend_queues_sent_and_failed_deliveries_again(receiver):
     assert QuotaAlert.objects.count() == 1  # the same alert, sent again
 
 
+def test_a_disabled_endpoint_receives_nothing_and_its_pending_deliveries_wait(receiver):
+    endpoint = alert_with_deliveries(receiver.url, thresholds="100")
+    receiver.stop()
+    assert deliver_once().startswith("0 deliveries sent, 1 attempt failed")  # now pending
+    receiver.start()
+    endpoint.enabled = False
+    endpoint.save()
+    later = Sender(clock=lambda: time.time() + 3600)  # well past its next attempt
+    assert later.send_due() == (0, 0)
+    assert receiver.received == []
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.status, delivery.attempts) == ("pending", 1)  # waiting, not failed
+    endpoint.enabled = True
+    endpoint.save()
+    assert later.send_due() == (1, 0)
+    assert len(receiver.received) == 1
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == ("sent", 2)
+
+
 def test_replacing_a_secret_in_the_admin_signs_by_the_standard_alone(receiver, admin_client):
     endpoint = WebhookEndpoint.objects.create(name="former", url=receiver.url,
                                               signature_scheme="both")

@@ -7,6 +7,10 @@ slow or answers other than 2xx is retried with exponential backoff and jitter un
 ``give_up_at`` (WEBHOOK_RETRY_FOR_S after the delivery was made, or re-sent), then the row is
 marked failed. The request path never sends, and never waits for a receiver.
 
+A disabled endpoint (``WebhookEndpoint.enabled`` off) receives nothing: no delivery is queued
+for it, and the deliveries it had pending wait, unsent and not failed, until it is enabled
+again (docs/howto/alerts.md).
+
 Several receivers at once: the POSTs run in a pool of WEBHOOK_CONCURRENCY threads, one delivery
 per endpoint at a time, so a slow receiver holds one thread and its own deliveries, never the
 other endpoints'. The sender claims only as many rows as it has idle threads (nothing waits in
@@ -119,8 +123,9 @@ class Sender:
 
         now = _now_dt(self.clock())
         lapse = _now_dt(self.clock() + float(self.config()["WEBHOOK_TIMEOUT_S"]) + CLAIM_MARGIN_S)
+        # a disabled endpoint receives nothing: its deliveries wait until it is enabled again
         due = Q(status__in=[DeliveryStatus.PENDING, DeliveryStatus.SENDING],
-                next_attempt_at__lte=now)
+                next_attempt_at__lte=now, endpoint__enabled=True)
         claimed, endpoints = [], set(busy_endpoints)
         rows = WebhookDelivery.objects.filter(due).exclude(endpoint_id__in=endpoints)
         # skipping locked rows needs a transaction; without it (SQLite) a transaction would
