@@ -132,6 +132,11 @@ DEFAULTS = {
     "WEBHOOK_POLL_INTERVAL_S": 1.0,
     "WEBHOOK_CONCURRENCY": 4,
     "WEBHOOK_ALLOWED_NETWORKS": [],
+    # The plans an OpenAPI schema may name (its x-ratelimit-cost, and the policies its 429 and
+    # 402 list; see openapi/limits.py): "defaults", the plans a caller gets without an
+    # assignment (every caller can learn those anyway); "all", every plan; or a list of plan
+    # slugs ([]: none). Rules for every plan are always described.
+    "OPENAPI_PLANS": "defaults",
 }
 
 
@@ -255,6 +260,18 @@ def publish_lead_s(config):
     """Return CONFIG_PUBLISH_LEAD_S of ``config`` in seconds; a value ``publish_lead_problem``
     refuses counts as the default (check E012 reports it)."""
     return float(_valid_or_default(config, "CONFIG_PUBLISH_LEAD_S", publish_lead_problem))
+
+
+def openapi_plans_problem(value):
+    """Return what is wrong with an OPENAPI_PLANS value, or "" if it is valid."""
+    if value in ("defaults", "all"):
+        return ""
+    if isinstance(value, str):
+        return f"is {value!r}, neither \"defaults\" nor \"all\" nor a list of plan slugs"
+    if not isinstance(value, (list, tuple, set, frozenset)) or \
+            not all(isinstance(slug, str) for slug in value):
+        return f"is {value!r}, not a list of plan slugs"
+    return ""
 
 
 def publish_lead_problem(value):

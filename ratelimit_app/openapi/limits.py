@@ -12,16 +12,27 @@ For each operation the limiter decides (see ``limited_operations``), the schema 
   read from the compiled policy snapshot (the EndpointCost rows), and ``x-ratelimit-metered``
   where a row is metered (the cost is then an estimate, charged what the request consumed).
 
+A schema is often public: it names only the plans ``OPENAPI_PLANS`` lets it name (by default
+the plans a caller gets without an assignment, which any caller learns from its own headers),
+and describes only their rules and the rules for every plan: a plan named after a customer,
+or which of its rules fail closed, stays out of it.
+
+The refusal's media type is what the caller is served: ``application/problem+json`` where
+the middleware or a Ninja API answers; where DRF's ``QuotaThrottle`` refuses, DRF renders the
+same problem fields with the view's renderers (``application/json``), and the adapter passes
+those media types (``refusal_media_types``).
+
 The components (the problem schema, the three headers) are added once per schema. Nothing here
 imports a schema generator: the adapters pass plain dicts.
 """
 
 import re
 
+from ..conf import get_config, openapi_plans_problem
 from ..decision.headers import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 
-__all__ = ["OperationLimits", "operation_limits", "document_operation", "add_components",
-           "route_key", "PROBLEM_SCHEMA_NAME"]
+__all__ = ["OperationLimits", "operation_limits", "schema_plans", "document_operation",
+           "add_components", "route_key", "PROBLEM_SCHEMA_NAME", "PROBLEM_CONTENT_TYPE"]
 
 PROBLEM_SCHEMA_NAME = "RateLimitProblem"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -65,36 +76,55 @@ _PROBLEM_SCHEMA = {
 
 class OperationLimits:
     """What applies to one operation: ``costs`` (plan slug -> tokens), ``metered`` (plan
-    slug -> minimum charge, for metered rows), whether prepaid ``credits`` and a rule that
-    fails ``closed`` apply, and the enforced ``policies``' names."""
+    slug -> minimum charge, for metered rows), the names of the prepaid ``credits`` rules
+    (refusing with 402), of the rules that fail ``closed``, and of the enforced quota
+    ``policies`` (refusing with 429)."""
 
     def __init__(self, costs, metered, credits, fails_closed, policies):
         self.costs, self.metered = costs, metered
         self.credits, self.fails_closed, self.policies = credits, fails_closed, policies
 
 
-def operation_limits(snapshot, endpoint, method):
+def schema_plans(snapshot):
+    """Return the slugs of the plans of ``snapshot`` that a schema may name (OPENAPI_PLANS),
+    sorted; none when the setting is not valid (system check E014 says so)."""
+    setting = get_config()["OPENAPI_PLANS"]
+    if openapi_plans_problem(setting):
+        return []
+    if setting == "all":
+        return sorted(snapshot.plans)
+    if setting == "defaults":
+        return sorted({snapshot.default_authenticated_plan,
+                       snapshot.default_anonymous_plan} - {None})
+    return sorted(set(setting) & snapshot.plans)
+
+
+def operation_limits(snapshot, endpoint, method, plans=None):
     """Return the OperationLimits of requests with ``method`` to ``endpoint`` on the rules and
-    costs of ``snapshot``, over every plan."""
-    plans = sorted(snapshot.plans)
+    costs of ``snapshot``: over ``plans`` (slugs; by default ``schema_plans``), and the rules
+    for every plan."""
+    plans = schema_plans(snapshot) if plans is None else plans
     costs = {plan: snapshot.cost_for(endpoint, method, plan) for plan in plans}
     metered = {}
     for plan in plans:
         minimum = snapshot.minimum_if_metered(endpoint, method, plan)
         if minimum is not None:
             metered[plan] = minimum
-    rules = {rule for plan in plans for rule in snapshot.rules_for(plan, endpoint)
+    # (rules_for(None, ...): the rules for every plan alone)
+    rules = {rule for plan in (None, *plans) for rule in snapshot.rules_for(plan, endpoint)
              if not rule.shadow and not rule.failed_auth}
     return OperationLimits(
         costs=costs, metered=metered,
-        credits=any(rule.credits for rule in rules),
+        credits=sorted(rule.name for rule in rules if rule.credits),
         fails_closed=sorted(r.name for r in rules if not r.lets_through_without_redis()),
-        policies=sorted(rule.name for rule in rules))
+        policies=sorted(rule.name for rule in rules if not rule.credits))
 
 
-def document_operation(operation, limits, ref_prefix="#/components"):
+def document_operation(operation, limits, ref_prefix="#/components",
+                       media_types=(PROBLEM_CONTENT_TYPE,)):
     """Add the limits' responses, headers and extension fields to ``operation`` (an OpenAPI
-    operation object, changed in place)."""
+    operation object, changed in place); the refusals' bodies are documented under
+    ``media_types``, those the caller is served."""
     responses = operation.setdefault("responses", {})
     quota_headers = {name: {"$ref": f"{ref_prefix}/headers/{name}"}
                      for name in ("RateLimit", "RateLimit-Policy")}
@@ -103,19 +133,22 @@ def document_operation(operation, limits, ref_prefix="#/components"):
             response.setdefault("headers", {}).update(quota_headers)
     refused_headers = {**quota_headers,
                        "Retry-After": {"$ref": f"{ref_prefix}/headers/Retry-After"}}
-    responses["429"] = _refusal(limits, refused_headers, ref_prefix)
+    responses["429"] = _refusal(limits, refused_headers, ref_prefix, media_types)
     if limits.credits:
+        names = ", ".join(limits.credits)
+        example = {"type": "about:blank", "title": "Payment Required", "status": 402,
+                   "detail": f"The credits of {limits.credits[0]} are used up: top the "
+                             "balance up to go on.",
+                   "violated-policies": limits.credits[:1],
+                   "credits-exhausted": limits.credits[:1]}
         responses["402"] = {
-            "description": "Refused: the caller's prepaid credits are used up (top the "
-                           "balance up; waiting does not help unless an allowance refills).",
+            "description": f"Refused by prepaid credits ({names}): the caller's credits are "
+                           "used up (top the balance up; waiting does not help unless an "
+                           "allowance refills).",
             "headers": refused_headers,
-            "content": {PROBLEM_CONTENT_TYPE: {
+            "content": {media_type: {
                 "schema": {"$ref": f"{ref_prefix}/schemas/{PROBLEM_SCHEMA_NAME}"},
-                "example": {"type": "about:blank", "title": "Payment Required", "status": 402,
-                            "detail": "The credits of prepaid-credits are used up: top the "
-                                      "balance up to go on.",
-                            "violated-policies": ["prepaid-credits"],
-                            "credits-exhausted": ["prepaid-credits"]}}}}
+                "example": example} for media_type in media_types}}
     if limits.costs:
         operation[COST_FIELD] = dict(limits.costs)
     if limits.metered:
@@ -123,7 +156,7 @@ def document_operation(operation, limits, ref_prefix="#/components"):
     return operation
 
 
-def _refusal(limits, headers, ref_prefix):
+def _refusal(limits, headers, ref_prefix, media_types):
     policies = ", ".join(limits.policies) or "the project's quotas"
     description = f"Refused by a quota ({policies}): retry after Retry-After seconds."
     examples = {"quota-exceeded": {"value": {
@@ -140,9 +173,9 @@ def _refusal(limits, headers, ref_prefix):
                                      "policies refuse requests until it is back. Retry in 5 s.",
             "violated-policies": limits.fails_closed[:1], "retry-after": 5}}
     return {"description": description, "headers": headers,
-            "content": {PROBLEM_CONTENT_TYPE: {
+            "content": {media_type: {
                 "schema": {"$ref": f"{ref_prefix}/schemas/{PROBLEM_SCHEMA_NAME}"},
-                "examples": examples}}}
+                "examples": examples} for media_type in media_types}}
 
 
 def add_components(schema):

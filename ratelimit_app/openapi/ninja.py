@@ -20,7 +20,13 @@ from ..conf import quota_middleware_installed
 from ..config.endpoints import list_endpoints
 from ..config.ninja_operations import operation_names, quota_throttled
 from ..runtime.limiter import default_limiter
-from .limits import add_components, document_operation, operation_limits, route_key
+from .limits import (
+    add_components,
+    document_operation,
+    operation_limits,
+    route_key,
+    schema_plans,
+)
 
 __all__ = ["RateLimitedOpenAPI", "add_rate_limits"]
 
@@ -43,6 +49,7 @@ def add_rate_limits(api, schema):
         logger.exception("ratelimit_app: no policy snapshot for the OpenAPI schema")
         return schema
     endpoints = {endpoint.name: endpoint for endpoint in list_endpoints()}
+    plans = schema_plans(snapshot)
     paths = schema.get("paths") or {}
     middleware = quota_middleware_installed()
     documented = False
@@ -57,6 +64,6 @@ def add_rate_limits(api, schema):
                 documented_operation = path_item.get(method.lower())
                 if documented_operation is not None:
                     document_operation(documented_operation,
-                                       operation_limits(snapshot, name, method))
+                                       operation_limits(snapshot, name, method, plans))
                     documented = True
     return add_components(schema) if documented else schema

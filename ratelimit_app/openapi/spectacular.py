@@ -15,9 +15,16 @@ import logging
 from ..conf import get_config, quota_middleware_installed
 from ..config.endpoints import list_endpoints
 from ..runtime.limiter import default_limiter
-from .limits import add_components, document_operation, operation_limits, route_key
+from .limits import (
+    PROBLEM_CONTENT_TYPE,
+    add_components,
+    document_operation,
+    operation_limits,
+    route_key,
+    schema_plans,
+)
 
-__all__ = ["add_rate_limits"]
+__all__ = ["add_rate_limits", "refusal_media_types"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -32,6 +39,7 @@ def add_rate_limits(result, generator, request, public):
         logger.exception("ratelimit_app: no policy snapshot for the OpenAPI schema")
         return result
     endpoints = {route_key(endpoint.route): endpoint for endpoint in list_endpoints()}
+    plans = schema_plans(snapshot)
     paths = result.get("paths") or {}
     documented = False
     for path, _path_regex, method, callback in getattr(generator, "endpoints", None) or ():
@@ -40,7 +48,9 @@ def add_rate_limits(result, generator, request, public):
         if operation is None or endpoint is None or \
                 not _limited(endpoint, getattr(callback, "cls", None)):
             continue
-        document_operation(operation, operation_limits(snapshot, endpoint.name, method))
+        view_class = getattr(callback, "cls", None)
+        document_operation(operation, operation_limits(snapshot, endpoint.name, method, plans),
+                           media_types=refusal_media_types(view_class))
         documented = True
     return add_components(result) if documented else result
 
@@ -53,3 +63,16 @@ def _limited(endpoint, view_class):
     throttled = any(getattr(throttle, "is_quota_throttle", False)
                     for throttle in getattr(view_class, "throttle_classes", ()))
     return throttled or (get_config()["MIDDLEWARE_INCLUDES_DRF"] and quota_middleware_installed())
+
+
+def refusal_media_types(view_class):
+    """Return the media types a refusal of a request to this DRF view is served as:
+    ``application/problem+json`` when QuotaMiddleware answers it (it decides DRF views with
+    MIDDLEWARE_INCLUDES_DRF); else QuotaThrottle raises, and DRF renders the problem fields with
+    the view's renderers (the browsable API's HTML left out, as drf-spectacular leaves it out)."""
+    if get_config()["MIDDLEWARE_INCLUDES_DRF"] and quota_middleware_installed():
+        return (PROBLEM_CONTENT_TYPE,)
+    media_types = tuple(dict.fromkeys(
+        renderer.media_type for renderer in getattr(view_class, "renderer_classes", ())
+        if getattr(renderer, "format", "") != "api" and getattr(renderer, "media_type", "")))
+    return media_types or ("application/json",)

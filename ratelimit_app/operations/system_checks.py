@@ -14,6 +14,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import (
     get_config,
+    openapi_plans_problem,
     publish_lead_problem,
     reload_interval_problem,
     unknown_keys,
@@ -359,3 +360,16 @@ def check_webhook_networks(app_configs=None, **kwargs):
                 hint="Use CIDR networks such as '10.1.0.0/16' or '127.0.0.1/32'.",
                 id="ratelimit_app.E013"))
     return errors
+
+
+@register(TAG)
+def check_openapi_plans(app_configs=None, **kwargs):
+    """E014 when OPENAPI_PLANS is not "defaults", "all" or a list of plan slugs (a schema then
+    names no plan)."""
+    problem = openapi_plans_problem(get_config()["OPENAPI_PLANS"])
+    if not problem:
+        return []
+    return [Error(f"RATELIMIT_APP['OPENAPI_PLANS'] {problem}.",
+                  hint='Write "defaults" (the default plans only), "all", or a list of plan '
+                       'slugs such as ["free", "pro"]. Until then a schema names no plan.',
+                  id="ratelimit_app.E014")]

@@ -4,6 +4,7 @@ file served by the server itself: the browser test runs with no network."""
 
 from tests.adapters.ninja_settings import *  # noqa: F403
 from tests.adapters.ninja_settings import INSTALLED_APPS, REST_FRAMEWORK
+from project.settings import RATELIMIT_APP
 
 INSTALLED_APPS = [*INSTALLED_APPS, "ninja", "drf_spectacular", "drf_spectacular_sidecar"]
 ROOT_URLCONF = "tests.openapi.urls"
@@ -18,3 +19,5 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"showExtensions": True},  # the x-ratelimit-cost field
 }
+# every plan's cost shown (the default names the default plans only)
+RATELIMIT_APP = {**RATELIMIT_APP, "OPENAPI_PLANS": "all"}
