@@ -151,6 +151,9 @@ class WebhookDelivery(models.Model):
                                  related_name="deliveries")
     alert = models.ForeignKey(QuotaAlert, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="deliveries")
+    # a caller.banned delivery: the ban-log entry it announces (business/alerts/bans.py)
+    ban_entry = models.ForeignKey("ratelimit_app.BanLogEntry", null=True, blank=True,
+                                  on_delete=models.SET_NULL, related_name="deliveries")
     event = models.CharField(max_length=50)
     body = models.TextField()
     status = models.CharField(max_length=10, choices=DeliveryStatus.choices,
