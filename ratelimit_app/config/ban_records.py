@@ -36,10 +36,10 @@ def moment(ms):
 
 
 def record_bans(tally, rows_per_interval):
-    """Add ``tally`` (business.alerts.bans.BanTally) to its ban-log entry, made by the first tally of its rule,
-    mode and interval, and make a Ban row for each listed ban while the interval has fewer than
-    ``rows_per_interval``. Returns ``(entry, made)``: the entry, and whether this call made it.
-    Runs in the caller's transaction (its deliveries go with it)."""
+    """Add ``tally`` (business.alerts.bans.BanTally) to its ban-log entry, made by the first
+    tally of its rule, mode and interval, and make a Ban row for each listed ban while the
+    interval has fewer than ``rows_per_interval``. Returns ``(entry, made)``: the entry, and
+    whether this call made it. Runs in the caller's transaction (its deliveries go with it)."""
     key = {"kind": BanLogKind.BANNED, "rule_id": tally.rule_id, "shadow": tally.shadow,
            "interval_start": moment(tally.interval_start_ms)}
     made = False
