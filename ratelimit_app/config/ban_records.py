@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .models import Ban, BanLogEntry, BanLogKind
+from .models import Ban, BanLogEntry, BanLogKind, BanRule
 
 __all__ = ["record_bans", "extend_bans", "record_lift", "current_bans",
            "unlisted_bans", "ban_log"]
@@ -39,7 +39,10 @@ def record_bans(tally, rows_per_interval):
     """Add ``tally`` (business.alerts.bans.BanTally) to its ban-log entry, made by the first
     tally of its rule, mode and interval, and make a Ban row for each listed ban while the
     interval has fewer than ``rows_per_interval``. Returns ``(entry, made)``: the entry, and
-    whether this call made it. Runs in the caller's transaction (its deliveries go with it)."""
+    whether this call made it; ``(None, False)`` when the rule was deleted meanwhile (its bans
+    end in Redis on their own). Runs in the caller's transaction (its deliveries go with it)."""
+    if not BanRule.objects.filter(pk=tally.rule_id).exists():
+        return None, False
     key = {"kind": BanLogKind.BANNED, "rule_id": tally.rule_id, "shadow": tally.shadow,
            "interval_start": moment(tally.interval_start_ms)}
     made = False

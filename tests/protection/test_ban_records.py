@@ -196,3 +196,21 @@ def install_real_clock():
 
     install_limiter(metrics_autostart=False)
     limiter().policies.reset()
+
+
+def test_the_bans_of_a_rule_deleted_before_they_are_written_do_not_hold_up_the_others(
+        behind_proxy):
+    flood_rule()
+    other = BanRule.objects.create(name="others", scope="ip", events="statuses",
+                                   statuses="404", path_prefix="/other", threshold=3,
+                                   window_s=60, ban_s=60)
+    limiter().policies.reset()
+    client = Client()
+    walk(client, address(1))  # walkers
+    for i in range(3):
+        client.get(f"/other/{i}/", HTTP_X_FORWARDED_FOR=address(2))
+    BanRule.objects.filter(name="walkers").delete()
+    write_ban_log()
+    assert [(ban.rule_name, ban.who) for ban in Ban.objects.all()] == [("others", network(2))]
+    assert limiter().protection.ban_log.pending() == 0
+    assert other.pk == Ban.objects.get().rule_id

@@ -151,6 +151,10 @@ class BanLog:
         config = self.config()
         with transaction.atomic():
             entry, made = record_bans(tally, int(config["BAN_ROWS_PER_INTERVAL"]))
+            if entry is None:
+                logger.warning("ratelimit_app: %d ban(s) by %s not logged: the rule was deleted",
+                               tally.bans, tally.rule_name)
+                return None
             if not tally.shadow:
                 _deliver(entry, made, int(config["BAN_LOG_INTERVAL_S"]))
         verb = "would have banned" if tally.shadow else "banned"
