@@ -13,6 +13,7 @@ from ..runtime.limiter import default_limiter
 from ..stores import StoreUnavailable
 from .list_cells import moment
 from .placement import admin_url_name
+from .readonly import ReadOnlyAdmin
 
 __all__ = ["BanRuleAdmin", "BanAdmin", "BanLogEntryAdmin"]
 
@@ -91,7 +92,7 @@ class BanAdmin(admin.ModelAdmin):
                           messages.SUCCESS)
 
 
-class BanLogEntryAdmin(admin.ModelAdmin):
+class BanLogEntryAdmin(ReadOnlyAdmin):
     """The ban log, read only: written by the penalty box's thread and by lifts."""
 
     list_display = ["at_cell", "__str__", "listed"]
@@ -100,15 +101,6 @@ class BanLogEntryAdmin(admin.ModelAdmin):
     readonly_fields = ["kind", "at", "rule_name", "scope", "shadow", "interval_start", "bans",
                        "listed", "who", "actor"]
     exclude = ["rule", "callers"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="when", ordering="at")
     def at_cell(self, entry):
