@@ -31,7 +31,7 @@ class Event(models.TextChoices):
     EXHAUSTED = "quota.exhausted", "A threshold of 100 % was reached (the quota is used up)"
     CREDITS_LOW = "credits.low", "Prepaid credits: a threshold below 100 % of the last top-up used"
     CREDITS_EXHAUSTED = "credits.exhausted", "Prepaid credits: the last top-up used up"
-    CALLER_BANNED = "caller.banned", "The penalty box banned a caller"
+    CALLER_BANNED = "caller.banned", "The penalty box banned callers (per rule and interval)"
 
 
 def new_webhook_secret():
