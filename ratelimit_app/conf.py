@@ -119,6 +119,13 @@ DEFAULTS = {
     # A client-IP rule's alert is one row for every address (business/alerts/crossings.py): its
     # webhook deliveries wait this many seconds, so that they say how many addresses crossed.
     "ALERTS_AGGREGATE_S": 60.0,
+    # The penalty box's records (business/alerts/bans.py, written by a background thread every
+    # ALERTS_DRAIN_INTERVAL_S): a ban rule's bans are logged in one entry per rule, mode and
+    # interval of BAN_LOG_INTERVAL_S seconds, with a Ban row (what staff list and lift) for at
+    # most BAN_ROWS_PER_INTERVAL of them; its caller.banned deliveries leave at the interval's
+    # end, one per endpoint.
+    "BAN_LOG_INTERVAL_S": 60,
+    "BAN_ROWS_PER_INTERVAL": 20,
     # Webhooks (business/alerts/webhooks.py, `manage.py ratelimit deliver`): seconds a whole POST
     # may take (connect, send, the answer's head), how long a delivery is retried before it is
     # marked failed, the first retry's delay (doubled each attempt, with jitter, up to the max),

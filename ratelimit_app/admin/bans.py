@@ -1,4 +1,5 @@
-"""The penalty box's admin: ban rules, and the bans they imposed (lifted from here)."""
+"""The penalty box's admin: ban rules, the bans they imposed (lifted from here), and the ban
+log (bans per rule and interval, lifts; config/ban_records.py)."""
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
@@ -12,8 +13,9 @@ from ..runtime.limiter import default_limiter
 from ..stores import StoreUnavailable
 from .list_cells import moment
 from .placement import admin_url_name
+from .readonly import ReadOnlyAdmin
 
-__all__ = ["BanRuleAdmin", "BanAdmin"]
+__all__ = ["BanRuleAdmin", "BanAdmin", "BanLogEntryAdmin"]
 
 
 class BanRuleAdmin(admin.ModelAdmin):
@@ -88,3 +90,24 @@ class BanAdmin(admin.ModelAdmin):
             lifted += 1
         self.message_user(request, f"{lifted} ban{'' if lifted == 1 else 's'} lifted.",
                           messages.SUCCESS)
+
+
+class BanLogEntryAdmin(ReadOnlyAdmin):
+    """The ban log, read only: written by the penalty box's thread and by lifts."""
+
+    list_display = ["at_cell", "__str__", "listed"]
+    list_filter = ["kind", "shadow", "rule_name"]
+    search_fields = ["rule_name", "who", "actor"]
+    readonly_fields = ["kind", "at", "rule_name", "scope", "shadow", "interval_start", "bans",
+                       "listed", "who", "actor"]
+    exclude = ["rule", "callers"]
+
+    @admin.display(description="when", ordering="at")
+    def at_cell(self, entry):
+        return moment(entry.at)
+
+    @admin.display(description="callers listed")
+    def listed(self, entry):
+        """The first callers of a ban entry (at most BAN_ROWS_PER_INTERVAL): who, until."""
+        return ", ".join(f"{caller['who']} (until {caller['until'][11:19]})"
+                         for caller in entry.callers) or "—"

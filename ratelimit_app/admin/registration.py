@@ -39,6 +39,7 @@ from ..config.models import (
     ApiKey,
     AuditEntry,
     Ban,
+    BanLogEntry,
     BanRule,
     EndpointCost,
     IdentityOverride,
@@ -50,7 +51,7 @@ from ..metrics.models import Dashboard
 from .access_lists import AccessListEntryAdmin
 from .alerts import QuotaAlertAdmin, WebhookDeliveryAdmin, WebhookEndpointAdmin
 from .audit import AuditEntryAdmin
-from .bans import BanAdmin, BanRuleAdmin
+from .bans import BanAdmin, BanLogEntryAdmin, BanRuleAdmin
 from .config import (
     ApiKeyAdmin,
     EndpointCostAdmin,
@@ -77,7 +78,7 @@ ADMIN_CLASSES = {
     QuotaAlert: QuotaAlertAdmin, WebhookEndpoint: WebhookEndpointAdmin,
     WebhookDelivery: WebhookDeliveryAdmin,
     Dashboard: DashboardAdmin, AuditEntry: AuditEntryAdmin,
-    BanRule: BanRuleAdmin, Ban: BanAdmin,
+    BanRule: BanRuleAdmin, Ban: BanAdmin, BanLogEntry: BanLogEntryAdmin,
 }
 
 # ModelAdmin's template attributes and the file each names by default: a placed admin looks

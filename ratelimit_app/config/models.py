@@ -53,7 +53,7 @@ __all__ = ["Plan", "PlanAssignment", "ApiKey", "Rule", "EndpointCost", "Identity
            "MINIMUM_MESSAGES", "MAX_CONCURRENCY", "MAX_CONCURRENCY_TIMEOUT_S", "NOMINAL_PERIOD_S",
            "ALERT_MIN_PERIOD_S", "HTTP_METHODS",
            "cost_limit", "tightest_below", "cost_above_limit_message", "BanRule", "BanEvents",
-           "Ban", "BAN_SCOPES", "parse_statuses"]
+           "Ban", "BanLogKind", "BanLogEntry", "BAN_SCOPES", "parse_statuses"]
 
 
 class Plan(models.Model):
@@ -781,6 +781,48 @@ class Ban(models.Model):
     @property
     def in_force(self):
         return not self.shadow and self.lifted_at is None and self.until > timezone.now()
+
+
+class BanLogKind(models.TextChoices):
+    BANNED = "banned", "banned"
+    LIFTED = "lifted", "lifted"
+
+
+class BanLogEntry(models.Model):
+    """The ban log: what the penalty box did and what staff undid, apart from the audit trail
+    (which records configuration changes). A ``banned`` entry counts one ban rule's bans (or
+    would-be bans, for a shadow rule) in one interval (BAN_LOG_INTERVAL_S), listing the first
+    few callers: one entry per rule, mode and interval, however many addresses a client
+    rotates through. A ``lifted`` entry is one lift by staff."""
+
+    kind = models.CharField(max_length=6, choices=BanLogKind.choices)
+    at = models.DateTimeField(help_text="A lift's moment; a ban entry's latest ban.")
+    rule = models.ForeignKey(BanRule, null=True, on_delete=models.SET_NULL, related_name="+")
+    rule_name = models.CharField(max_length=64)
+    scope = models.CharField(max_length=10)
+    shadow = models.BooleanField(default=False, help_text="Would-be bans of a shadow rule.")
+    interval_start = models.DateTimeField(null=True, blank=True)
+    bans = models.PositiveIntegerField(default=0, help_text="Bans in the interval (a lift: 1).")
+    callers = models.JSONField(default=list, blank=True,
+                               help_text="The first callers banned in the interval (who, since, "
+                                         "until, times), at most BAN_ROWS_PER_INTERVAL.")
+    who = models.CharField(max_length=200, blank=True, help_text="A lift: the caller freed.")
+    actor = models.CharField(max_length=150, blank=True, help_text="A lift: who lifted it.")
+
+    class Meta:
+        ordering = ["-at"]
+        verbose_name = "ban log entry"
+        verbose_name_plural = "ban log"
+        default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(
+            fields=["rule", "shadow", "interval_start"], condition=Q(kind="banned"),
+            name="ratelimit_ban_log_once_per_interval")]
+
+    def __str__(self):
+        if self.kind == BanLogKind.LIFTED:
+            return f"{self.actor} lifted the ban of {self.who} by {self.rule_name}"
+        verb = "would have banned" if self.shadow else "banned"
+        return f"{self.rule_name} {verb} {self.bans} caller{'' if self.bans == 1 else 's'}"
 
 
 class AccessListEntry(Scheduled, models.Model):

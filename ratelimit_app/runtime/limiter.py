@@ -224,6 +224,7 @@ class Limiter:
         itself."""
         self.flusher.stop()
         self.alerts.stop()
+        self.protection.ban_log.stop()
         self.policies.close()
         self.store.close()
 

@@ -13,6 +13,7 @@ lists' ``screen`` from here (the ban gate and the failed-auth gate are planned a
 
 import logging
 
+from ..business.alerts.bans import BanLog
 from ..decision import engine
 from ..decision.buckets import BanGate
 from ..decision.identity import identify
@@ -41,6 +42,8 @@ class Protection:
                                           wall_time=limiter.wall_time)
         self.bans = PenaltyBox(limiter.store, guarded=limiter._guarded,
                                now_ms=limiter.clock.redis_now_ms)
+        # the bans' records, written by a background thread (business/alerts/bans.py)
+        self.ban_log = BanLog(lambda: limiter.config, autostart=limiter.alerts.autostart)
 
     # --- failed authentication ---------------------------------------------------------------
 
@@ -81,8 +84,8 @@ class Protection:
 
     def count_ban_events(self, request, decision, status, *, failed_auth, path):
         """Count a finished request's events towards its caller's bans (protection/bans.py):
-        ``decision`` is the request's (or None), ``status`` its response's. Records each ban
-        it imposed (the Ban row, the audit trail, ``caller.banned`` webhooks). Returns the
+        ``decision`` is the request's (or None), ``status`` its response's. Notes each ban it
+        imposed or extended for the ban log (``_record_bans``). Returns the
         BanOutcomes; none when no ban rule counts this response or Redis cannot answer."""
         snapshot = self._policies.get()
         if not snapshot.ban_rules:
@@ -109,15 +112,23 @@ class Protection:
             # workers learn it at their next call to Redis; until then they refuse anyway)
             deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
                                if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
-        new = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN)]
-        if new:
-            _record_bans(new)
+        self._record_bans(outcomes)
         return outcomes
 
+    def _record_bans(self, outcomes):
+        """Note the new bans, would-be bans and bans extended by a retry among ``outcomes``
+        for the ban log's thread (business/alerts/bans.py): no database write here, and what
+        it writes is bounded per rule and interval."""
+        noted = [o for o in outcomes if o.outcome in (bans.BANNED, bans.WOULD_BAN) or
+                 o.outcome == bans.ALREADY_BANNED and o.rule.extend_on_retry]
+        if noted:
+            self.ban_log.note(noted, shadow_outcome=bans.WOULD_BAN,
+                              extended_outcome=bans.ALREADY_BANNED)
+
     def lift_ban(self, ban, actor):
-        """Lift ``ban`` (a Ban row) now: end it in Redis, record who lifted it (``actor``, an
-        audit Actor), and announce a new config version so no worker's deny cache keeps
-        refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
+        """Lift ``ban`` (a Ban row) now: end it in Redis, log who lifted it (``actor``, an
+        audit Actor) in the ban log, and announce a new config version so no worker's deny
+        cache keeps refusing. Returns True if a ban was in force. Raises StoreUnavailable."""
         from ..config.ban_records import record_lift
 
         rule = next((r for r in self._policies.get().ban_rules if r.id == ban.rule_id), None)
@@ -127,20 +138,6 @@ class Protection:
         record_lift(ban, actor)
         self._limiter.bump_config_version(parts=())  # no rows changed: the deny caches forget
         return lifted
-
-
-def _record_bans(outcomes):
-    """Record the new bans (and would-be bans) among ``outcomes``: the Ban rows and the audit
-    trail; a real ban is also delivered to its webhooks and logged."""
-    # (the models and the webhooks: imported late, as a ban is rare)
-    from ..business.alerts.bans import deliver_ban
-    from ..config.ban_records import record_bans
-
-    for ban in record_bans(outcomes, shadow_outcome=bans.WOULD_BAN):
-        if not ban.shadow:
-            deliver_ban(ban)
-            logger.warning("ratelimit_app: %s banned %s until %s (ban %d within its memory)",
-                           ban.rule_name, ban.who, ban.until.isoformat(), ban.times)
 
 
 def _ignore(reply):

@@ -48,7 +48,7 @@ GROUPED_INDEX = {
     "Rate limits · Billing": ["Credit accounts", "Credit top-ups", "Usage records"],
     "Rate limits · Callers": ["API keys", "Identity overrides", "Plan assignments"],
     "Rate limits · Monitoring": ["Audit entries", "Dashboard", "Simulator"],
-    "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"],
+    "Rate limits · Protection": ["Allow and deny lists", "Ban log", "Ban rules", "Bans"],
 }
 MOST_ENTRIES_PER_GROUP = 8
 
@@ -169,7 +169,7 @@ def test_protection_holds_the_penalty_box_and_the_lists_and_leads_their_breadcru
         admin_client):
     page = admin_client.get("/admin/ratelimit_protection/").content.decode()
     assert rate_limit_sections(page) == {
-        "Rate limits · Protection": ["Allow and deny lists", "Ban rules", "Bans"]}
+        "Rate limits · Protection": ["Allow and deny lists", "Ban log", "Ban rules", "Bans"]}
     assert "ratelimit_app/admin.css" in page  # the app's accessibility styles, as on each group's
     rule, ban = ban_rule_and_ban()
     entry = deny_entry()

@@ -21,7 +21,7 @@ from ...business.credits.ledger import last_top_up, state_of, stored_states
 from ...business.credits.models import CreditAccount
 from ...business.credits.rules import AccountRules
 from ...conf import get_config
-from ...config.ban_records import current_bans
+from ...config.ban_records import ban_log, current_bans, unlisted_bans
 from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
 from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
@@ -181,6 +181,33 @@ def ban_rows(now, limit=50):
             for ban in current_bans(now)[:limit]]
 
 
+def unlisted_ban_rows(now):
+    """Return, per ban-log entry of the last hour with more bans than rows, how many of its
+    bans are not listed in "Banned now" (Redis refuses them all the same)."""
+    since = now - datetime.timedelta(hours=1)
+    return [{"rule": entry.rule_name, "from": moment(entry.interval_start), "bans": entry.bans,
+             "unlisted": unlisted}
+            for entry, unlisted in unlisted_bans(since)]
+
+
+def ban_log_rows(limit=20):
+    """Return the latest ``limit`` entries of the ban log (bans per rule and interval, and
+    lifts by staff), latest first: when, and what in words."""
+    rows = []
+    for entry in ban_log(limit):
+        if entry.kind == "lifted":
+            what = f"{entry.actor} lifted the ban of {entry.who} by {entry.rule_name}"
+        else:
+            verb = "would have banned" if entry.shadow else "banned"
+            shown = ", ".join(caller["who"] for caller in entry.callers[:3])
+            more = entry.bans - min(3, len(entry.callers))
+            what = (f"{entry.rule_name} {verb} {entry.bans} "
+                    f"caller{'' if entry.bans == 1 else 's'}: {shown}"
+                    + (f" and {more} more" if more > 0 else ""))
+        rows.append({"at": moment(entry.at), "kind": entry.kind, "what": what})
+    return rows
+
+
 def temporary_rows(now):
     """Return who is on a temporary override or plan assignment (of a user, or an API key's
     own plan) at the datetime ``now``: one dict per row (identity, what it changes, until when,
@@ -316,6 +343,9 @@ def dashboard_data(window="1h", now=None, with_html=True):
                                                                    tz=datetime.timezone.utc)),
         "credits": credit_rows(),
         "bans": ban_rows(datetime.datetime.fromtimestamp(now, tz=datetime.timezone.utc)),
+        "unlisted_bans": unlisted_ban_rows(datetime.datetime.fromtimestamp(
+            now, tz=datetime.timezone.utc)),
+        "ban_log": ban_log_rows(),
     }
     if with_html:
         context = {**data, "chart_svg": requests_chart(series) if series else ""}

@@ -31,7 +31,7 @@ class Event(models.TextChoices):
     EXHAUSTED = "quota.exhausted", "A threshold of 100 % was reached (the quota is used up)"
     CREDITS_LOW = "credits.low", "Prepaid credits: a threshold below 100 % of the last top-up used"
     CREDITS_EXHAUSTED = "credits.exhausted", "Prepaid credits: the last top-up used up"
-    CALLER_BANNED = "caller.banned", "The penalty box banned a caller"
+    CALLER_BANNED = "caller.banned", "The penalty box banned callers (per rule and interval)"
 
 
 def new_webhook_secret():
@@ -151,6 +151,9 @@ class WebhookDelivery(models.Model):
                                  related_name="deliveries")
     alert = models.ForeignKey(QuotaAlert, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="deliveries")
+    # a caller.banned delivery: the ban-log entry it announces (business/alerts/bans.py)
+    ban_entry = models.ForeignKey("ratelimit_app.BanLogEntry", null=True, blank=True,
+                                  on_delete=models.SET_NULL, related_name="deliveries")
     event = models.CharField(max_length=50)
     body = models.TextField()
     status = models.CharField(max_length=10, choices=DeliveryStatus.choices,

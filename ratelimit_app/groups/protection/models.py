@@ -13,5 +13,9 @@ class Ban(models.Ban):
     Meta = proxy_meta(models.Ban)
 
 
+class BanLogEntry(models.BanLogEntry):
+    Meta = proxy_meta(models.BanLogEntry)
+
+
 class AccessListEntry(models.AccessListEntry):
     Meta = proxy_meta(models.AccessListEntry)

@@ -445,7 +445,7 @@ class Command(BaseCommand):
     # --- the penalty box -------------------------------------------------------------------
 
     def handle_bans(self, bans_command=None, ban_id=None, user=None, **options):
-        from ...config.ban_records import current_bans
+        from ...config.ban_records import current_bans, unlisted_bans
         from ...config.models import Ban
 
         if bans_command != "lift":
@@ -456,6 +456,12 @@ class Command(BaseCommand):
                                   f"{ban.until:%Y-%m-%d %H:%M:%S}  ban {ban.times}")
             if not found:
                 self.stdout.write("No ban in force.")
+            # a flood's bans past BAN_ROWS_PER_INTERVAL have no row: say how many
+            since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+            for entry, unlisted in unlisted_bans(since):
+                self.stdout.write(f"(and {unlisted} more banned by {entry.rule_name} in the "
+                                  f"interval from {entry.interval_start:%Y-%m-%d %H:%M:%S}: "
+                                  f"not listed, refused by Redis until their ban ends)")
             return
         User = get_user_model()
         operator = User.objects.filter(**{User.USERNAME_FIELD: user}).first()
