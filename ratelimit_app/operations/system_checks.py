@@ -222,8 +222,9 @@ def check_store(app_configs=None, **kwargs):
     return []
 
 
-# Commands of other apps that use the store: the server, and the check asked for.
-STORE_COMMANDS = frozenset({"check", "runserver", "testserver"})
+# Commands of other apps that use the store: the servers, the test runner (its tests' requests
+# are decided), and the check asked for.
+STORE_COMMANDS = frozenset({"check", "runserver", "testserver", "test"})
 
 
 def command_uses_store(argv=None):

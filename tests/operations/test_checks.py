@@ -277,6 +277,7 @@ def test_w007_names_the_group_apps_missing_from_installed_apps():
 @pytest.mark.parametrize("argv, uses", [
     (["manage.py", "runserver", "8001"], True),
     (["manage.py", "check"], True),
+    (["manage.py", "test"], True),                     # its tests' requests are decided
     (["manage.py", "ratelimit", "top"], True),         # the app's own commands
     (["manage.py", "migrate"], False),
     (["manage.py", "createsuperuser"], False),
