@@ -1,8 +1,8 @@
 """System checks: misconfiguration is reported at start-up with an id and a hint.
 
 Every check here carries the tag ``ratelimit_app``: ``manage.py check --tag ratelimit_app`` runs
-them alone. ``check_store`` talks to Redis (see its docstring); the others read settings and
-installed versions only.
+them alone. ``check_store`` talks to Redis, and only for the commands that use it (see its
+docstring); the others read settings and installed versions only.
 """
 
 import ipaddress
@@ -175,7 +175,7 @@ def check_store(app_configs=None, **kwargs):
 
     Talks to Redis through the process's Limiter (socket timeouts apply): PING, the store's own
     checks, then one decision on a scratch identity whose key it deletes (round_trip.py). That
-    is a few milliseconds whenever ``check``, ``runserver`` or ``migrate`` runs the checks; a
+    is a few milliseconds whenever ``check``, ``runserver`` or ``test`` runs the checks; a
     Redis that does not answer PING costs one connect timeout and skips the rest.
     """
     from ..runtime.limiter import default_limiter

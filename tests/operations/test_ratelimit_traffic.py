@@ -3,7 +3,6 @@
 import io
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,9 @@ from project.demo.management.commands.ratelimit_traffic import check_loopback
 from project.demo.models import ReceivedWebhook
 from ratelimit_app.models import QuotaAlert, WebhookDelivery
 
-from ..helpers import limiter, poll_until
+from ..helpers import free_port, limiter, poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("url", ["http://example.com", "http://10.0.0.1:8000", "ftp://127.0.0.1",
