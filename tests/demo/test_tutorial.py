@@ -34,14 +34,20 @@ def curl(url, method="GET", **headers):
             return refused.code, refused.headers, refused.read()
 
 
-def edit_free_ip(admin, **numbers):
-    """Save free-ip in its admin form with ``numbers`` typed; return the page's warnings."""
+def post_free_ip(admin, **numbers):
+    """Send free-ip's admin form with ``numbers`` typed, the rest as it is; return the
+    response."""
     rule = Rule.objects.get(name="free-ip")
     form = {"name": rule.name, "plan": rule.plan_id, "scope": rule.scope, "endpoint": "",
             "status": "enforce", "on_redis_failure": rule.on_redis_failure,
             "period_s_0": "1", "period_s_1": "minute", "lease": "0", "debt": "0",
             "alert_thresholds": "", **numbers}
-    response = admin.post(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]), form)
+    return admin.post(reverse("admin:ratelimit_app_rule_change", args=[rule.pk]), form)
+
+
+def edit_free_ip(admin, **numbers):
+    """Save free-ip with ``numbers`` typed; return the page's warnings."""
+    response = post_free_ip(admin, **numbers)
     assert response.status_code == 302, response.context["adminform"].form.errors
     return [str(m) for m in get_messages(response.wsgi_request) if m.level_tag == "warning"]
 
@@ -66,8 +72,11 @@ def test_the_demo_tutorial_works_in_the_order_written(live_server, settings):
     assert edit_free_ip(admin, rate="30", burst="50") == []
     poll_until(lambda: '"free-ip";q=50;w=100' in curl(f"{base}/api/items/")[1]["RateLimit-Policy"],
                what="the new burst served")
-    # (a smaller burst saves with the warning the page explains)
+    # (a smaller burst saves with the warning the page explains; below 20 it is refused)
     assert "below MAX_COST (50)" in " ".join(edit_free_ip(admin, rate="30", burst="40"))
+    refused = post_free_ip(admin, rate="30", burst="5")
+    assert refused.status_code == 200
+    assert "(20 tokens)" in refused.context["adminform"].form.errors["burst"][0]
 
     # Metered streams: dana's 40 words, then studio-daily has dropped by 41
     status, _, body = curl(f"{base}/api/generate/?words=40", **{"X-Api-Key": "rk_dana_studio"})
