@@ -5,6 +5,7 @@ numbers, and an operator's tasks from the admin index counted in page loads."""
 
 import datetime
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.urls import reverse
@@ -20,6 +21,7 @@ from .rule_word_cases import CASES
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("orm_beside_playwright")]
 
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FIELDS = 12
 MAX_WORDS = 250
 # The fields of the form: its visible controls (not the hidden ones, not the buttons), a
@@ -264,3 +266,7 @@ def test_the_quickstart_admin_route_saves_five_requests_per_minute(page, live_se
         ("free", "ip", 5, 60, 5)
     assert form_kind_of(rule).sentence(rule) == \
         "5 requests per minute per client IP, bursts up to 5; enforced"
+    # and the page says what this test typed and read
+    quickstart = " ".join((ROOT / "docs" / "tutorial" / "quickstart.md").read_text().split())
+    assert ("*Requests* `5` *per* `60` *second(s)*" in quickstart
+            and '"5 requests per minute per client IP, bursts up to 5; enforced"' in quickstart)
