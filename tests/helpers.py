@@ -124,6 +124,15 @@ def poll_until(condition, timeout_s=5, what="the condition"):
         threading.Event().wait(0.02)
 
 
+def free_port():
+    """Return a port of 127.0.0.1 that was free a moment ago (nothing listens on it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def live_server_requests():
     """Return the live server's request threads still alive (socketserver's threads run
     ``process_request_thread``; one lives as long as its client keeps the connection open)."""

@@ -45,7 +45,9 @@ class PeriodWidget(forms.MultiWidget):
 
     def decompress(self, value):
         if not value:
-            return [None, "minute"]
+            # a number typed alone is seconds, the unit of ``period_s`` in code, in exports and
+            # in a form posted without a unit: the same "60" means the same period everywhere
+            return [None, "second"]
         for unit, length in reversed(PERIOD_UNITS):
             if value % length == 0:
                 return [value // length, unit]

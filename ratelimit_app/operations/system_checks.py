@@ -1,11 +1,12 @@
 """System checks: misconfiguration is reported at start-up with an id and a hint.
 
 Every check here carries the tag ``ratelimit_app``: ``manage.py check --tag ratelimit_app`` runs
-them alone. ``check_store`` talks to Redis (see its docstring); the others read settings and
-installed versions only.
+them alone. ``check_store`` talks to Redis, and only for the commands that use it (see its
+docstring); the others read settings and installed versions only.
 """
 
 import ipaddress
+import sys
 
 from django.apps import apps
 from django.conf import settings
@@ -170,9 +171,12 @@ def check_store(app_configs=None, **kwargs):
     starting later than this process, and decisions then follow the rules' fail modes until it
     answers.
 
+    Runs for the commands that use the store (``command_uses_store``): a ``makemigrations`` or
+    a demo's HTTP client is not told about a Redis it never calls.
+
     Talks to Redis through the process's Limiter (socket timeouts apply): PING, the store's own
     checks, then one decision on a scratch identity whose key it deletes (round_trip.py). That
-    is a few milliseconds whenever ``check``, ``runserver`` or ``migrate`` runs the checks; a
+    is a few milliseconds whenever ``check``, ``runserver`` or ``test`` runs the checks; a
     Redis that does not answer PING costs one connect timeout and skips the rest.
     """
     from ..runtime.limiter import default_limiter
@@ -186,6 +190,8 @@ def check_store(app_configs=None, **kwargs):
         describe_error,
     )
 
+    if not command_uses_store():
+        return []
     config = get_config()
     if not config["CLUSTER_NODES"]:
         cache = settings.CACHES.get(config["CACHE_ALIAS"]) or {}
@@ -215,6 +221,30 @@ def check_store(app_configs=None, **kwargs):
         return [_unreachable(f"The rate-limit store answers PING but not a decision: "
                              f"{trip.detail}")]
     return []
+
+
+# Commands of other apps that use the store: the servers, the test runner (its tests' requests
+# are decided), and the check asked for.
+STORE_COMMANDS = frozenset({"check", "runserver", "testserver", "test"})
+
+
+def command_uses_store(argv=None):
+    """Return whether this process may use the rate-limit store: True in a server, a test or a
+    script, and for the management commands that decide requests or operate the store
+    (``STORE_COMMANDS`` and every command of ratelimit_app); False for any other management
+    command run from the command line (``migrate``, ``createsuperuser``, a project's own).
+
+    Django gives a check no name of the command that runs it, but a command line always names
+    it first (``manage.py <command>``, ``django-admin <command>``); ``call_command`` skips the
+    checks unless asked, and a check asked for that way is run."""
+    from django.core.management import get_commands
+
+    argv = sys.argv if argv is None else argv
+    command = argv[1] if len(argv) > 1 else ""
+    app = get_commands().get(command)
+    if app is None:
+        return True  # not a management command's command line
+    return command in STORE_COMMANDS or app == "ratelimit_app"
 
 
 def _unreachable(message):

@@ -5,13 +5,14 @@ numbers, and an operator's tasks from the admin index counted in page loads."""
 
 import datetime
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from ratelimit_app.config.rule_kinds import FORM_KINDS
+from ratelimit_app.config.rule_kinds import FORM_KINDS, form_kind_of
 from ratelimit_app.models import ApiKey, IdentityOverride, Rule
 
 from ..helpers import SCREENSHOTS, limiter
@@ -20,6 +21,7 @@ from .rule_word_cases import CASES
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("orm_beside_playwright")]
 
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FIELDS = 12
 MAX_WORDS = 250
 # The fields of the form: its visible controls (not the hidden ones, not the buttons), a
@@ -218,3 +220,53 @@ def test_an_operator_finds_why_a_caller_is_refused(signed_in_page):
     assert "free-ip" in verdict, verdict
     print("page loads to find why a caller is refused:", loads.count)
     assert loads.count <= 5
+
+
+def test_the_quickstart_admin_route_saves_five_requests_per_minute(page, live_server, settings):
+    """docs/tutorial/quickstart.md, step 6 in the admin, done exactly as written on an empty
+    database: the number typed as the period is read in the unit the page presets, and the
+    words shown before saving are the rule saved."""
+    from django.contrib.auth import get_user_model
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    get_user_model().objects.create_superuser("admin", "admin@example.com", "admin")
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "admin")
+    page.click("input[type=submit]")
+    # 1. Plans ▸ Add plan: name Free (the slug follows), both defaults ticked. Save.
+    page.click("a:text-is('Plans')")
+    page.click(".object-tools a.addlink")
+    page.locator("#id_name").press_sequentially("Free")  # typed: Django's script fills the slug
+    expect(page.locator("#id_slug")).to_have_value("free")
+    page.check("#id_default_for_authenticated")
+    page.check("#id_default_for_anonymous")
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    # 2. Rules ▸ Add rule ▸ Token bucket: name, plan, scope, the numbers; the rest as it is.
+    page.goto(f"{live_server.url}/admin/")
+    page.click("a:text-is('Rules')")
+    page.click(".object-tools a.addlink")
+    page.click("li[data-kind='token_bucket'] a:text-is('Token bucket')")
+    page.fill("#id_name", "free-ip")
+    page.select_option("#id_plan", label="Free")
+    page.select_option("#id_scope", label="Client IP (each address)")
+    page.fill("#id_rate", "5")
+    page.fill("#id_period_s_0", "60")
+    page.fill("#id_burst", "5")
+    assert page.locator("#id_period_s_1 option:checked").inner_text() == "second(s)"
+    expect(page.locator("#rule-in-words")).to_have_text(
+        "5 requests per minute per client IP, bursts up to 5; enforced")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "admin_quickstart_rule.png", full_page=True)
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist .success")
+    rule = Rule.objects.get(name="free-ip")
+    assert (rule.plan.slug, rule.scope, rule.rate, rule.period_s, rule.burst) == \
+        ("free", "ip", 5, 60, 5)
+    assert form_kind_of(rule).sentence(rule) == \
+        "5 requests per minute per client IP, bursts up to 5; enforced"
+    # and the page says what this test typed and read
+    quickstart = " ".join((ROOT / "docs" / "tutorial" / "quickstart.md").read_text().split())
+    assert ("*Requests* `5` *per* `60` *second(s)*" in quickstart
+            and '"5 requests per minute per client IP, bursts up to 5; enforced"' in quickstart)

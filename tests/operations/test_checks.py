@@ -272,3 +272,21 @@ def test_w007_names_the_group_apps_missing_from_installed_apps():
     without_admin = [app for app in partial if app != "django.contrib.admin"]
     with override_settings(INSTALLED_APPS=without_admin):
         assert "ratelimit_app.W007" not in messages()  # no index to group
+
+
+@pytest.mark.parametrize("argv, uses", [
+    (["manage.py", "runserver", "8001"], True),
+    (["manage.py", "check"], True),
+    (["manage.py", "test"], True),                     # its tests' requests are decided
+    (["manage.py", "ratelimit", "top"], True),         # the app's own commands
+    (["manage.py", "migrate"], False),
+    (["manage.py", "createsuperuser"], False),
+    (["manage.py", "ratelimit_traffic"], False),       # the demo's HTTP client
+    (["gunicorn", "project.wsgi"], True),              # not a command: a server, a script
+    (["pytest", "tests/operations"], True),
+    (["manage.py"], True),
+])
+def test_the_store_check_concerns_the_commands_that_use_the_store(argv, uses):
+    from ratelimit_app.operations.system_checks import command_uses_store
+
+    assert command_uses_store(argv) is uses

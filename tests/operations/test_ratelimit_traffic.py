@@ -1,7 +1,11 @@
 """The ratelimit_traffic command: loopback only, bounded, and its traffic reaches the limiter."""
 
 import io
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -10,7 +14,9 @@ from project.demo.management.commands.ratelimit_traffic import check_loopback
 from project.demo.models import ReceivedWebhook
 from ratelimit_app.models import QuotaAlert, WebhookDelivery
 
-from ..helpers import limiter, poll_until
+from ..helpers import free_port, limiter, poll_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("url", ["http://example.com", "http://10.0.0.1:8000", "ftp://127.0.0.1",
@@ -75,3 +81,28 @@ def test_one_run_crosses_the_studio_quotas_thresholds_and_the_receiver_gets_them
     assert all(row.signature_valid for row in received)
     assert sorted(row.event for row in received) == [
         "quota.exhausted", "quota.threshold_crossed", "quota.threshold_crossed"]
+
+
+def test_says_in_one_line_that_nothing_answers_and_sends_nothing():
+    with pytest.raises(CommandError, match=r"^Nothing answers at http://127\.0\.0\.1:\d+: start "
+                       r"the demo \(make run\) or pass the address it serves on, e\.g\. --url "):
+        call_command("ratelimit_traffic", url=f"http://127.0.0.1:{free_port()}",
+                     stdout=io.StringIO())
+
+
+def test_in_a_second_terminal_it_warns_of_no_redis_it_does_not_use(tmp_path):
+    """The demo's traffic command talks HTTP only: run from a terminal where nothing points at
+    the demo (Redis on a port where none listens, a database without the demo, no server on
+    $PORT), it prints one line and no system check about Redis; ``check`` still warns."""
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+           "SQLITE_PATH": str(tmp_path / "empty.sqlite3"), "PORT": str(free_port())}
+    traffic = subprocess.run([sys.executable, "manage.py", "ratelimit_traffic"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert traffic.returncode == 1
+    assert traffic.stdout == ""
+    assert traffic.stderr.splitlines() == [
+        f"CommandError: Nothing answers at http://127.0.0.1:{env['PORT']}: start the demo (make "
+        f"run) or pass the address it serves on, e.g. --url http://127.0.0.1:8001."]
+    check = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert "ratelimit_app.W004" in check.stderr + check.stdout

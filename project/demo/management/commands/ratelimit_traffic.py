@@ -7,12 +7,18 @@ until its credits run out (402, until an operator tops it up in the admin), and 
 anonymous scraper hammers the API until it is refused (429). Bounded in requests and seconds,
 it stops by itself, and it only talks to loopback addresses.
 
-    python manage.py ratelimit_traffic                    # 60 s or 3000 requests at :8000
+    python manage.py ratelimit_traffic                    # 60 s or 3000 requests
     python manage.py ratelimit_traffic --duration 20 --url http://127.0.0.1:8001
+
+Without ``--url`` it calls the demo where ``load_demo --server-url`` said it serves (``make
+run`` passes its port), read from the demo database; without that, ``http://127.0.0.1:$PORT``
+(8000 when PORT is not set). When nothing answers there it says so in one line and sends
+nothing.
 """
 
 import http.client
 import ipaddress
+import os
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +26,9 @@ from collections import Counter
 from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from .load_demo import WEBHOOK_ENDPOINT
 
 # name, share of the requests, method, path, headers. The scraper's share makes it the abuser.
 CLIENTS = [
@@ -72,13 +81,36 @@ def check_loopback(url):
     return url.rstrip("/")
 
 
+def recorded_demo_url():
+    """Return the address the demo serves on, as ``load_demo --server-url`` recorded it (the
+    origin of the demo receiver's webhook endpoint, which is the demo server itself), or None
+    when this database holds no demo."""
+    from ratelimit_app.models import WebhookEndpoint
+
+    try:
+        endpoint = WebhookEndpoint.objects.filter(name=WEBHOOK_ENDPOINT).first()
+    except DatabaseError:  # not migrated: no demo here
+        return None
+    if endpoint is None:
+        return None
+    parts = urlsplit(endpoint.url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
+
+
+def default_url():
+    """Return the server to call when no --url is given: the recorded demo, else
+    127.0.0.1 on $PORT (8000 when unset)."""
+    return recorded_demo_url() or f"http://127.0.0.1:{os.environ.get('PORT') or 8000}"
+
+
 class Command(BaseCommand):
     help = ("Send realistic demo traffic (one abusive client) to a running server on this "
             "machine, for a bounded number of requests and seconds.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--url", default="http://127.0.0.1:8000",
-                            help="Server to call (loopback only). Default: %(default)s")
+        parser.add_argument("--url", default=None,
+                            help="Server to call (loopback only). Default: where load_demo "
+                                 "recorded the demo, else http://127.0.0.1:$PORT (8000).")
         parser.add_argument("--duration", type=float, default=60.0,
                             help="Stop after this many seconds (at most 600). Default: 60")
         parser.add_argument("--requests", type=int, default=3000,
@@ -88,13 +120,17 @@ class Command(BaseCommand):
                                  "Default: 25")
 
     def handle(self, *args, url, duration, requests, rps, **options):
-        base = check_loopback(url)
         if not 0 < duration <= MAX_DURATION_S:
             raise CommandError(f"--duration must be between 0 and {MAX_DURATION_S} seconds.")
         if not 0 < requests <= MAX_REQUESTS:
             raise CommandError(f"--requests must be between 1 and {MAX_REQUESTS}.")
         if rps < 0:
             raise CommandError("--rps cannot be negative.")
+        base = check_loopback(url or default_url())
+        if self._send(base, "GET", "/health/", {}) == "error":
+            raise CommandError(
+                f"Nothing answers at {base}: start the demo (make run) or pass the address it "
+                f"serves on, e.g. --url http://127.0.0.1:8001.")
         schedule = _schedule()
         results = Counter()
         started = time.monotonic()
