@@ -40,7 +40,8 @@ from ..decision.scopes import Scope
 from ..stores import StoreUnavailable
 
 __all__ = ["BanGateRule", "CompiledBanRule", "compile_ban_rule", "BanOutcome", "PenaltyBox",
-           "OWN_SCOPES", "refusing_scopes", "COUNTED", "BANNED", "ALREADY_BANNED", "WOULD_BAN", "LIFTED", "NOT_BANNED"]
+           "OWN_SCOPES", "refusing_scopes",
+           "COUNTED", "BANNED", "ALREADY_BANNED", "WOULD_BAN", "LIFTED", "NOT_BANNED"]
 
 # ban.lua's outcomes
 COUNTED, BANNED, ALREADY_BANNED, WOULD_BAN, LIFTED, NOT_BANNED = range(6)
