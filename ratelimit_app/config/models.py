@@ -734,7 +734,7 @@ class BanRule(models.Model):
     def describe(self):
         """Return the rule in words ("5 responses 404 within 60 s per client IP ban it for
         600 s, each ban within 1 day twice as long up to 86400 s; enforced")."""
-        what = {BanEvents.REFUSALS: "refusals by the quotas",
+        what = {BanEvents.REFUSALS: "refusals by its own quotas",
                 BanEvents.STATUSES: f"responses {self.statuses}",
                 BanEvents.FAILED_AUTH: "failed authentications"}.get(self.events, self.events)
         if self.path_prefix:

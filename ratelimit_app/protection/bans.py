@@ -18,6 +18,15 @@ Where the state lives, and why it costs nothing extra:
   left and answers the banned caller's flood without Redis.
 - Events are counted after the response, by ``ban.lua`` on the same key (one call per caller key
   with a rule whose events the response matched; none otherwise).
+
+What one caller cannot make the penalty box do to another:
+
+- A refusal counts towards a rule of scope S only when a bucket of the caller's own refused it:
+  one at S, or at a scope nested in S (``OWN_SCOPES``). Global, plan and tenant buckets are
+  drained by everyone on them, so their refusals say nothing of this caller; nor do a shadow
+  bucket's would-be refusals, a list's, a ban's, or a refusal while Redis could not answer.
+- A refused retry during a ban is no event: it extends the bans that refused it, of the rules
+  whose retries extend them, and nothing else (ban.lua's "retry").
 """
 
 import struct
@@ -27,15 +36,39 @@ from typing import NamedTuple
 
 from ..conf import get_config
 from ..decision.keys import bucket_key
+from ..decision.scopes import Scope
 from ..stores import StoreUnavailable
 
 __all__ = ["BanGateRule", "CompiledBanRule", "compile_ban_rule", "BanOutcome", "PenaltyBox",
+           "OWN_SCOPES", "refusing_scopes",
            "COUNTED", "BANNED", "ALREADY_BANNED", "WOULD_BAN", "LIFTED", "NOT_BANNED"]
 
 # ban.lua's outcomes
 COUNTED, BANNED, ALREADY_BANNED, WOULD_BAN, LIFTED, NOT_BANNED = range(6)
 _YEAR_MS = 366 * 24 * 3600 * 1000
 _BAN_SPEC = struct.Struct("<qqqqqqqq")
+
+# The scopes whose buckets are a caller's own at a ban rule's scope, so that their refusals count
+# as its abuse: the rule's scope and those nested in it. A user (or an API key, which is a caller
+# of its own at user scope) belongs to its tenant, so a tenant's rule counts its members' own
+# refusals too; a client address is nested in none (many users and tenants can share one, and
+# one user calls from many), so it counts only for address rules. Per-endpoint buckets are
+# records of their scope's caller and count with it.
+OWN_SCOPES = {
+    Scope.IP: frozenset({Scope.IP}),
+    Scope.USER: frozenset({Scope.USER}),
+    Scope.TENANT: frozenset({Scope.TENANT, Scope.USER}),
+}
+_NO_SCOPES = frozenset()
+
+
+def refusing_scopes(decision):
+    """Return the scopes of the enforced buckets that refused ``decision`` (a frozenset): empty
+    when it was allowed, or refused by a ban, a list, or while Redis could not answer (none of
+    its buckets refused then). A shadow bucket's would-be refusal is left out."""
+    if decision is None or decision.allowed or decision.banned:
+        return _NO_SCOPES
+    return frozenset([s.scope for s in decision.policies if s.short and not s.shadow])
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +117,19 @@ class CompiledBanRule:
     gate_rule: BanGateRule
     spec: bytes = field(repr=False)  # ban.lua's argument
     ban_s: int = 0
+    # the scopes of the buckets whose refusals are this rule's events (OWN_SCOPES)
+    own_scopes: frozenset = _NO_SCOPES
 
-    def counts(self, path, status, refused, failed_auth):
-        """True if a response (its ``path``, ``status``, whether the quotas ``refused`` it and
-        whether its credentials failed) is one of this rule's events."""
+    def counts(self, path, status, refused_scopes, failed_auth):
+        """True if a response (its ``path``, ``status``, the scopes of the buckets that refused
+        it, ``refusing_scopes``, and whether its credentials failed) is one of this rule's
+        events. A refusal is one only when a bucket of the caller's own refused it."""
         if self.path_prefix and not _under(path, self.path_prefix):
             return False
         if self.events == "statuses":
             return status in self.statuses
         if self.events == "refusals":
-            return refused
+            return not self.own_scopes.isdisjoint(refused_scopes)
         return failed_auth
 
 
@@ -122,7 +158,7 @@ def compile_ban_rule(row, statuses):
         statuses=frozenset(statuses), path_prefix=row.path_prefix, shadow=shadow,
         extend_on_retry=row.extend_on_retry,
         gate_rule=BanGateRule(id=gate_id, name=row.name, scope=row.scope), spec=spec,
-        ban_s=row.ban_s)
+        ban_s=row.ban_s, own_scopes=OWN_SCOPES.get(row.scope, frozenset({row.scope})))
 
 
 class BanOutcome(NamedTuple):
@@ -150,16 +186,19 @@ class PenaltyBox:
         self._now_ms = now_ms
         self._script = None
 
-    def events_of(self, snapshot, identity, path, status, refused, failed_auth, banned):
+    def events_of(self, snapshot, identity, path, status, refused_scopes, failed_auth, banned):
         """Return ``{key: [rules]}``: the ban rules a response's events count towards, by the
-        caller key they are counted in. A request refused by a ban counts only for rules whose
-        retries extend it."""
+        caller key they are counted in (``refused_scopes``: ``refusing_scopes`` of its
+        decision). A request refused by bans (``banned``: the names of their rules) is a retry,
+        no event: only those of its bans whose rule says retries extend them are returned
+        (``count(..., retry=True)`` then extends them)."""
         found = {}
         prefix = get_config()["KEY_PREFIX"]
         for rule in snapshot.ban_rules:
-            if banned and not rule.extend_on_retry:
-                continue
-            if not (banned or rule.counts(path, status, refused, failed_auth)):
+            if banned:
+                if not (rule.extend_on_retry and rule.name in banned):
+                    continue
+            elif not rule.counts(path, status, refused_scopes, failed_auth):
                 continue
             token = identity.token_for(rule.scope)
             if token is None:
@@ -167,12 +206,14 @@ class PenaltyBox:
             found.setdefault(bucket_key(prefix, token), []).append(rule)
         return found
 
-    def count(self, identity, found):
+    def count(self, identity, found, *, retry=False):
         """Count one event for each of ``found``'s rules (``events_of``); return the
-        BanOutcomes. Raises StoreUnavailable."""
+        BanOutcomes. ``retry``: the request was refused by these bans; extend those still in
+        force (ALREADY_BANNED) and count nothing (NOT_BANNED for a ban that ended or was
+        lifted meanwhile). Raises StoreUnavailable."""
         outcomes = []
         for key, rules in found.items():
-            reply = self._run(key, "count", rules)
+            reply = self._run(key, "retry" if retry else "count", rules)
             outcomes.extend(BanOutcome(rule, identity, key, *map(int, result))
                             for rule, result in zip(rules, reply))
         return outcomes

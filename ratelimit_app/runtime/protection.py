@@ -95,14 +95,13 @@ class Protection:
         if identity.trusted or (decision is None or decision.identity is None) and \
                 is_trusted(snapshot, request, identity, self._wall_time):
             return ()  # an allow-listed caller is never banned: nothing counted, no call
-        banned = decision is not None and bool(decision.banned)
-        refused = decision is not None and not decision.allowed and not banned
-        found = self.bans.events_of(snapshot, identity, path, status, refused, failed_auth,
-                                    banned)
+        banned = decision.banned if decision is not None else ()
+        found = self.bans.events_of(snapshot, identity, path, status,
+                                    bans.refusing_scopes(decision), failed_auth, banned)
         if not found:
             return ()
         try:
-            outcomes = self.bans.count(identity, found)
+            outcomes = self.bans.count(identity, found, retry=bool(banned))
         except StoreUnavailable as exc:
             logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
             return ()

@@ -4,7 +4,9 @@
 -- KEYS[1]   the caller's key: the one take.lua keeps its buckets in, so that the ban written
 --           here is checked by take.lua in the decision's own call, in the caller's slot
 -- ARGV[1]   now in milliseconds, or "" to use the Redis server clock (tests pass a value)
--- ARGV[2]   "count" (one event for each rule) or "lift" (end each rule's ban now)
+-- ARGV[2]   "count" (one event for each rule), "retry" (a request its bans refused: extend
+--           those still in force whose rule says so; never an event) or "lift" (end each
+--           rule's ban now)
 -- ARGV[3..] one per ban rule: eight little-endian int64: the gate's record id G, threshold N,
 --           window_ms, ban_ms, factor, max_ms, memory_ms, flags (1 = shadow, 2 = retries
 --           during a ban extend it)
@@ -22,7 +24,7 @@
 --
 -- Returns, per rule, {outcome, until_ms, times, now_ms}: 0 counted, 1 banned now, 2 banned already
 -- (extended when the rule says so), 3 a would-be ban (shadow: the events start over, the
--- history is kept, no ban is written), 4 lifted, 5 not banned (nothing to lift).
+-- history is kept, no ban is written), 4 lifted, 5 not banned (nothing to lift or extend).
 
 local GATE, SLACK_MS, YEAR_MS = 1000, 1000, 366 * 24 * 3600 * 1000
 local unpack_, pack = struct.unpack, struct.pack
@@ -48,7 +50,7 @@ local function put(id, level, stamp, period)
   records[id] = {level, stamp, period}
 end
 
-local lift = ARGV[2] == 'lift'
+local lift, retry = ARGV[2] == 'lift', ARGV[2] == 'retry'
 local need = 0  -- the latest moment a record written here is of use
 local reply = {}
 for i = 3, #ARGV do
@@ -72,6 +74,8 @@ for i = 3, #ARGV do
       if banned_until > need then need = banned_until end
     end
     reply[#reply + 1] = {2, banned_until, times, now}
+  elseif retry then  -- the ban ended or was lifted since it refused: nothing to extend
+    reply[#reply + 1] = {5, 0, times, now}
   else
     local events = records[gate_id - 1]
     local room = threshold * window
