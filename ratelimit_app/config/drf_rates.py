@@ -29,7 +29,6 @@ The mapping, DRF's semantics kept:
   request to leave its window.
 """
 
-import logging
 import re
 from dataclasses import dataclass
 
@@ -42,8 +41,6 @@ from .endpoints import scoped_endpoints
 
 __all__ = ["IMPORT_ACTOR", "DrfRateError", "ImportedRule", "parse_drf_rate", "drf_rate_rows",
            "import_drf_rates"]
-
-logger = logging.getLogger("ratelimit_app")
 
 # The audit trail's actor of the import: an entry by it means the rates were imported once.
 IMPORT_ACTOR = "migrate: DRF's DEFAULT_THROTTLE_RATES"
@@ -95,13 +92,18 @@ def _rule_name(*parts):
     return name if RULE_NAME_RE.match(name or "") else "drf"
 
 
+def _configured_rates():
+    """The project's ``DEFAULT_THROTTLE_RATES`` (empty when it names none)."""
+    rates = (getattr(settings, "REST_FRAMEWORK", None) or {}).get("DEFAULT_THROTTLE_RATES")
+    return rates if isinstance(rates, dict) else {}
+
+
 def drf_rate_rows(rates=None, urlconf=None):
     """Return ``(rules, problems)``: the ImportedRules of ``rates`` (the project's
     ``DEFAULT_THROTTLE_RATES`` unless given) and the URLconf's ``throttle_scope`` views, and one
     line per rate that could not be read (skipped). Scopes no view names are skipped too."""
     if rates is None:
-        rates = (getattr(settings, "REST_FRAMEWORK", None) or {}).get(
-            "DEFAULT_THROTTLE_RATES") or {}
+        rates = _configured_rates()
     parsed, problems = {}, []
     for scope, text in rates.items():
         if text is None:  # DRF's own default: {"anon": None, "user": None}
@@ -125,8 +127,9 @@ def drf_rate_rows(rates=None, urlconf=None):
             anonymous_rate)
     if "user" in parsed:
         add("user", "signed-in", Scope.USER, "", parsed["user"])
-    scoped = [(endpoint, scope) for endpoint, scope in scoped_endpoints(urlconf)
-              if scope in parsed]
+    other_scopes = set(parsed) - {"anon", "user"}
+    scoped = [(endpoint, scope) for endpoint, scope in
+              (scoped_endpoints(urlconf) if other_scopes else ()) if scope in parsed]
     for endpoint, scope in scoped:
         # the scope's name alone when one view names it, else the endpoint's too
         label = scope if sum(s == scope for _, s in scoped) == 1 else f"{scope}-{endpoint}"
@@ -142,11 +145,12 @@ def import_drf_rates(using="default"):
     from .audit import Actor, acting_as
     from .models import AuditEntry, AuditSource, Plan, Rule
 
-    rules, problems = drf_rate_rows()
-    for problem in problems:
-        logger.warning("ratelimit_app: %s", problem)
-    if not rules or Plan.objects.using(using).exists() or Rule.objects.using(using).exists() \
+    if not _configured_rates() or Plan.objects.using(using).exists() \
+            or Rule.objects.using(using).exists() \
             or AuditEntry.objects.using(using).filter(actor=IMPORT_ACTOR).exists():
+        return [], []  # the common case: read no URLconf
+    rules, problems = drf_rate_rows()  # the problems: migrate prints them
+    if not rules:
         return [], problems
     with acting_as(Actor(IMPORT_ACTOR, AuditSource.IMPORT)), transaction.atomic(using=using):
         plans = {}
