@@ -149,7 +149,7 @@ test-ninja: .venv-ninja/.installed test-packages
 # tested the week it ships, as a new user's `pip install` gets it. Small on purpose: the decision,
 # the adapters (DRF, Ninja, ASGI), the OpenAPI hooks, the checks, and `manage.py check` with
 # nothing to say (tests/operations/test_quiet_check.py); the pinned cells run the rest.
-NEWEST_CELL_TESTS := tests/decision tests/adapters tests/openapi \
+NEWEST_CELL_TESTS := tests/decision tests/adapters tests/openapi tests/operations/test_checks.py \
 	tests/operations/test_quiet_check.py
 
 test-newest: test-packages
