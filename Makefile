@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 
 .PHONY: run test test-packages test-matrix test-current test-django60 test-floor test-valkey \
-	test-ninja postgresql-package bench \
+	test-ninja test-newest postgresql-package bench \
 	system-packages clean
 
 $(VENV)/.installed: requirements.txt
@@ -36,9 +36,9 @@ test-packages:
 test: $(VENV)/.installed test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The support matrix (docs/reference/support.md): four more cells, each an interpreter, a pinned
+# The support matrix (docs/reference/support.md): five more cells, each an interpreter, a pinned
 # requirements file, a virtualenv of its own and a database (the valkey cell: a server binary).
-# The current cell runs first; the django60, floor, valkey and ninja cells then run side by side
+# The current cell runs first; the django60, floor, valkey, ninja and newest cells then run side by side
 # (a cell waits on its servers and Redis most of the time; the valkey cell runs the store,
 # topology and failure tests, the ninja cell the Ninja and OpenAPI tests), each into a log of
 # its own that is printed when all are done. Every cell runs, whatever another gives; a cell
@@ -48,6 +48,7 @@ DJANGO60_PYTHON ?= $(HOME)/.pyenv/versions/3.12.1/bin/python3
 FLOOR_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
 VALKEY_PYTHON ?= $(CURRENT_PYTHON)
 NINJA_PYTHON ?= $(HOME)/.pyenv/versions/3.10.13/bin/python3
+NEWEST_PYTHON ?= $(CURRENT_PYTHON)
 
 test-matrix:
 	@failed=""; logs=$$(mktemp -d); \
@@ -63,6 +64,7 @@ test-matrix:
 	start_cell floor "$(FLOOR_PYTHON)"; \
 	start_cell valkey "$(VALKEY_PYTHON)"; \
 	start_cell ninja "$(NINJA_PYTHON)"; \
+	start_cell newest "$(NEWEST_PYTHON)"; \
 	for job in $$running; do \
 		wait "$${job#*:}" || failed="$$failed $${job%%:*}"; \
 		echo "=== the $${job%%:*} cell's output ==="; cat "$$logs/$${job%%:*}.log"; \
@@ -142,6 +144,23 @@ NINJA_CELL_TESTS := tests/adapters/test_ninja.py tests/adapters/test_ninja_serve
 test-ninja: .venv-ninja/.installed test-packages
 	.venv-ninja/bin/python -m pytest $(NINJA_CELL_TESTS) $(PYTEST_ARGS)
 
+# The newest release of every dependency, resolved when the cell runs (requirements/newest.txt
+# pins nothing; the virtualenv is rebuilt each time), so a new redis-py, Django, DRF or Ninja is
+# tested the week it ships, as a new user's `pip install` gets it. Small on purpose: the decision,
+# the adapters (DRF, Ninja, ASGI), the OpenAPI hooks, the checks, and `manage.py check` with
+# nothing to say (tests/operations/test_quiet_check.py); the pinned cells run the rest.
+NEWEST_CELL_TESTS := tests/decision tests/adapters tests/openapi tests/operations/test_checks.py \
+	tests/operations/test_quiet_check.py
+
+test-newest: test-packages
+	@[ -x "$(NEWEST_PYTHON)" ] || { echo "test-matrix: the newest cell cannot run: its interpreter $(NEWEST_PYTHON) is missing"; exit 1; }
+	rm -rf .venv-newest
+	$(NEWEST_PYTHON) -m venv .venv-newest
+	.venv-newest/bin/pip install --quiet --upgrade pip
+	.venv-newest/bin/pip install --quiet --upgrade -r requirements/newest.txt
+	.venv-newest/bin/pip freeze | grep -iE '^(django|djangorestframework|django-redis|redis|hiredis|django-ninja|drf-spectacular)=='
+	.venv-newest/bin/python -m pytest $(NEWEST_CELL_TESTS) $(PYTEST_ARGS)
+
 bench: $(VENV)/.installed
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -151,4 +170,5 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-valkey .venv-ninja db.sqlite3 staticfiles
+	rm -rf $(VENV) .venv-current .venv-django60 .venv-floor .venv-valkey .venv-ninja .venv-newest \
+		db.sqlite3 staticfiles

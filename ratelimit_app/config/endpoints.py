@@ -26,7 +26,8 @@ from django.utils.regex_helper import normalize
 from ..conf import exempt_paths
 from .ninja_operations import exempt_operation, path_view_of, quota_throttled
 
-__all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints"]
+__all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints",
+           "scoped_endpoints"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -43,6 +44,7 @@ class Endpoint:
     view: str           # DRF view name ("Item List"), else the view's dotted path
     methods: tuple = () # HTTP methods the view implements; empty when unknown (function views)
     exempt: bool = False  # never charged (see the module docstring)
+    throttle_scope: str = ""  # a DRF view's ``throttle_scope`` (DRF's ScopedRateThrottle)
 
     @property
     def label(self):
@@ -56,6 +58,13 @@ def list_endpoints(urlconf=None):
     """Return the project's endpoints (admin excluded, exempt ones included), sorted by name,
     each name once."""
     return _endpoints_of(get_resolver(urlconf), exempt_paths())
+
+
+def scoped_endpoints(urlconf=None):
+    """Return ``(endpoint name, throttle_scope)`` of every DRF view that names a
+    ``throttle_scope`` (what DRF's ScopedRateThrottle limits), exempt ones left out."""
+    return [(endpoint.name, endpoint.throttle_scope) for endpoint in list_endpoints(urlconf)
+            if endpoint.throttle_scope and not endpoint.exempt]
 
 
 def limited_endpoints(urlconf=None):
@@ -135,7 +144,8 @@ def _endpoint(pattern, namespaces, route, under_exempt_path):
     skipped_by_middleware = under_exempt_path or getattr(callback, "ratelimit_exempt", False)
     return Endpoint(name=name, route=route, view=_view_label(callback, view_class),
                     methods=_methods(callback, view_class),
-                    exempt=skipped_by_middleware and not _quota_throttled(view_class))
+                    exempt=skipped_by_middleware and not _quota_throttled(view_class),
+                    throttle_scope=_throttle_scope(view_class))
 
 
 def _ninja_endpoint(pattern, namespaces, route, under_exempt_path, operation):
@@ -152,6 +162,11 @@ def _quota_throttled(view_class):
     """True for a DRF view whose throttles include QuotaThrottle (or a subclass)."""
     return any(getattr(throttle, "is_quota_throttle", False)
                for throttle in getattr(view_class, "throttle_classes", ()))
+
+
+def _throttle_scope(view_class):
+    scope = getattr(view_class, "throttle_scope", None)
+    return scope if isinstance(scope, str) else ""
 
 
 def _func_path(callback):

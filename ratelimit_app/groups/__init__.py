@@ -12,7 +12,8 @@ keeps the quotas (plans, rules, endpoint costs). Installed after ``"ratelimit_ap
                       "ratelimit_app.groups.alerts", "ratelimit_app.groups.monitoring",
                       "ratelimit_app.groups.protection"]
 
-Without them every page is under one section, as before (``ratelimit_app.W007`` says so).
+Without them every page is under one section, "Rate limits", with no warning: the grouping is
+optional.
 Layer: the top one; it imports ``ratelimit_app.models`` and nothing imports it (the admin finds
 the proxies in Django's app registry).
 """

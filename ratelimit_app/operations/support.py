@@ -2,9 +2,14 @@
 
 Each entry names a distribution, its floor (the lowest version that works: below it the app
 fails, often silently, so the system check reports an Error, ``ratelimit_app.E009``) and the
-newest major.minor the test matrix runs (above it the app is untested, so the check reports a
-Warning, ``ratelimit_app.W005``). When the matrix starts testing a newer release, raise
-``newest_tested`` here; when a floor changes, change it here and in pyproject.toml.
+newest major.minor the pinned cells of the test matrix run (``newest_tested``: a record for the
+docs and the matrix's own tests, never a warning). A release newer than that is not suspect in
+itself: the matrix's "newest" cell installs the newest release of every dependency at each run,
+so a new release is tested the week it ships, and a fresh ``pip install`` checks quietly.
+``KNOWN_BAD`` lists the releases above a floor that are known not to work; the check warns about
+those only (``ratelimit_app.W005``), saying what breaks and which versions to pin instead. When
+a release is found to break the app, add it there; when a floor changes, change it here and in
+pyproject.toml.
 
 Why the floors are where they are:
 
@@ -29,8 +34,9 @@ import re
 from importlib import metadata
 from typing import NamedTuple
 
-__all__ = ["Supported", "SUPPORTED", "Finding", "BELOW_FLOOR", "UNTESTED", "MISSING",
-           "parse_version", "installed_versions", "version_findings"]
+__all__ = ["Supported", "SUPPORTED", "KnownBad", "KNOWN_BAD", "Finding", "BELOW_FLOOR",
+           "KNOWN_NOT_TO_WORK", "MISSING", "parse_version", "installed_versions",
+           "version_findings"]
 
 
 class Supported(NamedTuple):
@@ -38,7 +44,7 @@ class Supported(NamedTuple):
 
     distribution: str        # the name pip installs it under
     floor: str               # the lowest version that works
-    newest_tested: str       # the newest major.minor the test matrix runs
+    newest_tested: str       # the newest major.minor the pinned cells run (a record only)
     required: bool = True    # False: an optional extra (checked only when installed)
     why_floor: str = ""      # what breaks below the floor (shown in the check's hint)
 
@@ -59,16 +65,35 @@ SUPPORTED = (
     Supported("drf-spectacular", "0.28", "0.30", required=False),
 )
 
-BELOW_FLOOR, UNTESTED, MISSING = "below floor", "untested", "missing"
+
+
+class KnownBad(NamedTuple):
+    """Releases of one library known not to work: from ``first`` up to and including ``last``
+    (a version prefix: "8.2" covers 8.2.0, 8.2.1...; None: every later release too)."""
+
+    distribution: str
+    first: str
+    last: str | None
+    why: str                 # what breaks (the check's message)
+    instead: str             # the requirement to pin instead (the check's hint)
+
+
+# Empty while no release above a floor is known to break the app. An entry looks like
+# KnownBad("redis", "8.2.0", "8.2.1", why="...", instead="redis!=8.2.0,!=8.2.1").
+KNOWN_BAD: tuple = ()
+
+BELOW_FLOOR, KNOWN_NOT_TO_WORK, MISSING = "below floor", "known not to work", "missing"
 
 
 class Finding(NamedTuple):
-    """A library outside its supported range: ``kind`` is BELOW_FLOOR, UNTESTED or MISSING;
-    ``installed`` the version found (None when MISSING)."""
+    """A library outside its supported range: ``kind`` is BELOW_FLOOR, KNOWN_NOT_TO_WORK or
+    MISSING; ``installed`` the version found (None when MISSING); ``known_bad`` the KnownBad
+    entry of a KNOWN_NOT_TO_WORK finding."""
 
     kind: str
     supported: Supported
     installed: str | None
+    known_bad: KnownBad | None = None
 
 
 _RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
@@ -96,10 +121,24 @@ def installed_versions():
     return found
 
 
-def version_findings(installed, supported=SUPPORTED):
+def _within(numbers, first, last):
+    """Whether release ``numbers`` lies from ``first`` up to ``last`` (a prefix), inclusive."""
+    first_numbers = parse_version(first)
+    length = max(len(numbers), len(first_numbers))
+    if _padded(numbers, length) < _padded(first_numbers, length):
+        return False
+    if last is None:
+        return True
+    last_numbers = parse_version(last)
+    return numbers[:len(last_numbers)] <= last_numbers
+
+
+def version_findings(installed, supported=SUPPORTED, known_bad=None):
     """Return the Findings for ``installed`` (``{distribution: version or None}``, as
-    ``installed_versions`` returns): each library below its floor, above its newest tested
-    major.minor, or required and missing. Versions that cannot be parsed are not judged."""
+    ``installed_versions`` returns): each library below its floor, in a range of ``known_bad``
+    (``KNOWN_BAD`` unless given), or required and missing. Versions that cannot be parsed are
+    not judged; a version newer than the newest tested is not a finding."""
+    known_bad = KNOWN_BAD if known_bad is None else known_bad
     findings = []
     for entry in supported:
         version = installed.get(entry.distribution)
@@ -115,7 +154,8 @@ def version_findings(installed, supported=SUPPORTED):
         if _padded(numbers, length) < _padded(floor, length):
             findings.append(Finding(BELOW_FLOOR, entry, version))
             continue
-        newest = parse_version(entry.newest_tested)
-        if _padded(numbers[:len(newest)], len(newest)) > newest:
-            findings.append(Finding(UNTESTED, entry, version))
+        for bad in known_bad:
+            if bad.distribution == entry.distribution and _within(numbers, bad.first, bad.last):
+                findings.append(Finding(KNOWN_NOT_TO_WORK, entry, version, bad))
+                break
     return findings

@@ -8,7 +8,6 @@ docstring); the others read settings and installed versions only.
 import ipaddress
 import sys
 
-from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
@@ -23,13 +22,15 @@ from ..conf import (
 )
 from ..decision.periods import valid_time_zone
 from . import support
-from .index_groups import missing_group_apps
 
 TAG = "ratelimit_app"
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
 THROTTLE_PATH = "ratelimit_app.throttling.QuotaThrottle"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+# The middleware that set or replace request.user: QuotaMiddleware's place is after the last.
+USER_MIDDLEWARE = (AUTH_MIDDLEWARE, "django.contrib.auth.middleware.RemoteUserMiddleware",
+                   "django.contrib.auth.middleware.PersistentRemoteUserMiddleware")
 
 
 @register(TAG)
@@ -105,13 +106,7 @@ def check_adapters(app_configs=None, **kwargs):
     rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
     throttle_default = THROTTLE_PATH in (rest.get("DEFAULT_THROTTLE_CLASSES") or ())
     if MIDDLEWARE_PATH in middleware:
-        if AUTH_MIDDLEWARE in middleware and \
-                middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE):
-            errors.append(Error(
-                "QuotaMiddleware comes before AuthenticationMiddleware.",
-                hint="Move it after AuthenticationMiddleware, or every signed-in user is "
-                     "limited as an anonymous client.",
-                id="ratelimit_app.E002"))
+        errors.extend(_middleware_place(middleware))
     elif throttle_default:
         # Only DEFAULT_THROTTLE_CLASSES can be checked here (a view's own throttle_classes
         # are not settings), so the message names exactly that.
@@ -132,6 +127,22 @@ def check_adapters(app_configs=None, **kwargs):
     if MIDDLEWARE_PATH not in middleware:
         errors.extend(_ninja_throttle_without_middleware())
     return errors
+
+
+def _middleware_place(middleware):
+    """E002 when QuotaMiddleware comes before a middleware that sets request.user: the message
+    says where it is and the hint the line it belongs right after."""
+    ours = middleware.index(MIDDLEWARE_PATH)
+    user_setters = [index for index, path in enumerate(middleware) if path in USER_MIDDLEWARE]
+    if not user_setters or ours > user_setters[-1]:
+        return []
+    last = middleware[user_setters[-1]]
+    short = last.rsplit(".", 1)[1]
+    return [Error(
+        f"QuotaMiddleware is entry {ours + 1} of MIDDLEWARE, before {short} (entry "
+        f"{user_setters[-1] + 1}): it would limit every signed-in user as an anonymous client.",
+        hint=f"Move '{MIDDLEWARE_PATH}' to the line right after '{last}' in MIDDLEWARE.",
+        id="ratelimit_app.E002")]
 
 
 def _ninja_throttle_without_middleware():
@@ -274,27 +285,9 @@ def _unexpected_error(what, detail):
 
 
 @register(TAG)
-def check_index_groups(app_configs=None, **kwargs):
-    """W007 when the admin index is not grouped by task: a group app is missing (the pages it
-    would hold stay in the one "Rate limits" section)."""
-    missing = missing_group_apps()
-    if not missing or not apps.is_installed("django.contrib.admin"):
-        return []
-    groups = ", ".join(name.rsplit(".", 1)[1].capitalize() for name in missing)
-    lines = ", ".join(f'"{name}"' for name in missing)
-    return [Warning(
-        f"The admin index groups the rate-limit pages by task only with the group apps "
-        f"installed: the pages of {groups} are in the one \"Rate limits\" section.",
-        hint=f"Add {lines} to INSTALLED_APPS after \"ratelimit_app\" (their migrations make "
-             f"proxies only, no table; the pages' old addresses redirect). To keep one "
-             f"section, add \"ratelimit_app.W007\" to SILENCED_SYSTEM_CHECKS.",
-        id="ratelimit_app.W007")]
-
-
-@register(TAG)
 def check_versions(app_configs=None, **kwargs):
-    """E009 for a library below the version it needs, W005 above the newest version the test
-    matrix runs, W006 when hiredis is missing (the ranges: ``support.py``)."""
+    """E009 for a library below the version it needs, W005 for a release known not to work
+    (``support.KNOWN_BAD``), W006 when hiredis is missing (the ranges: ``support.py``)."""
     return [_version_message(finding)
             for finding in support.version_findings(support.installed_versions())]
 
@@ -308,12 +301,11 @@ def _version_message(finding):
         return Error(
             f"{name} {installed} is installed; ratelimit_app needs {name} >= {entry.floor}{why}.",
             hint=f"pip install '{name}>={entry.floor}'.", id="ratelimit_app.E009")
-    if finding.kind == support.UNTESTED:
+    if finding.kind == support.KNOWN_NOT_TO_WORK:
         return Warning(
-            f"{name} {installed} is newer than the newest version ratelimit_app is tested with "
-            f"({entry.newest_tested}.x).",
-            hint=f"It may work; if requests go unlimited or checks fail, pin "
-                 f"'{name}<{_next_minor(entry.newest_tested)}' and report it.",
+            f"{name} {installed} is known not to work with ratelimit_app: "
+            f"{finding.known_bad.why}.",
+            hint=f"pip install '{finding.known_bad.instead}'.",
             id="ratelimit_app.W005")
     # MISSING: in practice only hiredis (the others are imported before any check runs)
     return Warning(
@@ -321,12 +313,6 @@ def _version_message(finding):
         hint=f"pip install '{name}>={entry.floor}': without it redis-py parses replies in "
              f"Python and every decision costs more CPU.",
         id="ratelimit_app.W006")
-
-
-def _next_minor(version):
-    """Return the major.minor after ``version`` ("6.1" -> "6.2")."""
-    major, minor = (support.parse_version(version) + (0,))[:2]
-    return f"{major}.{minor + 1}"
 
 
 def _seconds_setting(name, problem_of, hint, check_id):

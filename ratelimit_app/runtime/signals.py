@@ -12,6 +12,7 @@ found by the workers' comparison of the rows (``policy.PolicyCache``, every
 """
 
 import logging
+import sys
 
 from django.apps import apps
 from django.contrib.auth.signals import user_login_failed
@@ -90,9 +91,33 @@ def _on_migrate(sender, app_config=None, plan=None, **kwargs):
     # sent once per installed app after every migrate: answer for this app only, and only when
     # migrations ran (a data migration of any app may have changed quota rows without a signal;
     # ``flush`` sends it with no plan)
-    if app_config is not None and app_config.name == "ratelimit_app" and plan:
+    if app_config is None or app_config.name != "ratelimit_app":
+        return
+    if plan:
         bump_config_version()
         _record_baseline(kwargs.get("using"))
+    _import_drf_rates(kwargs.get("using") or "default", kwargs.get("verbosity", 1),
+                      kwargs.get("stdout") or sys.stdout)
+
+
+def _import_drf_rates(using, verbosity, stdout):
+    """DRF's DEFAULT_THROTTLE_RATES as plans and rules, into an empty configuration, once
+    (``config/drf_rates.py`` says why on migrate)."""
+    from ..config.drf_rates import import_drf_rates
+
+    try:
+        created, problems = import_drf_rates(using)
+    except Exception:  # never fail a migrate over it: the rates can be entered in the admin
+        logger.exception("ratelimit_app: could not import DRF's DEFAULT_THROTTLE_RATES")
+        return
+    if not verbosity:
+        return
+    for problem in problems:
+        stdout.write(f"  ratelimit_app: {problem}\n")
+    if created:  # the rows' saves announced the change to the workers, as any save does
+        stdout.write(f"  ratelimit_app: DRF's DEFAULT_THROTTLE_RATES imported as "
+                     f"{len(created)} rules ({', '.join(rule.name for rule in created)}): "
+                     f"see them in the admin, under Rate limits\n")
 
 
 def _record_baseline(using):

@@ -4,6 +4,7 @@ import django
 from django import template
 from django.urls import reverse
 
+from ..admin.index_tasks import by_task
 from ..admin.placement import simulator_url_name
 
 register = template.Library()
@@ -29,3 +30,9 @@ def simulator_url():
     """Return the simulator's URL: its entry under Monitoring when that group app is installed,
     else the page beside the rules (``admin/placement.py``)."""
     return reverse(simulator_url_name())
+
+
+@register.simple_tag
+def sections_by_task(app_list):
+    """Return the app's index as one section per task (``admin/index_tasks.py``)."""
+    return by_task(app_list)

@@ -175,12 +175,14 @@ def test_a_refund_on_a_cluster_gives_units_back_never_below_zero(redis_cluster, 
     assert take([quota, bucket])[0]  # 1 used
     allowed, statuses, _ = take([quota, bucket])  # the quota's slot debits, the bucket refuses
     assert not allowed and statuses[0].remaining == 4
-    assert read_state(redis_cluster.client().get(quota.key), quota.rule.id)[0] == 1
+    with redis_cluster.client() as client:  # closed: redis-py 8.2 warns of a socket left to GC
+        assert read_state(client.get(quota.key), quota.rule.id)[0] == 1
 
     store, args = limiter().store, take_args([quota])
     assert store.refund([quota.key], args, refund_id="one") == [5]
     assert store.refund([quota.key], args, refund_id="two") == [5]  # nothing left to give back
-    assert read_state(redis_cluster.client().get(quota.key), quota.rule.id)[0] == 0
+    with redis_cluster.client() as client:
+        assert read_state(client.get(quota.key), quota.rule.id)[0] == 0
 
 
 # --- rules in the database: admin validation, headers, 429, usage endpoint --------------------
@@ -212,9 +214,9 @@ def test_a_calendar_rule_is_validated_in_words_an_operator_understands():
 
 def test_the_time_zone_setting_is_checked(settings):
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CALENDAR_TIME_ZONE": "Mars/Olympus"}
-    assert "ratelimit_app.E007" in [m.id for m in run_checks()]
+    assert "ratelimit_app.E007" in [m.id for m in run_checks(tags=["ratelimit_app"])]
     settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CALENDAR_TIME_ZONE": "Europe/Berlin"}
-    assert "ratelimit_app.E007" not in [m.id for m in run_checks()]
+    assert "ratelimit_app.E007" not in [m.id for m in run_checks(tags=["ratelimit_app"])]
 
 
 @pytest.mark.django_db

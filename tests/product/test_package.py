@@ -4,7 +4,8 @@ docs/tutorial/quickstart.md says, and real requests limited through it.
 
 The quick start's code is not restated here: the fenced blocks the page marks with
 ``<!-- quickstart-test: ... -->`` are appended to the project's files and run as written, so the
-page and this test cannot drift apart. The fresh virtualenv gets exactly the versions of Django,
+page and this test cannot drift apart. This test follows the page "with your own Redis" (the
+suite's server), the path production takes; the embedded server's path has tests of its own. The fresh virtualenv gets exactly the versions of Django,
 DRF, django-redis, redis-py and hiredis this test runs under (every matrix cell proves its own
 versions), installed without resolving (``--no-deps``, from pip's cache), then ``pip check``
 proves the wheel's declared requirements accept them.
@@ -50,7 +51,8 @@ STEP_TIMEOUT_S = 180
 def quickstart_blocks():
     """Return the quick start's marked fenced blocks as ``{marker: code}``."""
     blocks = {m["marker"]: m["code"] for m in MARKER_BLOCK.finditer(QUICKSTART.read_text())}
-    assert {"append to mysite/settings.py", "append to mysite/urls.py", "manage.py shell",
+    assert {"append to mysite/settings.py", "with your own Redis, append to mysite/settings.py",
+            "append to mysite/urls.py", "manage.py shell, without DEFAULT_THROTTLE_RATES",
             "response headers"} <= set(blocks), f"quick start markers missing: {sorted(blocks)}"
     return blocks
 
@@ -180,20 +182,24 @@ def test_the_wheel_in_a_fresh_startproject_follows_the_quickstart(tmp_path, redi
     run([str(bin_dir / "django-admin"), "startproject", "mysite"], cwd=work, env=env)
     project = work / "mysite"
     for marker, code in blocks.items():
-        if marker.startswith("append to "):
-            with open(project / marker.removeprefix("append to "), "a") as target:
+        if "append to " in marker:
+            with open(project / marker.split("append to ", 1)[1], "a") as target:
                 target.write("\n" + code)
-    run([python, "manage.py", "migrate"], cwd=project, env=env)
+    migrated = run([python, "manage.py", "migrate"], cwd=project, env=env)
+    assert "ratelimit_app: DRF's DEFAULT_THROTTLE_RATES imported as 2 rules (anon, user)" in \
+        migrated.stdout
     check = run([python, "-W", "error::DeprecationWarning", "manage.py", "check"],
                 cwd=project, env=env)
     assert (check.stdout, check.stderr) == ("System check identified no issues (0 silenced).\n", "")
-    run([python, "manage.py", "shell", "-c", blocks["manage.py shell"]], cwd=project, env=env)
-    export = run([python, "-W", "error::DeprecationWarning", "manage.py", "ratelimit", "export"],
-                 cwd=project, env=env)
-    assert export.stderr == ""
-    quotas = json.loads(export.stdout)
-    assert [p["slug"] for p in quotas["plans"]] == ["free"]
-    assert [r["name"] for r in quotas["rules"]] == ["free-ip"]
+
+    def exported():
+        export = run([python, "-W", "error::DeprecationWarning", "manage.py", "ratelimit",
+                      "export"], cwd=project, env=env)
+        assert export.stderr == ""
+        quotas = json.loads(export.stdout)
+        return [p["slug"] for p in quotas["plans"]], [r["name"] for r in quotas["rules"]]
+
+    assert exported() == (["anonymous", "signed-in"], ["anon", "user"])
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -211,12 +217,12 @@ def test_the_wheel_in_a_fresh_startproject_follows_the_quickstart(tmp_path, redi
         assert (status, json.loads(body)) == (200, {"hello": "api"})
         assert headers["RateLimit-Policy"] == documented_policy
         burst = int(re.search(r";q=(\d+)", documented_policy)[1])
-        assert headers["RateLimit"].startswith(f'"free-ip";r={burst - 1};t=')
+        assert headers["RateLimit"].startswith(f'"anon";r={burst - 1};t=')
 
         status, headers, _ = get(f"{base}/hello/")  # plain view: the middleware, same bucket
         assert status == 200
         assert headers["RateLimit-Policy"] == documented_policy
-        assert headers["RateLimit"].startswith(f'"free-ip";r={burst - 2};t=')
+        assert headers["RateLimit"].startswith(f'"anon";r={burst - 2};t=')
 
         statuses = [get(f"{base}/hello/")[0] for _ in range(burst - 2)]
         assert statuses == [200] * (burst - 2)
@@ -224,7 +230,7 @@ def test_the_wheel_in_a_fresh_startproject_follows_the_quickstart(tmp_path, redi
         assert status == 429
         assert int(headers["Retry-After"]) >= 1
         assert headers["Content-Type"] == "application/problem+json"
-        assert json.loads(body)["violated-policies"] == ["free-ip"]
+        assert json.loads(body)["violated-policies"] == ["anon"]
         status, headers, _ = get(f"{base}/api/hello/")
         assert status == 429 and int(headers["Retry-After"]) >= 1
     finally:
@@ -232,3 +238,11 @@ def test_the_wheel_in_a_fresh_startproject_follows_the_quickstart(tmp_path, redi
         server.wait(10)
     output = log_path.read_text()
     assert "Traceback" not in output and "unexpected" not in output, output
+
+    # the page's way without DRF's rates: a plan and a rule made in the shell
+    run([python, "manage.py", "shell", "-c",
+         "from ratelimit_app.models import Plan; Plan.objects.all().delete()"],
+        cwd=project, env=env)
+    run([python, "manage.py", "shell", "-c",
+         blocks["manage.py shell, without DEFAULT_THROTTLE_RATES"]], cwd=project, env=env)
+    assert exported() == (["free"], ["free-ip"])

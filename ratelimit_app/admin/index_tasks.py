@@ -1,0 +1,37 @@
+"""The app's own index page (``/admin/ratelimit_app/``) by task, for a project without the group
+apps (``ratelimit_app/groups/``): there every page of the app is in one section, and this page
+shows it as one table per task, in the order an operator works (the quotas, then callers,
+billing, alerts, monitoring, protection), with the same names as the group apps' sections.
+
+With the group apps installed the pages live under their groups and this page holds the
+quotas only: one table, as before. ``tests/admin/test_index_groups.py`` checks that the tasks
+here hold the same models as the group apps.
+"""
+
+__all__ = ["TASKS", "by_task"]
+
+# (section name, model names): the group apps' sections, the quotas first.
+TASKS = (
+    ("Rate limits", ("plan", "rule", "endpointcost")),
+    ("Rate limits · Callers", ("apikey", "planassignment", "identityoverride")),
+    ("Rate limits · Billing", ("creditaccount", "credittopup", "usagerecord")),
+    ("Rate limits · Alerts", ("quotaalert", "webhookendpoint", "webhookdelivery")),
+    ("Rate limits · Monitoring", ("auditentry", "dashboard")),
+    ("Rate limits · Protection", ("accesslistentry", "banrule", "ban")),
+)
+
+
+def by_task(app_list):
+    """Return ``app_list`` (the admin's list of one app and its models) as one entry per task
+    that has models, each shaped like the app's entry; models of no task stay in the first.
+    Any other shape is returned as it is."""
+    if len(app_list) != 1:
+        return app_list
+    app = app_list[0]
+    sections = {name: [] for name, _ in TASKS}
+    task_of = {model_name: name for name, model_names in TASKS for model_name in model_names}
+    first = TASKS[0][0]
+    for model in app["models"]:
+        sections[task_of.get(model["object_name"].lower(), first)].append(model)
+    return [{**app, "name": name, "models": models}
+            for name, models in sections.items() if models]
