@@ -648,7 +648,7 @@ def parse_statuses(text):
     for part in text.replace(" ", "").lower().split(","):
         if len(part) == 3 and part[0] in "12345" and part[1:] == "xx":
             found.update(range(int(part[0]) * 100, int(part[0]) * 100 + 100))
-        elif part.isdigit() and len(part) == 3 and 100 <= int(part) <= 599:
+        elif part.isascii() and part.isdigit() and len(part) == 3 and 100 <= int(part) <= 599:
             found.add(int(part))
         else:
             raise ValueError(f"“{part[:20]}” is not a response status; write statuses such as "
