@@ -226,12 +226,41 @@ def test_the_preview_renders_what_was_typed_so_far(admin_client):
                    period_s_0="2", period_s_1="minute", status="shadow")["words"] == \
         ("at most 5 requests in flight per tenant, a crashed request's slot freed after "
          "2 minutes; shadow (counted, never refused)")
-    # input that does not parse is never guessed
+    # input that does not parse is never guessed: it is said to be no number
     assert preview(admin_client, kind="token_bucket", rate="1e3", period_s_0="1",
                    period_s_1="minute", burst="5")["words"] == \
-        "Type the numbers to read the rule in words."
+        "The rate is not a number: type it in digits, e.g. 60."
     response = admin_client.get(reverse("admin:ratelimit_app_rule_preview"), {"kind": "nope"})
     assert response.status_code == 400
+
+
+# (a number field of a kind's form, what is typed in it): every kind, every number it shows
+NOT_NUMBERS = [(key, field, typed) for key, kind in FORM_KINDS.items()
+               for field, typed in (("rate", "²"), ("burst", "①"), ("period_s", "³"),
+                                    ("rate", "-5"), ("burst", "9" * 40))
+               if field in kind.form_fields]
+
+
+@pytest.mark.parametrize("key, field, typed", NOT_NUMBERS)
+def test_the_preview_says_a_number_in_other_digits_is_not_a_number(admin_client, key, field,
+                                                                    typed):
+    fields = {"rate": "20", "burst": "40", "period_s_0": "1", "period_s_1": "minute",
+              "scope": "ip", "counted_statuses": "404", "calendar_period": "day"}
+    name = "period" if field == "period_s" else field
+    field = "period_s_0" if field == "period_s" else field
+    answer = preview(admin_client, kind=key, **{**fields, field: typed})
+    assert answer == {"words": f"The {name} is not a number: type it in digits, e.g. 60.",
+                      "impact": ""}
+    # the page's first render of a bound form says the same
+    response = admin_client.post(add_url(key), base_post(**{**fields, field: typed}))
+    assert answer["words"] in response.content.decode()
+
+
+def test_the_preview_reads_digits_as_the_form_does(admin_client):
+    # "１２" (fullwidth) is a number to int() and to the form's IntegerField: 12
+    assert preview(admin_client, kind="token_bucket", scope="ip", rate="１２",
+                   period_s_0="1", period_s_1="minute", burst="40")["words"] == \
+        "12 requests per minute per client IP, bursts up to 40; enforced"
 
 
 def test_the_preview_needs_the_view_permission(client, django_user_model):
