@@ -46,7 +46,7 @@ from ...business.credits.ledger import (
     client_of,
     top_up,
 )
-from ...business.credits.refs import CreditInputError
+from ...business.credits.refs import CreditInputError, units_of_text
 from ...business.credits.rules import AccountRules
 from ...business.usage.records import (
     DAY,
@@ -494,7 +494,8 @@ class Command(BaseCommand):
     def _top_up(self, account, units, top_up_id, note="", **options):
         client = client_of(default_limiter().store)
         try:
-            made, created = top_up(account, units, top_up_id, note=note, client=client,
+            made, created = top_up(account, units_of_text(units), top_up_id, note=note,
+                                   client=client,
                                    actor="manage.py ratelimit credits top-up")
         except (CreditInputError, TopUpConflict) as exc:
             raise _bad_input(str(exc))
