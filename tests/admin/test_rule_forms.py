@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from ratelimit_app.admin.rule_forms import rule_from_input
 from ratelimit_app.config.rule_kinds import FORM_KINDS
-from ratelimit_app.models import ApiKey, Plan, PlanAssignment, Rule
+from ratelimit_app.models import ApiKey, EndpointCost, Plan, PlanAssignment, Rule
 
 from .rule_word_cases import CASES, PENDING, as_form_data
 
@@ -153,6 +153,21 @@ def test_a_limit_on_responses_refuses_what_it_cannot_count(admin_client, fields,
         scope="ip", rate="20", period_s_0="1", period_s_1="minute", burst="20", **fields))
     assert page_errors(response) == errors
     assert not Rule.objects.exists()
+
+
+def test_a_limit_on_responses_is_not_held_to_the_endpoint_costs(admin_client):
+    # charged one token per counted response: a burst of 5 beside a cost-20 endpoint
+    EndpointCost.objects.create(endpoint="api:reports", method="POST", cost=20)
+    response = admin_client.post(add_url("responses"), base_post(
+        name="failed-logins", scope="ip", rate="5", period_s_0="1", period_s_1="minute",
+        burst="5", counted_statuses="401"))
+    assert response.status_code == 302, page_errors(response)
+    # a token bucket counting every request still is
+    response = admin_client.post(add_url("token_bucket"), base_post(
+        rate="5", period_s_0="1", period_s_1="minute", burst="5", lease="0", debt="0",
+        alert_thresholds=""))
+    assert page_errors(response)["burst"][0].startswith("Burst 5 is below the cost of "
+                                                        "api:reports (POST) (20 tokens)")
 
 
 def test_a_token_bucket_form_leaves_a_rule_counting_every_request(admin_client):
