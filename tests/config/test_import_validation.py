@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from ratelimit_app.config.quotas_as_code import export_document
 from ratelimit_app.models import AccessListEntry, AuditEntry, EndpointCost, Plan, Rule
 
-from ..helpers import limiter
+from ..helpers import count_version_writes
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real commits: versions, audit entries
 
@@ -31,15 +31,7 @@ def rows():
 @pytest.fixture
 def version_writes(monkeypatch):
     """The config versions written (each one makes every worker reload)."""
-    store, writes = limiter().store, []
-    write_version = store.write_version
-
-    def counting(key, value, changes=None):
-        writes.append(value)
-        return write_version(key, value, changes)
-
-    monkeypatch.setattr(store, "write_version", counting)
-    return writes
+    return count_version_writes(monkeypatch)
 
 
 def run(*args):
