@@ -387,22 +387,41 @@ def plan_import(document, *, keep_missing=False, allow_everyone=False):
     plan = _changes_of(document, keep_missing)
     errors = []
     for change in plan.changes:
-        if change.section.model is AccessListEntry and change.action != "remove":
-            entry = AccessListEntry(**{name: value for name, value in change.item.items()
-                                       if name in ("kind", "target", "value", "exempt")})
-            warning = entry.everyone_warning()
-            where = _where(change.section, change.position, change.item)
-            if warning and allow_everyone:
-                plan.warnings.append(f"{where}: {warning}")
-            elif warning:
-                errors.append(f"{where}: value: {warning} Import it with --allow-everyone if "
-                              f"that is meant.")
+        warning = _everyone_warning(change)
+        if warning is None:
+            continue
+        where = _where(change.section, change.position, change.item)
+        if allow_everyone:
+            plan.warnings.append(f"{where}: {warning}")
+        else:
+            errors.append(f"{where}: value: {warning} Import it with --allow-everyone if that "
+                          f"is meant.")
     with transaction.atomic():
         errors += _apply(plan.changes)
         transaction.set_rollback(True)  # (a plan changes nothing)
     if errors:
         raise QuotaFileError(errors)
     return plan
+
+
+def _everyone_warning(change):
+    """Return the warning for a list entry ``change`` adds, or makes, an entry that denies,
+    or exempts from quotas, a whole address family; None for any other change (an entry as
+    wide before the change was confirmed when it was made: the admin asks nothing again
+    either)."""
+    if change.section.model is not AccessListEntry or change.action == "remove":
+        return None
+
+    def warning_of(item):
+        return AccessListEntry(**{name: item[name] for name in
+                                  ("kind", "target", "value", "exempt")}).everyone_warning()
+
+    warning = warning_of(change.item)
+    if warning and change.action == "change":
+        before = {**change.item, **{name: old for name, old, _ in change.fields}}
+        if warning_of(before) == warning:
+            return None
+    return warning
 
 
 def _changes_of(document, keep_missing):

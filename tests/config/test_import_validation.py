@@ -190,10 +190,19 @@ def test_an_entry_of_a_whole_address_family_is_imported_with_the_flag_and_a_warn
     assert "Warning (--allow-everyone): access_lists[0] (list entry (kind deny, target ip, " \
            "value 0.0.0.0/0)): A deny entry for 0.0.0.0/0 refuses every IPv4 caller" in out
     assert AccessListEntry.objects.get().value == "0.0.0.0/0"
-    # unchanged by a later import, it is not refused again
+    # unchanged by a later import, or changed but no wider, it is not refused again
     document["access_lists"][0]["value"] = "0.0.0.0/0"
     document["rules"][0]["burst"] = 40
     assert run("import", write(tmp_path, document))[0] == 0
+    document["access_lists"][0]["reason"] = "outage drill"
+    assert run("import", write(tmp_path, document))[0] == 0
+    assert AccessListEntry.objects.get().reason == "outage drill"
+    # an allow entry of everyone made exempt by a file is asked about
+    document["access_lists"].append({**DENY, "kind": "allow", "value": "::/0"})
+    assert run("import", write(tmp_path, document))[0] == 0
+    document["access_lists"][1]["exempt"] = True
+    code, _, errors = run("import", write(tmp_path, document))
+    assert code == 2 and "An allow entry for ::/0 exempt from quotas" in errors
 
 
 def test_a_limit_on_responses_may_have_a_burst_below_an_endpoints_cost(rows, tmp_path):
