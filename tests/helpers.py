@@ -67,6 +67,20 @@ def limiter():
     return default_limiter()
 
 
+def count_version_writes(monkeypatch):
+    """Return a list that every config version the process's store writes from now on is
+    appended to (each version makes every worker reload)."""
+    store, writes = limiter().store, []
+    write_version = store.write_version
+
+    def counting(key, value, changes=None):
+        writes.append(value)
+        return write_version(key, value, changes)
+
+    monkeypatch.setattr(store, "write_version", counting)
+    return writes
+
+
 def decide(request, user, endpoint, *, now_ms=None):
     """Decide ``request`` with the process's Limiter (what the adapters do)."""
     return default_limiter().decide(request, user, endpoint, now_ms=now_ms)

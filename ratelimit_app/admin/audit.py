@@ -149,6 +149,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     def _restore_page(self, request, entry, plan=None, errors=()):
         lines = [line for change in (plan.changes if plan else ())
                  for line in describe_change(change)]
+        lines += [f"Warning: {warning}" for warning in (plan.warnings if plan else ())]
         context = {**self.admin_site.each_context(request), "opts": self.opts,
                    "title": f"Restore the configuration of entry #{entry.pk}?",
                    "entry": entry, "lines": lines, "errors": list(errors),

@@ -43,7 +43,7 @@ from .forms import (
 )
 from .list_cells import day
 from .placement import admin_url_name
-from .rule_forms import kind_for, rule_fieldsets, rule_form_class, rule_from_input
+from .rule_forms import kind_for, not_a_number, rule_fieldsets, rule_form_class, rule_from_input
 from .simulator import simulate
 from .traffic import impact_of_new_numbers, last_hour_traffic
 from .widgets import LABELLED_DATETIMES
@@ -339,9 +339,11 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         form = context["adminform"].form
         key = form.rule_kind.key
         rule = rule_from_input(key, form.data, obj) if form.is_bound else obj
+        words = (form.is_bound and not_a_number(key, form.data)) or \
+            (rule_words(rule, key) if rule else WORDS_PENDING)
         context.update({
             "rule_kind": form.rule_kind, "rule_kind_key": key,
-            "rule_words": rule_words(rule, key) if rule else WORDS_PENDING,
+            "rule_words": words,
             "preview_url": reverse("admin:ratelimit_app_rule_preview"),
         })
         return super().render_change_form(request, context, add, change, form_url, obj)
@@ -358,9 +360,14 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         rule_id = request.GET.get("rule", "")
         if rule_id.isascii() and rule_id.isdigit() and len(rule_id) <= 18:
             saved = Rule.objects.select_related("plan").filter(pk=int(rule_id)).first()
-        rule = rule_from_input(key, request.GET, saved)
-        impact = impact_of_new_numbers(saved, rule) if saved is not None else ""
-        response = JsonResponse({"words": rule_words(rule, key), "impact": impact})
+        typo = not_a_number(key, request.GET)
+        if typo:  # said as such, never read as a number nor as "type the numbers"
+            answer = {"words": typo, "impact": ""}
+        else:
+            rule = rule_from_input(key, request.GET, saved)
+            answer = {"words": rule_words(rule, key),
+                      "impact": impact_of_new_numbers(saved, rule) if saved is not None else ""}
+        response = JsonResponse(answer)
         response["Cache-Control"] = "no-store"
         return response
 

@@ -20,7 +20,7 @@ from ..decision.scopes import Scope
 from .forms import RuleForm
 
 __all__ = ["PeriodField", "StatusField", "rule_form_class", "rule_fieldsets", "rule_from_input",
-           "kind_for"]
+           "kind_for", "not_a_number"]
 
 # The units a period is typed in, largest last (the select offers them in this order).
 PERIOD_UNITS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
@@ -239,9 +239,38 @@ def kind_for(rule=None, requested=""):
     return requested if requested in FORM_KINDS else ""
 
 
-def _number(text):
+# The longest number a preview reads (the largest a rule takes has fewer digits).
+MAX_TYPED_DIGITS = 16
+
+
+def _typed_number(text):
+    """Return ``(number, ok)`` of a field's typed ``text``: ``(None, True)`` while empty,
+    ``(None, False)`` when it is not a whole number. Digits as the form's IntegerField reads
+    them (``str.isdecimal``: what ``int()`` takes; ``str.isdigit`` also holds for "²" and "①",
+    which ``int()`` refuses)."""
     text = (text or "").strip()
-    return int(text) if text.isdigit() and len(text) <= 16 else None
+    if not text:
+        return None, True
+    if text.isdecimal() and len(text) <= MAX_TYPED_DIGITS:
+        return int(text), True
+    return None, False
+
+
+def _number(text):
+    return _typed_number(text)[0]
+
+
+def not_a_number(key, data):
+    """Return what the preview says when a number typed in a form of the kind ``key`` is not
+    one ("The burst is not a number: type it in digits."), or None."""
+    kind = FORM_KINDS[key]
+    typed = [(name, data.get(name)) for name in ("rate", "burst") if name in kind.form_fields]
+    if "period_s" in kind.form_fields:
+        typed.append(("period", PeriodWidget().value_from_datadict(data, {}, "period_s")[0]))
+    for name, text in typed:
+        if not _typed_number(text)[1]:
+            return f"The {name} is not a number: type it in digits, e.g. 60."
+    return None
 
 
 def rule_from_input(key, data, base=None):

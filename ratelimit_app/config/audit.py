@@ -332,7 +332,9 @@ def restore_plan(entry):
         raise QuotaFileError([f"The configuration of entry #{entry.pk} cannot be rebuilt: "
                               f"{exc}."]) from exc
     document = {name: value for name, value in snapshot.items() if name != API_KEYS}
-    return plan_import(document)
+    # an entry of a whole address family was confirmed when it was made, and staff confirm
+    # the restore having read its plan and warnings
+    return plan_import(document, allow_everyone=True)
 
 
 def restore(entry, user):

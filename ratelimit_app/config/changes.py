@@ -44,7 +44,7 @@ def by_table(changes):
         model_name, _, pk = change.partition(":")
         if not model_name:
             continue
-        if not pk or not pk.isdigit() or rows.get(model_name, ()) is None:
+        if not (pk.isascii() and pk.isdigit()) or rows.get(model_name, ()) is None:
             rows[model_name] = None
         else:
             rows.setdefault(model_name, set()).add(int(pk))

@@ -91,7 +91,8 @@ def parse_alert_thresholds(text):
     tuple of distinct ints from 1 to 100; raise ValueError with an operator's message."""
     thresholds = set()
     for part in text.replace(" ", "").split(","):
-        if not part.isdigit() or not 1 <= int(part) <= 100:
+        # (ASCII only: str.isdigit() is true of "²" and "①", which int() refuses)
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 100:
             raise ValueError(f"“{part}” is not a percent from 1 to 100; write the thresholds "
                              f"as whole percents separated by commas, e.g. 80,100.")
         thresholds.add(int(part))

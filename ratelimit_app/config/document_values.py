@@ -14,7 +14,8 @@ import json
 from django.core.exceptions import ValidationError
 from django.db import models
 
-__all__ = ["DocumentValueError", "Shown", "document_value", "shown", "shown_names"]
+__all__ = ["DocumentValueError", "Shown", "document_value", "is_form_text", "shown",
+           "shown_names"]
 
 # How much of a text an error shows.
 SHOWN_CHARACTERS = 40
@@ -143,12 +144,31 @@ def _integer(value):
     return value
 
 
+def is_form_text(field):
+    """Return True if the admin's form for ``field`` reads it as free text, stripped of
+    spaces at either end (Django's forms.CharField): the import reads it the same way."""
+    return isinstance(field, (models.CharField, models.TextField)) and not field.choices \
+        and not field.is_relation
+
+
 def _require_text(value, what, max_length):
     if not isinstance(value, str):
         raise DocumentValueError(f"{what}, not {shown(value)}.")
     if len(value) > max_length:
         raise DocumentValueError(f"{shown(value)} is too long: at most {max_length:,} "
                                  f"characters.")
+    # what no database stores as text: PostgreSQL refuses a NUL (SQLite would keep it), and
+    # a lone surrogate (JSON's "\ud800" alone) is no character UTF-8 can write
+    if "\x00" in value:
+        raise DocumentValueError(f"{shown(value)} holds a NUL character (\\u0000), which "
+                                 f"text cannot hold: remove it.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DocumentValueError(
+            f"{shown(value)} holds a lone surrogate ({shown(value[exc.start])[1:-1]} at "
+            f"character {exc.start + 1}), which is not a character: write the character "
+            f"itself, or its two surrogates together.") from None
 
 
 def _converted(field, value):

@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..decision.scopes import Scope, hash_api_key
-from ..protection.lists import ListValueError, normalized_value
+from ..protection.lists import ListValueError, everyone_wide_warning, normalized_value
 from .choices import (
     ALERT_MIN_PERIOD_S,
     MAX_BUCKET_UNITS,
@@ -414,13 +414,26 @@ class Rule(models.Model):
                                f"of the burst ({self.burst}) in one worker; use at most "
                                f"{max(1, self.burst // 2)}.")
 
-    def _clean_alert_thresholds(self, kind, errors):
-        """Check ``alert_thresholds`` and write it back normalised ("100,80" -> "80,100")."""
+    def normalize(self):
+        """Write the fields that have one canonical form in it (``alert_thresholds``: "100,80"
+        is stored "80,100"), as the admin form and the import both store them; a value that
+        does not parse is left for ``clean()`` to refuse."""
         if not self.alert_thresholds.strip():
             self.alert_thresholds = ""
             return
         try:
-            thresholds = parse_alert_thresholds(self.alert_thresholds)
+            self.alert_thresholds = ",".join(map(str, parse_alert_thresholds(
+                self.alert_thresholds)))
+        except ValueError:
+            pass
+
+    def _clean_alert_thresholds(self, kind, errors):
+        """Check ``alert_thresholds`` (normalised first: "100,80" -> "80,100")."""
+        self.normalize()
+        if not self.alert_thresholds:
+            return
+        try:
+            parse_alert_thresholds(self.alert_thresholds)
         except ValueError as exc:
             errors["alert_thresholds"] = str(exc)
             return
@@ -429,8 +442,6 @@ class Rule(models.Model):
             refused = ConcurrencyLimit.alerts_refused  # the same words: what alerts are for
         if refused:
             errors["alert_thresholds"] = refused
-        elif "alert_thresholds" not in errors:  # (a kind's own check may have refused it)
-            self.alert_thresholds = ",".join(map(str, thresholds))
 
     def _clean_failed_auth(self, kind, errors):
         if kind.failed_auth_refused:
@@ -447,8 +458,9 @@ class Rule(models.Model):
 
     def _clean_against_costs(self, kind, errors):
         """Refuse a limit below the largest endpoint cost this rule is charged (such requests
-        could never pass); endpoint rules count calls, one token each."""
-        limit = kind.cost_limit(self)
+        could never pass); endpoint rules count calls, one token each, and a limit on
+        responses is charged one token per response it counts (``form_kind_of``)."""
+        limit = form_kind_of(self).cost_limit(self)
         largest = self.largest_cost() if limit else None
         if largest and limit < largest[0]:
             field, message = kind.limit_error(self, limit, *largest)
@@ -477,11 +489,12 @@ class Rule(models.Model):
 def cost_limit(rule):
     """Return the largest endpoint cost ``rule`` (a Rule row, saved or typed) lets through, or
     None for a rule an endpoint cost is not checked against: disabled, for one endpoint (one
-    token per call), counting failed authentications, or of a kind that takes no cost in tokens
-    (``RuleKind.cost_limit``). The one place the endpoint-cost checks ask."""
+    token per call), counting failed authentications, counting responses (one token per
+    response it counts), or of a kind that takes no cost in tokens (``RuleKind.cost_limit``).
+    The one place the endpoint-cost checks ask."""
     if not rule.enabled or rule.endpoint or rule.counts != Counts.REQUESTS:
         return None
-    return kind_of(rule).cost_limit(rule)
+    return form_kind_of(rule).cost_limit(rule)
 
 
 def tightest_below(rules, cost):
@@ -635,7 +648,7 @@ def parse_statuses(text):
     for part in text.replace(" ", "").lower().split(","):
         if len(part) == 3 and part[0] in "12345" and part[1:] == "xx":
             found.update(range(int(part[0]) * 100, int(part[0]) * 100 + 100))
-        elif part.isdigit() and len(part) == 3 and 100 <= int(part) <= 599:
+        elif part.isascii() and part.isdigit() and len(part) == 3 and 100 <= int(part) <= 599:
             found.add(int(part))
         else:
             raise ValueError(f"“{part[:20]}” is not a response status; write statuses such as "
@@ -875,16 +888,32 @@ class AccessListEntry(Scheduled, models.Model):
             return f"tenant “{self.value}”"
         return f"client IP {self.value}"
 
-    def clean(self):
+    def normalize(self):
+        """Write ``value`` as the entry stores it (an address or network in its canonical
+        form, ``::ffff:0:0/96`` as ``0.0.0.0/0``; words stripped), as the admin form and the
+        import both store it; raise ValidationError on ``value`` if it cannot be matched."""
         from ..conf import get_config
 
-        self.clean_schedule()
-        errors = {}
         try:
             self.value = normalized_value(self.target, self.value,
                                           get_config()["IPV6_PREFIX_LENGTH"])
         except ListValueError as exc:
-            errors["value"] = str(exc)
+            raise ValidationError({"value": str(exc)}) from None
+
+    def everyone_warning(self):
+        """Return the warning for an entry that refuses, or exempts from quotas, every caller
+        of an address family (a deny of ``0.0.0.0/0`` or ``::/0``, or an exempt allow), or
+        None."""
+        return everyone_wide_warning(self.kind == ListKind.DENY, self.exempt, self.target,
+                                     self.value)
+
+    def clean(self):
+        self.clean_schedule()
+        errors = {}
+        try:
+            self.normalize()
+        except ValidationError as exc:
+            errors.update(exc.message_dict)
         for field, target in (("user", ListTarget.USER), ("api_key", ListTarget.API_KEY)):
             chosen = getattr(self, f"{field}_id") is not None
             if self.target == target and not chosen:

@@ -22,6 +22,16 @@ configuration and stay out of the document.
 An import is planned first (``plan_import``: what would be added, changed and removed, per item
 and field, or the validation errors naming item and field), then applied (``apply_import``) in
 one transaction with one config-version bump, so workers switch to the whole new set at once.
+
+A dry run and an import run one validation, the admin's. Each item is read as the admin form
+reads a row (text stripped; values checked and normalised by the model: a list entry's
+``2001:DB8:1::/48`` is ``2001:db8:1::/48``, ``::ffff:0:0/96`` is ``0.0.0.0/0``) before any row
+is written, so the plan compares and stores what the admin would store. The checks between
+rows (a burst against the endpoint costs, one default plan) then run on the state the file
+makes: in one transaction, every saved row's ``full_clean()``, all errors reported together;
+the plan rolls that transaction back, the import commits it only when nothing was refused.
+An entry that refuses, or exempts from quotas, a whole address family (``0.0.0.0/0``,
+``::/0``) is refused unless the import is told it is meant (``allow_everyone``).
 """
 
 import dataclasses
@@ -30,7 +40,14 @@ import json
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from .document_values import DocumentValueError, Shown, document_value, shown, shown_names
+from .document_values import (
+    DocumentValueError,
+    Shown,
+    document_value,
+    is_form_text,
+    shown,
+    shown_names,
+)
 from .models import (
     AccessListEntry,
     ApiKey,
@@ -222,7 +239,10 @@ def _read_item(section, position, raw, errors):
             (None if field.is_relation else field.get_default())
         reference = f"a {_natural_key_field(field.related_model)}" if field.is_relation else ""
         try:
-            item[name] = _json_value(document_value(field, value, reference=reference))
+            value = document_value(field, value, reference=reference)
+            if is_form_text(field) and value is not None:
+                value = value.strip()  # as the admin's form fields read text
+            item[name] = _json_value(value)
         except DocumentValueError as exc:
             problems.append(f"{name}: {exc.message}")
             # the item is refused; what names it in errors is short (a key field's value too)
@@ -236,13 +256,21 @@ def _read_item(section, position, raw, errors):
 
 
 def _check_fields(section, position, item, errors):
-    """Add the model's own field errors (types, choices, limits, blank) of ``item``."""
+    """Add the model's own field errors (types, choices, limits, blank) of ``item``, or write
+    its values back as the model normalises them (``normalize()``, which ``clean()`` calls
+    too: what the admin stores)."""
     relations = [f.name for f in section.fields if f.is_relation]
     row = section.model(**{name: value for name, value in item.items() if name not in relations})
     try:
         row.clean_fields(exclude=relations)
+        if hasattr(row, "normalize"):
+            row.normalize()
     except ValidationError as exc:
         _add_errors(errors, _where(section, position, item), exc)
+        return
+    for field in section.fields:
+        if not field.is_relation:
+            item[field.name] = _json_value(field.value_from_object(row))
 
 
 def _add_errors(errors, where, exc):
@@ -339,17 +367,66 @@ def _read_document(document, keep_missing):
 
 @dataclasses.dataclass
 class ImportPlan:
-    """What an import does: ``changes`` (empty: nothing to change), and how many rows absent
-    from the document are ``kept`` (``keep_missing``) instead of removed."""
+    """What an import does: ``changes`` (empty: nothing to change), how many rows absent from
+    the document are ``kept`` (``keep_missing``) instead of removed, and the ``warnings`` an
+    operator reads before applying it (entries of a whole address family, allowed)."""
 
     changes: list
     kept: int = 0
+    warnings: list = dataclasses.field(default_factory=list)
 
 
-def plan_import(document, *, keep_missing=False):
-    """Return the ImportPlan that makes the database hold ``document``. Rows absent from the
-    document are removed unless ``keep_missing``. Raises QuotaFileError (naming item and field)
-    when the document cannot be imported."""
+def plan_import(document, *, keep_missing=False, allow_everyone=False):
+    """Return the ImportPlan that makes the database hold ``document``, validated as the
+    import validates it (the rows checked together in a transaction rolled back here: a dry
+    run refuses what the import refuses). Rows absent from the document are removed unless
+    ``keep_missing``; an entry added or changed that refuses, or exempts from quotas, a whole
+    address family is refused unless ``allow_everyone`` (then a warning). Raises
+    QuotaFileError (naming item and field, every error) when the document cannot be
+    imported."""
+    plan = _changes_of(document, keep_missing)
+    errors = []
+    for change in plan.changes:
+        warning = _everyone_warning(change)
+        if warning is None:
+            continue
+        where = _where(change.section, change.position, change.item)
+        if allow_everyone:
+            plan.warnings.append(f"{where}: {warning}")
+        else:
+            errors.append(f"{where}: value: {warning} Import it with --allow-everyone if that "
+                          f"is meant.")
+    with transaction.atomic():
+        errors += _apply(plan.changes)
+        transaction.set_rollback(True)  # (a plan changes nothing)
+    if errors:
+        raise QuotaFileError(errors)
+    return plan
+
+
+def _everyone_warning(change):
+    """Return the warning for a list entry ``change`` adds, or makes, an entry that denies,
+    or exempts from quotas, a whole address family; None for any other change (an entry as
+    wide before the change was confirmed when it was made: the admin asks nothing again
+    either)."""
+    if change.section.model is not AccessListEntry or change.action == "remove":
+        return None
+
+    def warning_of(item):
+        return AccessListEntry(**{name: item[name] for name in
+                                  ("kind", "target", "value", "exempt")}).everyone_warning()
+
+    warning = warning_of(change.item)
+    if warning and change.action == "change":
+        before = {**change.item, **{name: old for name, old, _ in change.fields}}
+        if warning_of(before) == warning:
+            return None
+    return warning
+
+
+def _changes_of(document, keep_missing):
+    """Return the ImportPlan of ``document`` read and compared with the rows, its items
+    checked one by one (not yet together)."""
     read = _read_document(document, keep_missing)
     changes, kept = [], 0
     for section in SECTIONS:
@@ -420,24 +497,33 @@ def _save(change):
 
 def apply_import(changes):
     """Apply ``changes`` (from ``plan_import``) in one transaction and announce them with one
-    config-version bump at its commit. Every saved row is validated against the final state
-    (``full_clean``: a rule's burst against the new costs, one default plan...); any error rolls
-    everything back and raises QuotaFileError naming item and field."""
+    config-version bump at its commit. The rows are validated together again, as the plan
+    validated them (the rows may have changed since); any error rolls everything back and
+    raises QuotaFileError naming item and field."""
+    with transaction.atomic():  # one version bump at its commit (runtime/signals.py)
+        errors = _apply(changes)
+        if errors:
+            raise QuotaFileError(errors)  # rolls the transaction back
+
+
+def _apply(changes):
+    """Write ``changes`` in the transaction around this call, then validate every saved row
+    against the state they make (``full_clean``: a rule's burst against the new costs, one
+    default plan...: checks between rows, which need the other rows as the file leaves
+    them); return the errors, naming item and field. The caller commits or rolls back."""
     order = {section.name: index for index, section in enumerate(SECTIONS)}
     saves = sorted((c for c in changes if c.action != "remove"),
                    key=lambda c: order[c.section.name])
     # removals last, the most dependent rows first, after the rows moving to a new plan moved
     removals = sorted((c for c in changes if c.action == "remove"),
                       key=lambda c: -order[c.section.name])
-    with transaction.atomic():  # one version bump at its commit (runtime/signals.py)
-        saved = [(change, _save(change)) for change in saves]
-        for change in removals:
-            change.section.model.objects.filter(pk=change.pk).delete()
-        errors = []
-        for change, row in saved:
-            try:
-                row.full_clean()
-            except ValidationError as exc:
-                _add_errors(errors, _where(change.section, change.position, change.item), exc)
-        if errors:
-            raise QuotaFileError(errors)  # rolls the transaction back
+    saved = [(change, _save(change)) for change in saves]
+    for change in removals:
+        change.section.model.objects.filter(pk=change.pk).delete()
+    errors = []
+    for change, row in saved:
+        try:
+            row.full_clean()
+        except ValidationError as exc:
+            _add_errors(errors, _where(change.section, change.position, change.item), exc)
+    return errors

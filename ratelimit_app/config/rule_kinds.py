@@ -219,6 +219,11 @@ class ResponseLimit(TokenBucket):
     nothing_counted_message = ("Give the statuses to count (e.g. 404, 401,403 or 4xx), a path "
                                "prefix (e.g. /login), or both.")
 
+    def cost_limit(self, rule):
+        # one token per response it counts, whatever the request's endpoint cost: a burst
+        # of 5 lets a cost-20 request through, and no endpoint cost is checked against it
+        return None
+
     def limit_words(self, rule):
         if not (rule.rate and rule.period_s and rule.burst) or \
                 not (rule.counted_statuses or rule.counted_path_prefix):

@@ -53,7 +53,7 @@ def published_ms(version):
     publication under way (its copies written, its version key not yet) from a lost copy,
     never to fence."""
     head = version.partition("-")[0]
-    return int(head) if head.isdigit() else -1
+    return int(head) if head.isascii() and head.isdigit() else -1
 
 
 class ConfigVersions:

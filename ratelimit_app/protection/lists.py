@@ -33,7 +33,8 @@ from ..decision import engine
 from ..decision.engine import Decision
 
 __all__ = ["TARGETS", "ListEntry", "AccessLists", "Screening", "ListValueError",
-           "normalized_value", "screen", "is_trusted", "MIN_USER_AGENT_LENGTH"]
+           "normalized_value", "everyone_wide_warning", "screen", "is_trusted",
+           "MIN_USER_AGENT_LENGTH"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -102,6 +103,27 @@ def normalized_value(target, value, ipv6_prefix):
         raise ListValueError(f"Give at least {MIN_USER_AGENT_LENGTH} characters of the "
                              f"User-Agent: a shorter part matches nearly every browser.")
     return value
+
+
+def everyone_wide_warning(deny, exempt, target, value):
+    """Return the warning for an entry whose network is a whole address family (``0.0.0.0/0``,
+    ``::/0``, or what normalises to one, such as ``::ffff:0:0/96``) when it refuses everyone
+    of it (``deny``) or spares them every quota (an allow entry with ``exempt``); None for any
+    other entry. The admin asks for a confirmation and the import for a flag before saving
+    one: a typo there takes the whole API down, or off its limits."""
+    if target != IP or not (deny or exempt):
+        return None
+    try:
+        network = _compiled_network(value or "", 128)
+    except ListValueError:
+        return None
+    if network.prefixlen:
+        return None
+    callers = f"every IPv{network.version} caller"
+    if deny:
+        return f"A deny entry for {network} refuses {callers}: the API answers them all 403."
+    return (f"An allow entry for {network} exempt from quotas spares {callers} every limit "
+            f"and ban.")
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,3 +89,34 @@ def test_the_lists_are_in_the_protection_section_of_the_index(admin_client):
                               entry_post(value="192.0.2.1"), follow=True)
     assert moved.redirect_chain[0] == (ADD, 308)  # sent again with its body: the entry is saved
     assert AccessListEntry.objects.get().value == "192.0.2.1"
+
+
+@pytest.mark.parametrize("fields, warning", [
+    ({"value": "0.0.0.0/0"}, "A deny entry for 0.0.0.0/0 refuses every IPv4 caller"),
+    ({"value": "::ffff:0:0/96"}, "A deny entry for 0.0.0.0/0 refuses every IPv4 caller"),
+    ({"value": "::/0"}, "A deny entry for ::/0 refuses every IPv6 caller"),
+    ({"value": "::/0", "kind": "allow", "exempt": "on"},
+     "An allow entry for ::/0 exempt from quotas spares every IPv6 caller every limit"),
+])
+def test_an_entry_of_every_caller_is_saved_only_once_confirmed(admin_client, fields, warning):
+    response = admin_client.post(ADD, entry_post(**fields))
+    assert response.status_code == 200
+    [error] = errors_on(response)["confirm_everyone"]
+    assert error.startswith(warning) and error.endswith("Tick “I mean every caller” to save it.")
+    assert not AccessListEntry.objects.exists()
+    response = admin_client.post(ADD, entry_post(**fields, confirm_everyone="on"))
+    assert response.status_code == 302
+    entry = AccessListEntry.objects.get()
+    assert entry.value in ("0.0.0.0/0", "::/0")
+    # an edit that keeps it as wide asks nothing again
+    change = f"{LIST}{entry.pk}/change/"
+    response = admin_client.post(change, entry_post(**{**fields, "value": entry.value},
+                                                    reason="outage drill"))
+    assert response.status_code == 302
+    assert AccessListEntry.objects.get().reason == "outage drill"
+
+
+def test_a_narrower_or_merely_trusted_entry_needs_no_confirmation(admin_client):
+    assert admin_client.post(ADD, entry_post(value="0.0.0.0/1")).status_code == 302
+    assert admin_client.post(ADD, entry_post(value="::/0", kind="allow")).status_code == 302
+    assert AccessListEntry.objects.count() == 2

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from ratelimit_app.admin.rule_forms import rule_from_input
 from ratelimit_app.config.rule_kinds import FORM_KINDS
-from ratelimit_app.models import ApiKey, Plan, PlanAssignment, Rule
+from ratelimit_app.models import ApiKey, EndpointCost, Plan, PlanAssignment, Rule
 
 from .rule_word_cases import CASES, PENDING, as_form_data
 
@@ -155,6 +155,21 @@ def test_a_limit_on_responses_refuses_what_it_cannot_count(admin_client, fields,
     assert not Rule.objects.exists()
 
 
+def test_a_limit_on_responses_is_not_held_to_the_endpoint_costs(admin_client):
+    # charged one token per counted response: a burst of 5 beside a cost-20 endpoint
+    EndpointCost.objects.create(endpoint="api:reports", method="POST", cost=20)
+    response = admin_client.post(add_url("responses"), base_post(
+        name="failed-logins", scope="ip", rate="5", period_s_0="1", period_s_1="minute",
+        burst="5", counted_statuses="401"))
+    assert response.status_code == 302, page_errors(response)
+    # a token bucket counting every request still is
+    response = admin_client.post(add_url("token_bucket"), base_post(
+        rate="5", period_s_0="1", period_s_1="minute", burst="5", lease="0", debt="0",
+        alert_thresholds=""))
+    assert page_errors(response)["burst"][0].startswith("Burst 5 is below the cost of "
+                                                        "api:reports (POST) (20 tokens)")
+
+
 def test_a_token_bucket_form_leaves_a_rule_counting_every_request(admin_client):
     response = admin_client.post(add_url("token_bucket"), base_post(
         rate="5", period_s_0="1", period_s_1="minute", burst="5", lease="0", debt="0",
@@ -226,12 +241,41 @@ def test_the_preview_renders_what_was_typed_so_far(admin_client):
                    period_s_0="2", period_s_1="minute", status="shadow")["words"] == \
         ("at most 5 requests in flight per tenant, a crashed request's slot freed after "
          "2 minutes; shadow (counted, never refused)")
-    # input that does not parse is never guessed
+    # input that does not parse is never guessed: it is said to be no number
     assert preview(admin_client, kind="token_bucket", rate="1e3", period_s_0="1",
                    period_s_1="minute", burst="5")["words"] == \
-        "Type the numbers to read the rule in words."
+        "The rate is not a number: type it in digits, e.g. 60."
     response = admin_client.get(reverse("admin:ratelimit_app_rule_preview"), {"kind": "nope"})
     assert response.status_code == 400
+
+
+# (a number field of a kind's form, what is typed in it): every kind, every number it shows
+NOT_NUMBERS = [(key, field, typed) for key, kind in FORM_KINDS.items()
+               for field, typed in (("rate", "²"), ("burst", "①"), ("period_s", "³"),
+                                    ("rate", "-5"), ("burst", "9" * 40))
+               if field in kind.form_fields]
+
+
+@pytest.mark.parametrize("key, field, typed", NOT_NUMBERS)
+def test_the_preview_says_a_number_in_other_digits_is_not_a_number(admin_client, key, field,
+                                                                    typed):
+    fields = {"rate": "20", "burst": "40", "period_s_0": "1", "period_s_1": "minute",
+              "scope": "ip", "counted_statuses": "404", "calendar_period": "day"}
+    name = "period" if field == "period_s" else field
+    field = "period_s_0" if field == "period_s" else field
+    answer = preview(admin_client, kind=key, **{**fields, field: typed})
+    assert answer == {"words": f"The {name} is not a number: type it in digits, e.g. 60.",
+                      "impact": ""}
+    # the page's first render of a bound form says the same
+    response = admin_client.post(add_url(key), base_post(**{**fields, field: typed}))
+    assert answer["words"] in response.content.decode()
+
+
+def test_the_preview_reads_digits_as_the_form_does(admin_client):
+    # "１２" (fullwidth) is a number to int() and to the form's IntegerField: 12
+    assert preview(admin_client, kind="token_bucket", scope="ip", rate="１２",
+                   period_s_0="1", period_s_1="minute", burst="40")["words"] == \
+        "12 requests per minute per client IP, bursts up to 40; enforced"
 
 
 def test_the_preview_needs_the_view_permission(client, django_user_model):

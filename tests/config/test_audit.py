@@ -19,6 +19,7 @@ from django.urls import reverse
 from ratelimit_app.config import audit
 from ratelimit_app.config.quotas_as_code import export_document
 from ratelimit_app.models import (
+    AccessListEntry,
     AuditEntry,
     AuditSource,
     EndpointCost,
@@ -217,6 +218,19 @@ def test_a_restore_brings_back_the_old_export_with_one_version_bump(config, admi
     assert (restored.source, restored.actor, restored.restored_from) == ("restore", "admin", old)
     assert restored.summary.startswith(f"restored entry #{old.pk}: ")
     assert audit.document_of(restored) == audit.document_of(old)
+
+
+def test_a_restore_of_an_entry_of_every_caller_warns_and_restores_it(config, admin_client):
+    AccessListEntry.objects.create(kind="deny", target="ip", value="0.0.0.0/0",
+                                   reason="maintenance")
+    old = latest()
+    AccessListEntry.objects.all().delete()
+    url = reverse("admin:ratelimit_monitoring_auditentry_restore", args=[old.pk])
+    page = admin_client.get(url).content.decode()
+    assert "Warning: access_lists[0] (list entry (kind deny, target ip, value 0.0.0.0/0)): " \
+           "A deny entry for 0.0.0.0/0 refuses every IPv4 caller" in page
+    assert admin_client.post(url, {"confirm": "yes"}).status_code == 302
+    assert AccessListEntry.objects.get().value == "0.0.0.0/0"
 
 
 def test_a_restore_that_names_a_deleted_user_says_so_and_changes_nothing(config, admin_client):

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ratelimit_app.config.changes import MAX_ROWS_NAMED, add_row, by_table
+from ratelimit_app.config.versions import published_ms
 from ratelimit_app.config.compiler import compile_snapshot, config_models
 from ratelimit_app.config.fingerprint import changed_rows, config_fingerprint
 from ratelimit_app.models import (ApiKey, Counts, IdentityOverride, Kind, Plan, PlanAssignment,
@@ -205,6 +206,12 @@ def test_changes_name_rows_until_there_are_too_many():
     assert changes == {"apikey", "rule:7"}
     add_row(changes, "rule", None)  # a row without a key: its table
     assert by_table(changes) == {"apikey": None, "rule": None}
+
+
+def test_a_key_in_other_digits_reads_its_table_whole():
+    # str.isdigit() holds for "²", which int() refuses
+    assert by_table({"rule:²", "plan:３"}) == {"rule": None, "plan": None}
+    assert published_ms("²-1") == -1 and published_ms("17-1") == 17
 
 
 # --- through the workers ----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ratelimit_app.admin.dashboard.text import counted, top_lines
 from ratelimit_app.decision.keys import scope_token
 from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
 
-from ..helpers import limiter, load_demo_data, use_fake_clock
+from ..helpers import count_version_writes, limiter, load_demo_data, use_fake_clock
 
 pytestmark = pytest.mark.django_db
 
@@ -78,16 +78,8 @@ def demo():
 
 @pytest.fixture
 def version_writes(monkeypatch):
-    """Count the SETs of the config version (each one makes every worker reload)."""
-    store, writes = limiter().store, []
-    write_version = store.write_version
-
-    def counting(key, value, changes=None):
-        writes.append(value)
-        return write_version(key, value, changes)
-
-    monkeypatch.setattr(store, "write_version", counting)
-    return writes
+    """The config versions written (each one makes every worker reload)."""
+    return count_version_writes(monkeypatch)
 
 
 def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp_path):

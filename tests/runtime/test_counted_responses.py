@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import Client
 
-from ratelimit_app.models import Rule, Scope
+from ratelimit_app.models import EndpointCost, Rule, Scope
 
 from ..helpers import limiter, load_demo_data, use_fake_clock
 
@@ -73,3 +73,17 @@ def test_counting_responses_is_for_token_buckets_counting_requests(db):
     with pytest.raises(ValidationError) as error:
         made.full_clean()
     assert "counted_path_prefix" in error.value.message_dict
+
+
+def test_a_limit_on_responses_may_have_a_burst_below_an_endpoints_cost(demo):
+    # "5 failed logins a minute" on a plan whose reports cost 20 tokens: each counted response
+    # costs one token, so the rule is valid and a report passes it
+    failed_logins = Rule(name="failed-logins", plan=Rule.objects.get(name="free-ip").plan,
+                         scope=Scope.IP, rate=5, period_s=60, burst=5, counted_statuses="401")
+    failed_logins.full_clean()
+    failed_logins.save()
+    limiter().policies.reset()
+    client = Client()
+    assert client.post("/api/reports/").status_code == 202
+    # and no endpoint cost is refused because of it
+    EndpointCost(endpoint="api:reports", method="PUT", cost=25).full_clean()

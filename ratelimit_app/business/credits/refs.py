@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from ...config.models import ApiKey
 from .models import MAX_TOP_UP_UNITS
 
-__all__ = ["CreditInputError", "parse_ref", "parse_units", "parse_top_up_id", "parse_note",
+__all__ = ["CreditInputError", "parse_ref", "parse_units", "units_of_text", "parse_top_up_id",
+           "parse_note",
            "display_of", "MAX_TOP_UP_ID_LENGTH", "MAX_NOTE_LENGTH", "MAX_TENANT_LENGTH"]
 
 MAX_TOP_UP_ID_LENGTH = 100
@@ -41,15 +42,29 @@ def parse_ref(ref):
 
 
 def parse_units(units):
-    """Return ``units`` (an int, or a string of digits) as an int from 1 to 10^12;
-    CreditInputError otherwise."""
-    if isinstance(units, str) and units.strip().isascii() and units.strip().isdigit():
-        units = int(units.strip())
+    """Return ``units`` if it is an int from 1 to 10^12; CreditInputError otherwise. Text is
+    refused, digits or not (``"7"``), as a quotas-as-code import refuses ``"rate": "3"``:
+    one rule for every number a client sends. (The command reads its argument's digits
+    itself, ``units_of_text``.)"""
+    if isinstance(units, str):
+        raise CreditInputError(f"units must be a whole number from 1 to 10^12, sent as a "
+                               f"number, not as text (got {units[:40]!r}): write 7, not "
+                               f"\"7\".")
     if isinstance(units, int) and not isinstance(units, bool) \
             and 1 <= units <= MAX_TOP_UP_UNITS:
         return units
     raise CreditInputError(f"units must be a whole number from 1 to 10^12 (got "
                            f"{str(units)[:40]!r}).")
+
+
+def units_of_text(text):
+    """Return the units a command-line argument ``text`` gives (ASCII digits) as an int;
+    CreditInputError otherwise."""
+    digits = text.strip()
+    if digits.isascii() and digits.isdigit():
+        return parse_units(int(digits))
+    raise CreditInputError(f"units must be a whole number from 1 to 10^12 (got "
+                           f"{text[:40]!r}).")
 
 
 def parse_top_up_id(top_up_id):

@@ -1,7 +1,8 @@
 """``manage.py ratelimit <subcommand>``: quotas as code and the operator's tools.
 
     export [--output FILE]                      the quota rows as JSON (natural keys, stable)
-    import FILE [--dry-run] [--keep-missing]    make the database hold FILE, one version bump
+    import FILE [--dry-run] [--keep-missing] [--allow-everyone]
+                                                make the database hold FILE, one version bump
     check                                       system checks, store, script, a scratch decision,
                                                 version, clock skew
     reload                                      every worker reloads the quota rows (~1 s)
@@ -45,7 +46,7 @@ from ...business.credits.ledger import (
     client_of,
     top_up,
 )
-from ...business.credits.refs import CreditInputError
+from ...business.credits.refs import CreditInputError, units_of_text
 from ...business.credits.rules import AccountRules
 from ...business.usage.records import (
     DAY,
@@ -107,6 +108,9 @@ class Command(BaseCommand):
                           help="Print what would be added, changed and removed; change nothing.")
         load.add_argument("--keep-missing", action="store_true",
                           help="Keep rows absent from FILE (default: remove them).")
+        load.add_argument("--allow-everyone", action="store_true",
+                          help="Import list entries that deny, or exempt from quotas, a whole "
+                               "address family (0.0.0.0/0, ::/0); refused without it.")
 
         commands.add_parser("check", help="Is the store ready? Lines OK/WARN/FAIL; exit 1 on FAIL.")
         commands.add_parser("reload", help="Make every worker reload the quota rows now (for "
@@ -233,15 +237,20 @@ class Command(BaseCommand):
             raise _bad_input(f"{path} cannot be read: a number in it has more than "
                              f"{sys.get_int_max_str_digits()} digits.") from None
 
-    def handle_import(self, file, dry_run=False, keep_missing=False, **options):
+    def handle_import(self, file, dry_run=False, keep_missing=False, allow_everyone=False,
+                      **options):
         document = self._read_document(file)
         try:
-            plan = plan_import(document, keep_missing=keep_missing)
+            # the same validation for a dry run and an import (quotas_as_code's docstring)
+            plan = plan_import(document, keep_missing=keep_missing,
+                               allow_everyone=allow_everyone)
         except QuotaFileError as exc:
             raise self._invalid(file, exc)
         for change in plan.changes:
             for line in describe_change(change):
                 self.stdout.write(line)
+        for warning in plan.warnings:
+            self.stdout.write(self.style.WARNING(f"Warning (--allow-everyone): {warning}"))
         if plan.kept:
             self.stdout.write(f"{counted(plan.kept, 'row')} absent from the file kept "
                               f"(--keep-missing).")
@@ -491,7 +500,8 @@ class Command(BaseCommand):
     def _top_up(self, account, units, top_up_id, note="", **options):
         client = client_of(default_limiter().store)
         try:
-            made, created = top_up(account, units, top_up_id, note=note, client=client,
+            made, created = top_up(account, units_of_text(units), top_up_id, note=note,
+                                   client=client,
                                    actor="manage.py ratelimit credits top-up")
         except (CreditInputError, TopUpConflict) as exc:
             raise _bad_input(str(exc))

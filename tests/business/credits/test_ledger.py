@@ -92,7 +92,7 @@ def test_a_first_top_up_makes_the_account_and_sets_a_missing_balance(
     key, _ = api_key("ann")
     ref = f"key:0{key.id}"  # written as the request path writes it: key:<id>
     with django_capture_on_commit_callbacks(execute=True):
-        made, created = credit(redis_client, ref, "250", "inv-7")
+        made, created = credit(redis_client, ref, 250, "inv-7")
     account = made.account
     assert created and account.ref == f"key:{key.id}" and account.granted == 250
     assert account.display == f"key {key.prefix}… (ann's key)"

@@ -10,6 +10,7 @@ from ratelimit_app.business.credits.refs import (
     parse_ref,
     parse_top_up_id,
     parse_units,
+    units_of_text,
 )
 
 from ...helpers import api_key
@@ -25,10 +26,18 @@ def test_an_account_is_written_as_the_request_path_writes_it():
 
 
 def test_units_ids_and_notes():
-    assert parse_units(7) == 7 and parse_units(" 7 ") == 7 and parse_units(10**12) == 10**12
-    for bad in (0, -1, 10**12 + 1, 1.0, "1e3", "", None, False):
+    assert parse_units(7) == 7 and parse_units(10**12) == 10**12
+    for bad in (0, -1, 10**12 + 1, 1.0, "1e3", "", None, False, "7", " 7 "):
         with pytest.raises(CreditInputError, match="whole number from 1 to 10\\^12"):
             parse_units(bad)
+    # text is refused as text, as the import refuses "rate": "3"
+    with pytest.raises(CreditInputError, match="sent as a number, not as text \\(got '7'\\)"):
+        parse_units("7")
+    # a command's argument is text: its ASCII digits are read
+    assert units_of_text(" 7 ") == 7
+    for bad in ("²", "７", "1e3", "", "0"):
+        with pytest.raises(CreditInputError, match="whole number from 1 to 10\\^12"):
+            units_of_text(bad)
     assert parse_top_up_id("inv-2026/0042 #1") == "inv-2026/0042 #1"
     assert parse_top_up_id("x" * 100) == "x" * 100
     for bad in ("", "x" * 101, "a\tb", " a", "a ", 42):

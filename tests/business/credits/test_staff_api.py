@@ -90,6 +90,9 @@ def test_bad_top_ups_are_400_and_a_reused_id_is_409():
     cases = [
         ({"units": 0, "top_up_id": "inv-2"}, "units must be a whole number from 1 to 10^12"),
         ({"units": "lots", "top_up_id": "inv-2"}, "units must be a whole number"),
+        # text is refused, digits or not, as the quotas-as-code import refuses "3"
+        ({"units": "7", "top_up_id": "inv-2"},
+         "units must be a whole number from 1 to 10^12, sent as a number, not as text"),
         ({"units": 5}, "The top-up id must be 1 to 100 printable characters"),
         ({"units": 5, "top_up_id": "inv-2", "note": 7}, "The note must be text"),
         ({"units": 5, "top_up_id": "inv-2", "amount": 5}, "Unknown field(s): amount"),
