@@ -45,6 +45,7 @@ SOCKET_NAME = "valkey.sock"
 LOCK_NAME = "lock"
 OWNERS_DIR = "owners"
 WATCHER_PID_NAME = "watcher.pid"
+SERVER_PID_NAME = "server.pid"
 LOG_NAME = "valkey.log"
 START_TIMEOUT_S = 10.0
 # How often the watcher looks for a living owner (the server outlives its last owner by this).
@@ -152,7 +153,13 @@ class EmbeddedServer:
 
     @property
     def socket_path(self):
-        return self.run_dir / SOCKET_NAME
+        """The server's socket: in the run dir, or where that path is too long for a unix
+        socket (a deep TMPDIR), in a private dir of its own under /tmp."""
+        path = self.run_dir / SOCKET_NAME
+        if len(str(path)) <= MAX_SOCKET_PATH:
+            return path
+        digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
+        return Path("/tmp") / f"ratelimit-app-{os.getuid()}-{digest}" / SOCKET_NAME
 
     @property
     def url(self):
@@ -171,6 +178,14 @@ class EmbeddedServer:
         except (OSError, ValueError):
             return None
 
+    @property
+    def server_pid(self):
+        """The server's PID as its watcher recorded it, or None."""
+        try:
+            return int((self.run_dir / SERVER_PID_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+
     @contextlib.contextmanager
     def _locked(self):
         with open(self.run_dir / LOCK_NAME, "a") as lock:
@@ -184,9 +199,7 @@ class EmbeddedServer:
         """Register this process's owner, start the server unless it answers already, and
         return its URL. Raises EmbeddedServerError when it cannot be started."""
         _private_dir(self.run_dir)
-        if len(str(self.socket_path)) > MAX_SOCKET_PATH:
-            raise EmbeddedServerError(f"the embedded server's socket path {self.socket_path} "
-                                      f"is too long for a unix socket: set TMPDIR shorter")
+        _private_dir(self.socket_path.parent)
         binary = server_binary()
         with self._locked():
             self._register(self.owner_pid or session_owner())
@@ -210,13 +223,13 @@ class EmbeddedServer:
         # this process, and no terminal's Ctrl-C reaches it
         # (run as a script: it needs nothing but the standard library, so it starts fast)
         started = subprocess.run(
-            [sys.executable, "-I", __file__, str(self.run_dir), binary], stdin=subprocess.DEVNULL,
+            [sys.executable, "-I", __file__, "watch", str(self.run_dir), binary], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True)
         if started.returncode:
             raise EmbeddedServerError(f"the embedded server's watcher failed: "
                                       f"{started.stderr.decode(errors='replace')[-500:]}")
         deadline = time.monotonic() + timeout_s
-        while not self.answers():
+        while not (self.answers() and self.server_pid):
             if time.monotonic() > deadline:
                 raise EmbeddedServerError(f"the embedded server did not start in {self.run_dir}"
                                           f"{_log_tail(self.log_path)}")
@@ -243,6 +256,7 @@ class EmbeddedServer:
         stopping = []
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda *_: stopping.append(True))
+        (self.run_dir / WATCHER_PID_NAME).write_text(str(os.getpid()))
         with open(self.log_path, "ab") as log:
             server = subprocess.Popen(
                 [binary, "--port", "0", "--unixsocket", str(self.socket_path),
@@ -250,7 +264,7 @@ class EmbeddedServer:
                  "--dir", str(self.run_dir), "--loglevel", "warning"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent)
-        (self.run_dir / WATCHER_PID_NAME).write_text(str(os.getpid()))
+        (self.run_dir / SERVER_PID_NAME).write_text(str(server.pid))
         try:
             while not stopping and server.poll() is None:
                 time.sleep(WATCH_INTERVAL_S)
@@ -265,9 +279,13 @@ class EmbeddedServer:
                 except subprocess.TimeoutExpired:
                     server.kill()
                     server.wait()
-                for name in (SOCKET_NAME, WATCHER_PID_NAME):
+                for path in (self.socket_path, self.run_dir / SERVER_PID_NAME,
+                             self.run_dir / WATCHER_PID_NAME):
                     with contextlib.suppress(FileNotFoundError):
-                        (self.run_dir / name).unlink()
+                        path.unlink()
+                if self.socket_path.parent != self.run_dir:
+                    with contextlib.suppress(OSError):
+                        self.socket_path.parent.rmdir()
 
     def _live_owners(self):
         """Return the owners still alive, forgetting the others."""
@@ -350,6 +368,22 @@ def client():
     return redis.Redis.from_url(url, **CLIENT_OPTIONS)
 
 
+def _main(argv):
+    """``python -m ratelimit_app.stores.embedded start RUN_DIR OWNER_PID``: start (or find) the
+    server in RUN_DIR for as long as OWNER_PID lives, print its URL and PID (what scripts/
+    run-demo.sh does); ``stop RUN_DIR``: stop it now."""
+    if len(argv) == 3 and argv[0] == "start":
+        server = EmbeddedServer(argv[1], owner_pid=int(argv[2]))
+        print(server.ensure_running(), server.server_pid)
+    elif len(argv) == 2 and argv[0] == "stop":
+        EmbeddedServer(argv[1]).stop()
+    elif len(argv) == 3 and argv[0] == "watch":  # how ensure_running starts the watcher
+        _detach_and_watch(argv[1], argv[2])
+    else:
+        sys.exit("usage: python -m ratelimit_app.stores.embedded start RUN_DIR OWNER_PID | "
+                 "stop RUN_DIR")
+
+
 def _detach_and_watch(run_dir, binary):
     """The watcher's entry point: leave the starting process (which waits only for this
     first fork) and the terminal's session, then watch."""
@@ -363,4 +397,4 @@ def _detach_and_watch(run_dir, binary):
 
 
 if __name__ == "__main__":
-    _detach_and_watch(sys.argv[1], sys.argv[2])
+    _main(sys.argv[1:])
