@@ -40,8 +40,11 @@ from .stores import embedded
 
 __all__ = ["RateLimits", "TestClock", "parse_rate"]
 
-# DRF's rate words and more: the unit's first letter decides, as in DRF ("5/min", "100/hour")
-PERIOD_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# DRF's rate words (it reads only the first letter; "month" is not taken for a minute here)
+PERIOD_UNITS_S = {**dict.fromkeys(["s", "sec", "second", "seconds"], 1),
+                  **dict.fromkeys(["m", "min", "minute", "minutes"], 60),
+                  **dict.fromkeys(["h", "hour", "hours"], 3600),
+                  **dict.fromkeys(["d", "day", "days"], 86400)}
 RATE_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-zA-Z]+)\s*$")
 
 
@@ -49,7 +52,7 @@ def parse_rate(rate):
     """Return ``(tokens, period_s)`` of a rate written as DRF writes it ("5/min", "100/hour",
     "10/s", "1000/day"; also "5/10s": five per ten seconds). Raises ValueError."""
     match = RATE_PATTERN.match(rate) if isinstance(rate, str) else None
-    unit = match and PERIOD_UNITS_S.get(match.group(3)[0].lower())
+    unit = match and PERIOD_UNITS_S.get(match.group(3).lower())
     if not unit:
         raise ValueError(f"rate {rate!r}: write it as N/unit, e.g. '5/min', '100/hour', '10/s'")
     return int(match.group(1)), int(match.group(2) or 1) * unit
