@@ -99,7 +99,7 @@ class RateLimits:
         ``endpoint`` the URL name of one view (empty: every endpoint); ``plan`` a Plan or its
         slug (empty: every plan).
         """
-        from .models import Plan, Rule
+        from .config.models import Plan, Rule
 
         if isinstance(rate, str):
             if period_s is not None:

@@ -328,17 +328,26 @@ def test_gunicorn_s_two_workers_share_one_server_exactly(project, tmp_path):
     assert "Traceback" not in log_path.read_text()
 
 
-def test_the_project_s_own_suite_runs_with_limits_on_through_the_plugin(project):
+@pytest.mark.parametrize("server", ["embedded", "REDIS_URL"])
+def test_the_project_s_own_suite_runs_with_limits_on_through_the_plugin(project, server,
+                                                                      redis_server):
     (project.root / "conftest.py").write_text(CONFTEST)
     (project.root / "pytest.ini").write_text(PYTEST_INI)
     (project.root / "test_api.py").write_text(PROJECT_TESTS)
+    env = dict(project.env)
+    if server == "REDIS_URL":  # a CI's Redis service: this suite's own, empty now
+        env["REDIS_URL"] = redis_server.url
+        redis_server.assert_empty()
+        evalsha_before = redis_server.command_stats("evalsha")[0]
     started = time.monotonic()
     done = subprocess.run([project.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                          cwd=project.root, env=project.env, capture_output=True, text=True,
+                          cwd=project.root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^5 passed in ", done.stdout, re.MULTILINE), done.stdout
     assert time.monotonic() - started < 120
+    if server == "REDIS_URL":
+        assert redis_server.command_stats("evalsha")[0] > evalsha_before  # decided there
     assert not list(project.temp_dir.glob("ratelimit-test-*"))  # its run dir removed
     poll_until(lambda: not servers_under(project.temp_dir), timeout_s=15,
                what="the test session's server to stop with the session")
