@@ -148,7 +148,7 @@ class EmbeddedServer:
     a registered owner lives (see the module's docstring)."""
 
     def __init__(self, run_dir, owner_pid=None):
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.owner_pid = owner_pid
 
     @property
@@ -217,14 +217,18 @@ class EmbeddedServer:
         return _ping(str(self.socket_path))
 
     def _start_watcher(self, binary, timeout_s):
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()  # a server killed with its watcher leaves it behind
-        # the watcher detaches itself (a child of init, in a session of its own): it outlives
-        # this process, and no terminal's Ctrl-C reaches it
-        # (run as a script: it needs nothing but the standard library, so it starts fast)
+        # what a server killed with its watcher leaves behind
+        for path in (self.socket_path, self.run_dir / SERVER_PID_NAME,
+                     self.run_dir / WATCHER_PID_NAME):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        # The watcher detaches itself (a child of init, in a session of its own): it outlives
+        # this process, and no terminal's Ctrl-C reaches it. It runs as a script: it needs
+        # nothing but the standard library, so it starts fast.
         started = subprocess.run(
-            [sys.executable, "-I", __file__, "watch", str(self.run_dir), binary], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True)
+            [sys.executable, "-I", __file__, "watch", str(self.run_dir), binary],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            close_fds=True)
         if started.returncode:
             raise EmbeddedServerError(f"the embedded server's watcher failed: "
                                       f"{started.stderr.decode(errors='replace')[-500:]}")
@@ -238,8 +242,8 @@ class EmbeddedServer:
     def stop(self, timeout_s=START_TIMEOUT_S):
         """Stop the watcher and its server now, whoever the owners; return once both are gone."""
         pid = self.watcher_pid
-        if pid is None:
-            return
+        if pid is None or str(self.run_dir) not in _command_line(pid):
+            return  # none, or a PID since given to another process
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
