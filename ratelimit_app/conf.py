@@ -18,6 +18,15 @@ DEFAULTS = {
     # keyword arguments for redis-py's RedisCluster. Empty: the cache alias above.
     "CLUSTER_NODES": [],
     "CLUSTER_OPTIONS": {"socket_timeout": 0.25, "socket_connect_timeout": 0.25},
+    # The embedded server (the [embedded] extra: a private Valkey started when first needed,
+    # stores/embedded.py), for trying the app and for tests. None: used when the settings name
+    # no Redis (no django-redis cache under CACHE_ALIAS, no CLUSTER_NODES) and the extra is
+    # installed; system check E020 refuses that when DEBUG is off. True: always, DEBUG or not
+    # (the buckets then never leave this machine). False: never.
+    "EMBEDDED_SERVER": None,
+    # False: every request is allowed and charged nothing, with no rate-limit headers (tests
+    # that do not care about limits; the pytest plugin's ``ratelimit_off`` marker).
+    "ENABLED": True,
     # Prefix of every Redis key the app writes.
     "KEY_PREFIX": "rl",
     # What to do when Redis cannot answer: True lets requests through, False refuses them.

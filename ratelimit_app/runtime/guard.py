@@ -44,6 +44,8 @@ AUTH_FAILED_ATTR = "_ratelimit_authentication_failed"
 # headers on the response (directly, see headers.apply_headers), so the throttle need not hand
 # them to DRF (which would set each through Django's checks)
 HEADERS_ON_THE_WAY_OUT_ATTR = "_ratelimit_headers_on_the_way_out"
+# every request's decision while RATELIMIT_APP["ENABLED"] is False: allowed, no policy
+NOT_LIMITED = Decision(allowed=True)
 
 
 def endpoint_name(request):
@@ -67,7 +69,9 @@ def decide(request, user):
     if decision is not None:
         return decision
     try:
-        decision = default_limiter().decide(request, user, endpoint_name(request))
+        limiter = default_limiter()
+        decision = limiter.decide(request, user, endpoint_name(request)) if limiter.enabled \
+            else NOT_LIMITED
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "deciding a request; request allowed")
         decision = Decision(allowed=True, degraded="error")
@@ -80,7 +84,9 @@ async def adecide(request, user):
     if decision is not None:
         return decision
     try:
-        decision = await default_limiter().adecide(request, user, endpoint_name(request))
+        limiter = default_limiter()
+        decision = await limiter.adecide(request, user, endpoint_name(request)) \
+            if limiter.enabled else NOT_LIMITED
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "deciding a request; request allowed")
         decision = Decision(allowed=True, degraded="error")
@@ -205,8 +211,10 @@ def charge_failed_authentication(request, response):
     if not authentication_failed(request, response):
         return response
     try:
-        decision = default_limiter().protection.failed_authentication(request,
-                                                                      endpoint_name(request))
+        limiter = default_limiter()
+        if not limiter.enabled:
+            return response
+        decision = limiter.protection.failed_authentication(request, endpoint_name(request))
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "charging a failed authentication; not charged")
         return response
@@ -218,8 +226,11 @@ async def acharge_failed_authentication(request, response):
     if not authentication_failed(request, response):
         return response
     try:
-        decision = await default_limiter().protection.afailed_authentication(
-            request, endpoint_name(request))
+        limiter = default_limiter()
+        if not limiter.enabled:
+            return response
+        decision = await limiter.protection.afailed_authentication(request,
+                                                                   endpoint_name(request))
     except Exception as error:  # the limiter must never be the reason for a 500
         _unexpected(error, "charging a failed authentication; not charged")
         return response
@@ -233,7 +244,10 @@ def check_failed_authentication(request):
     without it, a blocked client could still learn that a guess was right.
     """
     try:
-        decision = default_limiter().protection.failed_authentication(
+        limiter = default_limiter()
+        if not limiter.enabled:
+            return None
+        decision = limiter.protection.failed_authentication(
             request, endpoint_name(request), charge=False)
     except Exception as error:
         _unexpected(error, "checking failed authentications; request allowed")
@@ -244,7 +258,10 @@ def check_failed_authentication(request):
 async def acheck_failed_authentication(request):
     """``check_failed_authentication`` for an event loop."""
     try:
-        decision = await default_limiter().protection.afailed_authentication(
+        limiter = default_limiter()
+        if not limiter.enabled:
+            return None
+        decision = await limiter.protection.afailed_authentication(
             request, endpoint_name(request), charge=False)
     except Exception as error:
         _unexpected(error, "checking failed authentications; request allowed")
@@ -260,7 +277,7 @@ def count_response(request, response):
         # Protection.counts_responses written out: every response asks, and nearly always no
         # rule counts it
         snapshot = limiter.policies.snapshot
-        if snapshot is None or not snapshot.counts_responses:
+        if snapshot is None or not snapshot.counts_responses or not limiter.enabled:
             return
         limiter.protection.count_response(request, getattr(request, DECISION_ATTR, None),
                                           response.status_code,

