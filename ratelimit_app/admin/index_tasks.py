@@ -17,7 +17,7 @@ TASKS = (
     ("Rate limits · Billing", ("creditaccount", "credittopup", "usagerecord")),
     ("Rate limits · Alerts", ("quotaalert", "webhookendpoint", "webhookdelivery")),
     ("Rate limits · Monitoring", ("auditentry", "dashboard")),
-    ("Rate limits · Protection", ("accesslistentry", "banrule", "ban")),
+    ("Rate limits · Protection", ("accesslistentry", "banrule", "ban", "banlogentry")),
 )
 
 
