@@ -89,10 +89,11 @@ class KindBanRuleForm(forms.ModelForm):
             if name == "window_s":
                 label = f"{kind.events_noun} within"
             model_field = BanRule._meta.get_field(name)
-            # (the form's initial values, from the row or the model's defaults, are seconds:
-            # the widget splits them into a number and a unit)
+            # (a saved row's seconds, or on an add page the model's default, split by the
+            # widget into a number and a unit)
             field = PeriodField(label=label, noun=noun, help_text=help_text,
-                                required=not model_field.null)
+                                required=not model_field.null,
+                                initial=model_field.get_default())
             number, unit = field.widget.widgets
             number.attrs["aria-label"] = f"{label}: how many"
             unit.attrs["aria-label"] = f"{label}: unit"

@@ -84,6 +84,10 @@ def test_each_kind_shows_only_its_fields_in_words(admin_client, key, shown, hidd
         assert fail2ban not in html
     assert 'name="window_s_0"' in html and 'name="window_s_1"' in html
     assert "Type the numbers to read the rule in words." in html
+    # the model's defaults shown in their units: memory 86400 s as 1 day, factor 1
+    assert re.search(r'name="memory_s_0"[^>]*value="1"', html)
+    assert re.search(r'name="memory_s_1"[^>]*>(?:(?!</select>).)*<option value="day" selected>',
+                     html, re.S)
 
 
 def post_rule(client, key, **fields):
