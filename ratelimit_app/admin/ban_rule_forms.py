@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from django import forms
 
-from ..config.models import BAN_SCOPES, BanEvents, BanRule
+from ..config.models import BAN_SCOPES, BanEvents, BanRule, Mode
 from .rule_forms import PeriodField, PeriodWidget, apply_status, status_of
 
 __all__ = ["BAN_FORM_KINDS", "ban_kind_for", "ban_rule_form_class", "ban_rule_fieldsets",
@@ -112,9 +112,17 @@ class KindBanRuleForm(forms.ModelForm):
         rule.events = self.ban_kind.key
         if "statuses" not in self.fields:
             rule.statuses = ""
-        status = cleaned.get("status") or (status_of(rule) if rule.pk else "enforce")
-        apply_status(rule, status)
+        apply_status(rule, cleaned.get("status") or self._status_without_one())
         return cleaned
+
+    def _status_without_one(self):
+        """The status of a form sent without one: from the "mode" and "enabled" fields of the
+        single form the admin had before (a script's post), else the row's, else enforced."""
+        if "mode" in self.data:
+            if not self.data.get("enabled"):
+                return "disabled"
+            return "shadow" if self.data.get("mode") == Mode.SHADOW else "enforce"
+        return status_of(self.instance) if self.instance.pk else "enforce"
 
 
 @functools.cache

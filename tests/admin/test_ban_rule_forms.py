@@ -120,6 +120,16 @@ def test_a_refusals_rule_drops_statuses_and_a_shadow_status_is_its_mode(admin_cl
         ("refusals", "", "shadow", None)
 
 
+@pytest.mark.parametrize("fields, mode, enabled", [
+    ({"mode": "shadow", "enabled": "on"}, "shadow", True),
+    ({"mode": "enforce"}, "enforce", False),  # an unticked box is not sent
+    ({}, "enforce", True),
+])
+def test_a_post_of_the_former_single_form_keeps_its_mode(admin_client, fields, mode, enabled):
+    assert post_rule(admin_client, "statuses", status=None, **fields).status_code == 302
+    assert (BanRule.objects.get().mode, BanRule.objects.get().enabled) == (mode, enabled)
+
+
 @pytest.mark.parametrize("fields, field, message", [
     ({"ban_s_0": "0"}, "ban_s", "The ban must be at least 1 second."),
     ({"ban_s_0": "ten"}, "ban_s", "Enter a whole number."),
