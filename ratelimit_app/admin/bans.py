@@ -14,7 +14,7 @@ from django.utils.http import urlencode
 from ..conf import get_config
 from ..config.audit import Actor
 from ..config.models import AuditSource, BanEvents, BanRule
-from ..config.wording import a_duration
+from ..config.wording import per_period
 from ..runtime.limiter import default_limiter
 from ..stores import StoreUnavailable
 from .ban_rule_forms import (
@@ -128,7 +128,7 @@ class BanAdmin(admin.ModelAdmin):
         context = {"ban_rules_url": reverse(admin_url_name(BanRule, "changelist",
                                                            self.admin_site)),
                    "rows_per_interval": config["BAN_ROWS_PER_INTERVAL"],
-                   "log_interval": a_duration(config["BAN_LOG_INTERVAL_S"]),
+                   "log_interval": per_period(config["BAN_LOG_INTERVAL_S"]),
                    **(extra_context or {})}
         return super().changelist_view(request, context)
 

@@ -191,4 +191,4 @@ def test_the_empty_bans_list_says_how_a_ban_appears_and_is_lifted(admin_client):
     assert "No ban yet." in html
     assert 'href="/admin/ratelimit_protection/banrule/"' in html
     assert "Lift the selected bans" in html and "manage.py ratelimit bans lift" in html
-    assert "at most 20 bans per rule and a minute" in html
+    assert "at most 20 bans of a rule per minute get a row" in html
