@@ -24,13 +24,12 @@ from .ban_rule_forms import (
     ban_rule_form_class,
     ban_rule_from_input,
 )
+from .config import WORDS_PENDING
 from .list_cells import moment
 from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
 
 __all__ = ["BanRuleAdmin", "BanAdmin", "BanLogEntryAdmin"]
-
-WORDS_PENDING = "Type the numbers to read the rule in words."
 
 
 class BanRuleAdmin(admin.ModelAdmin):

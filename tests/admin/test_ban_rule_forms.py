@@ -192,3 +192,13 @@ def test_the_empty_bans_list_says_how_a_ban_appears_and_is_lifted(admin_client):
     assert 'href="/admin/ratelimit_protection/banrule/"' in html
     assert "Lift the selected bans" in html and "manage.py ratelimit bans lift" in html
     assert "at most 20 bans of a rule per minute get a row" in html
+
+
+def test_a_saved_rule_opens_in_its_kind_form_with_its_sentence(admin_client):
+    rule = scraper_rule(events="refusals", statuses="", threshold=5, mode="shadow")
+    rule.save()
+    response = admin_client.get(url("change", rule.pk))
+    html = response.content.decode()
+    assert "statuses" not in response.context["adminform"].form.fields
+    assert rule.describe() in html and rule.describe().startswith("Would ban")
+    assert re.search(r'<option value="shadow" selected>', html)
