@@ -7,8 +7,8 @@ from these pieces, so the rules list, the plan page and the form's live preview 
 
 from ..decision.scopes import Scope
 
-__all__ = ["count", "per_period", "duration", "a_duration", "either", "SCOPE_PHRASES", "SCOPE_SHORT",
-           "status_words"]
+__all__ = ["count", "per_period", "duration", "a_duration", "either", "SCOPE_PHRASES",
+           "SCOPE_SHORT", "status_words"]
 
 # Each scope as the end of a sentence ("100 requests per minute per tenant").
 SCOPE_PHRASES = {
