@@ -1,8 +1,9 @@
 """The words a rule is spelled out in: numbers, periods, durations and scopes as an operator
 reads them ("10,000", "per minute", "per user or API key").
 
-The sentences themselves belong to each kind of limit (``rule_kinds.py``); they are built only
-from these pieces, so the rules list, the plan page and the form's live preview all say the same.
+The sentences themselves belong to each kind of limit (``rule_kinds.py``) and to a ban rule
+(``BanRule.describe``); they are built only from these pieces, so the lists, the plan page and
+the forms' live previews all say the same.
 """
 
 from ..decision.scopes import Scope
