@@ -55,11 +55,13 @@ class PeriodWidget(forms.MultiWidget):
 
 
 class PeriodField(forms.MultiValueField):
-    """A period typed as a number and a unit; cleaned to whole seconds."""
+    """A period typed as a number and a unit; cleaned to whole seconds. ``noun`` names it in
+    the errors ("The ban must be at least 1 second.")."""
 
     widget = PeriodWidget
 
-    def __init__(self, *, required=True, **kwargs):
+    def __init__(self, *, required=True, noun="period", **kwargs):
+        self.noun = noun
         # (each part optional: an empty period is the kind's to word, "a token bucket needs
         # its period")
         fields = (forms.IntegerField(min_value=1, required=False),
@@ -73,16 +75,21 @@ class PeriodField(forms.MultiValueField):
         seconds = data_list[0] * _UNIT_SECONDS.get(data_list[1] or "second", 1)
         if seconds > MAX_PERIOD_S:
             raise forms.ValidationError(
-                f"The period can be at most 366 days ({MAX_PERIOD_S} seconds).")
+                f"The {self.noun} can be at most 366 days ({MAX_PERIOD_S} seconds).")
         return seconds
 
     def clean(self, value):
         try:
-            return super().clean(value)
+            seconds = super().clean(value)
         except forms.ValidationError as error:
             if any(e.code == "min_value" for e in error.error_list):
-                raise forms.ValidationError("The period must be at least 1 second.") from None
+                raise forms.ValidationError(
+                    f"The {self.noun} must be at least 1 second.") from None
             raise
+        if seconds is None and self.required:  # a unit chosen, no number typed
+            raise forms.ValidationError(f"Type the {self.noun} as a number and a unit.",
+                                        code="required")
+        return seconds
 
 
 class StatusField(forms.ChoiceField):

@@ -36,6 +36,7 @@ from .choices import (
     Mode,
     parse_alert_thresholds,
 )
+from .wording import a_duration, count, duration, either
 from .rule_kinds import (
     ConcurrencyLimit,
     burst_below_cost_message,
@@ -636,6 +637,9 @@ BAN_MODES = [(Mode.ENFORCE.value, "Enforce"),
              (Mode.SHADOW.value, "Shadow (count would-be bans, ban no one)")]
 # the scopes a caller can be banned at (a ban of everyone, or of a plan, would be an outage)
 BAN_SCOPES = (Scope.IP, Scope.USER, Scope.TENANT)
+# who a ban rule bans, in its sentence ("Ban a client IP for 10 minutes …")
+BAN_SCOPE_WORDS = {Scope.IP: "a client IP", Scope.USER: "a user or API key",
+                   Scope.TENANT: "a tenant"}
 # the longest ban, and the longest memory of earlier bans
 MAX_BAN_S = 366 * 24 * 3600
 
@@ -745,22 +749,41 @@ class BanRule(models.Model):
             raise ValidationError(errors)
 
     def describe(self):
-        """Return the rule in words ("5 responses 404 within 60 s per client IP ban it for
-        600 s, each ban within 1 day twice as long up to 86400 s; enforced")."""
-        what = {BanEvents.REFUSALS: "refusals by its own quotas",
-                BanEvents.STATUSES: f"responses {self.statuses}",
-                BanEvents.FAILED_AUTH: "failed authentications"}.get(self.events, self.events)
+        """Return the rule as a sentence ("Ban a client IP for 10 minutes after 20 responses 404
+        within a minute, doubling each time up to a day"), or "" while its numbers are not all
+        given (a form being typed). The one source of the words: the ban rules list, the form's
+        live sentence and its preview endpoint all call it."""
+        if not (self.threshold and self.window_s and self.ban_s):
+            return ""
+        shadow = self.mode == Mode.SHADOW
+        who = BAN_SCOPE_WORDS.get(self.scope, self.scope)
+        one = self.threshold == 1
+        if self.events == BanEvents.STATUSES:
+            statuses = [part.strip() for part in self.statuses.split(",") if part.strip()]
+            what = ("response" if one else "responses") + \
+                (f" {either(statuses)}" if statuses else "")
+        elif self.events == BanEvents.FAILED_AUTH:
+            what = "failed authentication" if one else "failed authentications"
+        else:
+            what = ("refusal" if one else "refusals") + " by its own quotas"
         if self.path_prefix:
             what += f" under {self.path_prefix}"
-        who = dict(Scope.choices).get(self.scope, self.scope).split(" (")[0].lower()
-        words = (f"{self.threshold} {what} within {self.window_s} s per {who} ban it for "
-                 f"{self.ban_s} s")
-        if self.factor > 1:
-            words += (f", each ban within {self.memory_s} s of the last {self.factor} times "
-                      f"longer" + (f" up to {self.max_ban_s} s" if self.max_ban_s else ""))
+        words = (f"{'Would ban' if shadow else 'Ban'} {who} for {duration(self.ban_s)} after "
+                 f"{count(self.threshold)} {what} within {a_duration(self.window_s)}")
+        factor = self.factor or 1
+        if factor > 1:
+            growth = {2: "doubling", 3: "tripling"}.get(factor, f"{count(factor)} times longer")
+            words += f", {growth} each time up to {a_duration(self.max_ban_s or MAX_BAN_S)}"
+            if self.memory_s:
+                words += (f"; a ban more than {a_duration(self.memory_s)} after the last one "
+                          f"is {duration(self.ban_s)} again")
         if self.extend_on_retry:
-            words += ", retries during a ban extend it"
-        return words + ("; shadow" if self.mode == Mode.SHADOW else "; enforced")
+            words += "; requests during a ban make it longer"
+        if shadow:
+            words += " (shadow: records only)"
+        if not self.enabled:
+            words += " (disabled)"
+        return words
 
 
 class Ban(models.Model):

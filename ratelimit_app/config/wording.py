@@ -1,13 +1,15 @@
 """The words a rule is spelled out in: numbers, periods, durations and scopes as an operator
 reads them ("10,000", "per minute", "per user or API key").
 
-The sentences themselves belong to each kind of limit (``rule_kinds.py``); they are built only
-from these pieces, so the rules list, the plan page and the form's live preview all say the same.
+The sentences themselves belong to each kind of limit (``rule_kinds.py``) and to a ban rule
+(``BanRule.describe``); they are built only from these pieces, so the lists, the plan page and
+the forms' live previews all say the same.
 """
 
 from ..decision.scopes import Scope
 
-__all__ = ["count", "per_period", "duration", "SCOPE_PHRASES", "SCOPE_SHORT", "status_words"]
+__all__ = ["count", "per_period", "duration", "a_duration", "either", "SCOPE_PHRASES",
+           "SCOPE_SHORT", "status_words"]
 
 # Each scope as the end of a sentence ("100 requests per minute per tenant").
 SCOPE_PHRASES = {
@@ -51,6 +53,23 @@ def duration(seconds):
     """Return '1 minute' for 60, '90 seconds' for 90, '2 hours' for 7200."""
     n, unit = _in_units(seconds)
     return f"{count(n)} {unit}" + ("" if n == 1 else "s")
+
+
+def a_duration(seconds):
+    """Return 'a minute' for 60, 'an hour' for 3600, '10 minutes' for 600: a duration read
+    after "within" or "up to"."""
+    n, unit = _in_units(seconds)
+    if n == 1:
+        return ("an " if unit == "hour" else "a ") + unit
+    return duration(seconds)
+
+
+def either(words):
+    """Return the words as alternatives: ['401', '403', '429'] -> '401, 403 or 429'."""
+    words = list(words)
+    if len(words) < 2:
+        return "".join(words)
+    return ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def status_words(enabled, shadow):

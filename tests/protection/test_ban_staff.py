@@ -102,9 +102,9 @@ def test_the_command_lists_and_lifts_bans(banned_scraper):
 def test_a_ban_rule_is_explained_in_words_and_checked(db):
     rule = BanRule(name="scrapers", scope="ip", events="statuses", statuses="404",
                    threshold=20, window_s=60, ban_s=600, factor=2, max_ban_s=86400)
-    assert rule.describe() == ("20 responses 404 within 60 s per client ip ban it for 600 s, "
-                               "each ban within 86400 s of the last 2 times longer up to "
-                               "86400 s; enforced")
+    assert rule.describe() == ("Ban a client IP for 10 minutes after 20 responses 404 within a "
+                               "minute, doubling each time up to a day; a ban more than a day "
+                               "after the last one is 10 minutes again")
     rule.full_clean()
     from django.core.exceptions import ValidationError
     rule.statuses, rule.max_ban_s = "40x", 60

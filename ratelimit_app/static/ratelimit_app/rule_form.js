@@ -1,6 +1,7 @@
 // The rule in words as it is typed: the form's fields are sent to the preview endpoint, which
-// renders the same sentence the rules list shows (config/rule_kinds.py), and an estimate of what
-// a saved rule's new numbers would have done to the last hour's heaviest callers.
+// renders the same sentence the rules list shows (config/rule_kinds.py; a ban rule's:
+// BanRule.describe), and an estimate of what a saved rule's new numbers would have done to the
+// last hour's heaviest callers.
 (function () {
   "use strict";
   const panel = document.getElementById("rule-words");
