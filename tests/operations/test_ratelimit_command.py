@@ -645,7 +645,7 @@ def test_top_prints_the_hot_keys_and_429_rates(demo, redis_server):
     assert failing("top", returncode=1).startswith("Redis is unavailable: ")
 
 
-def test_resetting_a_user_resets_the_keys_that_act_for_it(demo, redis_client):
+def test_resetting_a_user_resets_the_keys_that_act_for_it(demo, redis_client, monkeypatch):
     # alice calls with her API key: the key is an identity of its own, with its own buckets
     IdentityOverride.objects.filter(api_key__isnull=False).delete()  # (the key is not exempt)
     use_fake_clock()
@@ -656,6 +656,9 @@ def test_resetting_a_user_resets_the_keys_that_act_for_it(demo, redis_client):
     key = ApiKey.objects.get(user__username="alice")
     key_buckets = f"rl:{{{scope_token('key', key.id)}}}*"
     assert redis_client.keys(key_buckets)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert "and IP buckets, and those of its 1 API key, are refilled" in \
+        run("reset", "alice", "--user", "admin")[0]
     out, _ = run("reset", "alice", "--user", "admin", "--yes")
     assert redis_client.keys(key_buckets) == []
     assert out.startswith(f"Reset the buckets of alice and of its API keys {key.prefix}… "

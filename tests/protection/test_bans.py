@@ -217,3 +217,6 @@ def test_after_a_ban_this_workers_remembered_refusals_say_banned(db):
     # and it still holds when the quota is whole again, until the ban ends
     clock.advance(120_000)
     assert banned(client.get("/hello/"))["banned-by"] == ["hammering"]
+    # what the worker remembers of the ban never outlives it
+    clock.advance(BAN_S * 1000 - 120_000)
+    assert client.get("/hello/").status_code == 200
