@@ -29,6 +29,8 @@ bucket:
   level (scopes global, plan, tenant) is other clients' traffic: its ``RateLimit`` item is given
   only when it refused the request, or with ``DISCLOSE_SHARED_REMAINING``. Shadow policies are
   never shown.
+- A refusal answered from the worker's deny cache (no Redis call) gives ``RateLimit`` items for
+  the policies that refused only: the cache knows those are short, not what the others hold.
 """
 
 import hashlib
@@ -136,7 +138,10 @@ def _set_fields(response, store, decision):
     fields = {} if store is None else store  # {lower-case name: (name, value)}
     if visible:
         fields["ratelimit-policy"] = ("RateLimit-Policy", policy_header(visible))
-        items = ratelimit_header(visible, get_config()["DISCLOSE_SHARED_REMAINING"])
+        # a refusal answered from this worker's deny cache (deny_cache.py) knows that the
+        # policies that refused are short; what the others hold now it does not know
+        shown = [p for p in visible if p.short] if decision.from_deny_cache else visible
+        items = ratelimit_header(shown, get_config()["DISCLOSE_SHARED_REMAINING"])
         if items:  # an empty list is no field at all (RFC 9651)
             fields["ratelimit"] = ("RateLimit", items)
     if not decision.allowed and retry_after_s(decision) is not None:

@@ -6,6 +6,7 @@ parsed with ``ipaddress``, and nothing read from a request is used as a Redis ke
 """
 
 import functools
+import hashlib
 import ipaddress
 import logging
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from ..conf import get_config, meta_key
 from .keys import scope_token
 from .scopes import Scope, hash_api_key
 
-__all__ = ["Identity", "identify", "client_ip", "limited_ip", "reset",
+__all__ = ["Identity", "identify", "client_ip", "client_address", "limited_ip", "reset",
            "is_trusted_proxy", "untrusted_forwarder"]
 
 logger = logging.getLogger("ratelimit_app")
@@ -47,7 +48,9 @@ class Identity(NamedTuple):
     tenant: str | None = None
     user_id: str | None = None
     api_key_id: int | None = None
-    # an allow-list entry matches the caller (protection/lists.py): never banned
+    # never banned nor locked out by failed authentications: an allow-list entry matches the
+    # caller (protection/lists.py), or its address stands for a trusted proxy, not for one
+    # client (client_address: the proxy's own, or the clients it forwarded as "unknown")
     trusted: bool = False
 
     @property
@@ -134,8 +137,22 @@ def _is_trusted(address):
 
 
 def client_ip(meta):
-    """Return the client address: REMOTE_ADDR, or, when that is a trusted proxy, the nearest
-    X-Forwarded-For hop that is not one of our proxies. IPv6 addresses become their network."""
+    """Return the client address of a request's ``meta`` as ``Identity.ip`` holds it (see
+    ``client_address``)."""
+    return client_address(meta)[0]
+
+
+def client_address(meta):
+    """Return ``(ip, for_proxy)``: the client address of a request's ``meta`` and whether it
+    stands for a trusted proxy rather than one client.
+
+    ``ip`` is REMOTE_ADDR or, when that is a trusted proxy, the nearest X-Forwarded-For hop
+    that is not one of our proxies (IPv6 addresses become their network). A hop may be an
+    RFC 7239 node (a port, brackets, quotes). A hop that names no address was written by the
+    proxy to its right (``writer``), which is trusted: it gets a name of its own under that
+    proxy (``_unnamed_client``), never the proxy's address. ``for_proxy`` is True for the
+    proxy's own address (no header, or every hop one of our proxies) and for the clients a
+    proxy forwarded as ``unknown``: many callers, so never banned (Identity.trusted)."""
     remote = (meta.get("REMOTE_ADDR") or "").strip()
     if len(remote) <= MAX_ADDRESS_LENGTH:
         # the common case in one cached call on the text (no ipaddress object hashed twice:
@@ -145,24 +162,30 @@ def client_ip(meta):
             return direct
     address = _parse_ip(remote)
     if address is None:
-        return "unknown"
-    if _is_trusted(address):
-        for hop in _last_hops(meta.get("HTTP_X_FORWARDED_FOR") or ""):
-            hop_address = _parse_ip(hop)
-            if hop_address is None:
-                hop_address = _parse_node(hop)
-            if hop_address is None:
-                logger.info("ratelimit_app: malformed X-Forwarded-For hop ignored")
-                break  # a forged or broken entry: trust nothing further left
-            address = hop_address
-            if not _is_trusted(hop_address):
-                break
-    return _as_limited(address)
+        return _UNKNOWN_REMOTE
+    # REMOTE_ADDR is a trusted proxy: the client is in the hops it and our other proxies added
+    for hop in _last_hops(meta.get("HTTP_X_FORWARDED_FOR") or ""):
+        hop_address = _parse_ip(hop)
+        if hop_address is None:
+            hop_address = _parse_node(hop)
+        if hop_address is None:
+            return _unnamed_client(hop, writer=address)
+        address = hop_address
+        if not _is_trusted(hop_address):
+            return _as_limited(address), False
+    return _as_limited(address), True  # the proxy itself, or every hop one of our proxies
+
+
+# REMOTE_ADDR missing or not an address (a unix socket without a proxy in front)
+_UNKNOWN_REMOTE = ("unknown", False)
 
 
 def _last_hops(header):
     """Yield the last MAX_FORWARDED_HOPS hops of an X-Forwarded-For value, nearest first. Only
-    those are split off (``rsplit``'s bound): a header of a million commas costs no more."""
+    those are split off (``rsplit``'s bound): a header of a million commas costs no more. No
+    header (or an empty one) yields nothing."""
+    if not header:
+        return ()
     hops = header.rsplit(",", MAX_FORWARDED_HOPS)
     if len(hops) > MAX_FORWARDED_HOPS:
         del hops[0]  # whatever lies beyond the last hops, unsplit
@@ -171,47 +194,93 @@ def _last_hops(header):
 
 def _parse_node(hop):
     """Return the address of a hop written as an RFC 7239 node (``1.2.3.4:5555``,
-    ``[2001:db8::1]``, ``[2001:db8::1]:443``, optionally quoted), or None.
+    ``[2001:db8::1]``, ``[2001:db8::1]:443``, optionally quoted: ``"198.51.100.5"``), or None.
 
     A port is dropped: it tells apart connections, not clients. ``unknown`` and obfuscated
-    names (``_hidden``) name no address, so they are malformed here too.
+    names (``_hidden``) name no address: None here too (``_unnamed_client`` names them).
     """
-    text = hop.strip()
+    text = _unquoted(hop)
     if len(text) > MAX_HOP_LENGTH:
         return None
-    if len(text) > 1 and text[0] == text[-1] == '"':
-        text = text[1:-1]
     if text.startswith("["):
         host, bracket, port = text[1:].partition("]")
         if not bracket or host.count(":") < 2:  # brackets hold an IPv6 address only
             return None
         if port and not (port[0] == ":" and _valid_port(port[1:])):
             return None
-    else:
-        # one colon: an IPv4 address and its port (an IPv6 address, which has several, was
-        # parsed already if it is one)
-        host, colon, port = text.partition(":")
-        if not colon or "." not in host or not _valid_port(port):
-            return None
+        return _parse_ip(host)
+    address = _parse_ip(text)  # quoted, without a port
+    if address is not None:
+        return address
+    # one colon: an IPv4 address and its port (an IPv6 address, which has several, was
+    # parsed already if it is one)
+    host, colon, port = text.partition(":")
+    if not colon or "." not in host or not _valid_port(port):
+        return None
     return _parse_ip(host)
 
 
+def _unquoted(hop):
+    text = hop.strip()
+    if len(text) > 1 and text[0] == text[-1] == '"':
+        text = text[1:-1].strip()
+    return text
+
+
 def _valid_port(port):
-    # RFC 7239: a port number, or an obfuscated port ("_" then letters, digits, ".", "_", "-")
+    # RFC 7239: a port number (1 to 5 digits), or an obfuscated port ("_" then letters,
+    # digits, ".", "_", "-")
     if port.isdigit():
-        return port.isascii() and len(port) <= 5 and int(port) <= 65535
-    return len(port) > 1 and port[0] == "_" and port.isascii() and \
-        port[1:].replace(".", "").replace("_", "").replace("-", "").isalnum()
+        return port.isascii() and len(port) <= 5
+    return _obfuscated(port)
+
+
+def _obfuscated(text):
+    """True if ``text`` is an RFC 7239 obfuscated identifier (``_hidden``, ``_p.1-x``)."""
+    return len(text) > 1 and text[0] == "_" and text.isascii() and \
+        text[1:].replace(".", "").replace("_", "").replace("-", "").isalnum()
+
+
+# The longest obfuscated identifier kept as written in Identity.ip (longer ones are hashed).
+MAX_OBFUSCATED_LENGTH = 32
+
+
+def _unnamed_client(hop, writer):
+    """Return ``(ip, for_proxy)`` of a client that a trusted proxy (``writer``, the address
+    that wrote the hop) forwarded without an address: ``hop`` is ``unknown``, an obfuscated
+    identifier, or not a node at all. Each gets an ``Identity.ip`` of its own under that proxy,
+    never the proxy's own address (which it would share with every such client, and its bans):
+
+    - ``unknown via 10.0.0.1``: the proxy did not know the client (RFC 7239). The clients it
+      forwards so cannot be told apart: one bucket, never banned (``for_proxy``).
+    - ``_hidden via 10.0.0.1``: an obfuscated identifier, stable per client (RFC 7239): the
+      client's own bucket.
+    - ``hop-<digest> via 10.0.0.1``: anything else (a broken header), by a digest of its first
+      MAX_HOP_LENGTH characters, so the name stays short whatever was sent.
+
+    A port after the name is dropped, as for an address. Only proxies write these hops (a
+    client's own entries lie left of the hop its proxy added), and every name is a Redis key
+    only through ``scope_token``'s hash, with a TTL, as an IPv6 client's network is.
+    """
+    text = _unquoted(hop)[:MAX_HOP_LENGTH]
+    name = text.rpartition(":")[0] if ":" in text and not text.startswith("[") else text
+    if not name or name.lower() == "unknown":
+        return f"unknown via {writer}", True
+    if len(name) <= MAX_OBFUSCATED_LENGTH and _obfuscated(name):
+        return f"{name} via {writer}", False
+    logger.info("ratelimit_app: an X-Forwarded-For hop that is not an RFC 7239 node")
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return f"hop-{digest} via {writer}", False
 
 
 @functools.lru_cache(maxsize=65536)
 def _direct_client(text):
-    """Return client_ip's answer for a REMOTE_ADDR ``text`` that is not a trusted proxy, or None
-    when it is one (X-Forwarded-For must be read)."""
+    """Return client_address's answer for a REMOTE_ADDR ``text`` that is not a trusted proxy,
+    or None when it is one (X-Forwarded-For must be read)."""
     address = _parse_address(text)
     if address is None:
-        return "unknown"
-    return None if _is_trusted(address) else _as_limited(address)
+        return _UNKNOWN_REMOTE
+    return None if _is_trusted(address) else (_as_limited(address), False)
 
 
 def untrusted_forwarder(meta):
@@ -274,7 +343,7 @@ def plan_of(key, assignment, snapshot):
 def identify(request, user, snapshot):
     """Return the Identity of ``request`` (``user`` is the authenticated user or None)."""
     meta = request.META
-    ip = client_ip(meta)
+    ip, for_proxy = client_address(meta)
     key = _api_key(meta, snapshot)
     user_id = None
     if user is not None and getattr(user, "is_authenticated", False):
@@ -300,7 +369,7 @@ def identify(request, user, snapshot):
         plan = plan_of(key, assignment, snapshot)
     # positionally, without the NamedTuple's keyword-handling __new__ (one per request)
     identity = _new_identity(Identity, (kind, display, ip, plan, tenant or None, user_id,
-                                        key.id if key else None, False))
+                                        key.id if key else None, for_proxy))
     plan_resolver = _resolver("PLAN_RESOLVER")
     if plan_resolver is not None:
         resolved = plan_resolver(request, identity)

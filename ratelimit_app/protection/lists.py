@@ -334,10 +334,13 @@ def screen(snapshot, request, identity, endpoint, wall_time):
 
 def is_trusted(snapshot, request, identity, wall_time):
     """Return True if an allow entry in force matches the caller of ``request`` and no deny
-    entry does (for the paths no decision screens, e.g. a failed authentication's charge;
-    a decided request's ``identity.trusted`` says the same)."""
+    entry does, or when its address stands for a trusted proxy (``identity.trusted`` from
+    ``identify``), for the paths no decision screens, e.g. a failed authentication's charge;
+    a decided request's ``identity.trusted`` says the same."""
     lists = snapshot.access_lists
     if lists is None:
-        return False
+        return identity.trusted
     entry = lists.match(identity, request.META, wall_time)
-    return entry is not None and not entry.deny
+    if entry is None:
+        return identity.trusted
+    return not entry.deny

@@ -100,17 +100,15 @@ class Protection:
                                     bans.refusing_scopes(decision), failed_auth, banned)
         if not found:
             return ()
+        deny_cache = self._limiter.deny_cache
+        sent_at = None if deny_cache is None else deny_cache.now()  # (before ban.lua's call)
         try:
             outcomes = self.bans.count(identity, found, retry=bool(banned))
         except StoreUnavailable as exc:
             logger.warning("ratelimit_app: a ban event was not counted (%s)", exc)
             return ()
-        deny_cache = self._limiter.deny_cache
         if deny_cache is not None:
-            # a ban imposed or extended: what this worker remembers of the gate is stale (other
-            # workers learn it at their next call to Redis; until then they refuse anyway)
-            deny_cache.forget([BanGate(o.rule.gate_rule, o.key) for o in outcomes
-                               if o.outcome in (bans.BANNED, bans.ALREADY_BANNED)])
+            _remember_bans(deny_cache, outcomes, snapshot.version, sent_at)
         self._record_bans(outcomes)
         return outcomes
 
@@ -137,6 +135,24 @@ class Protection:
         record_lift(ban, actor)
         self._limiter.bump_config_version(parts=())  # no rows changed: the deny caches forget
         return lifted
+
+
+def _remember_bans(deny_cache, outcomes, version, sent_at):
+    """Tell this worker's deny cache of the bans imposed or extended among ``outcomes`` (ban.lua
+    ran after ``sent_at``, a reading of the cache's clock): its next answer to the caller, from
+    memory or not, then says banned, never "quota exceeded" from a quota it remembered short.
+    (Other workers learn the ban at their next call to Redis for that caller: until then they
+    refuse it from memory for the quota, see docs/reference/headers.md.)"""
+    gates, statuses = [], []
+    for o in outcomes:
+        if o.outcome in (bans.BANNED, bans.ALREADY_BANNED):
+            gate = BanGate(o.rule.gate_rule, o.key)
+            # the gate's level counts the ban's milliseconds left below full (bans.py)
+            left_ms = o.until_ms - o.at_ms
+            gates.append(gate)
+            statuses.append(gate.status(gate.capacity_units - left_ms * gate.rule.rate, True))
+    if gates:
+        deny_cache.remember(gates, statuses, version, sent_at)
 
 
 def _ignore(reply):

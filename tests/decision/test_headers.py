@@ -23,7 +23,7 @@ from ratelimit_app.models import Plan, Rule, Scope
 from ratelimit_app.runtime.guard import HEADERS_ON_THE_WAY_OUT_ATTR
 from ratelimit_app.throttling import QuotaThrottle, QuotaThrottled
 
-from ..helpers import load_demo_data, make_bucket, make_rule, use_fake_clock
+from ..helpers import limiter, load_demo_data, make_bucket, make_rule, use_fake_clock
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.QuotaMiddleware"
 ALICE_KEY = "rk_alice_free"
@@ -243,6 +243,34 @@ def test_cached_denials_carry_the_same_headers(demo, clock, client):
     assert response.status_code == 429
     assert limit_state(response)["free-ip"] == (40, 120, 0, 3)
     assert int(response["Retry-After"]) >= 3
+
+
+def test_a_cached_refusal_shows_only_the_levels_it_knows(db, clock):
+    # a shared bucket others drained refuses the caller from this worker's memory: the caller's
+    # own bucket, which the memory holds nothing of, is not shown as full (issue 56)
+    plan = Plan.objects.create(slug="shared", name="Shared", default_for_anonymous=True)
+    Rule.objects.create(name="shared-plan", plan=plan, scope=Scope.PLAN, rate=1,
+                        period_s=3600, burst=3)
+    Rule.objects.create(name="own-ip", plan=plan, scope=Scope.IP, rate=1, period_s=3600,
+                        burst=10)
+    caller, others = Client(REMOTE_ADDR="198.51.100.1"), Client(REMOTE_ADDR="198.51.100.2")
+    assert hammer(caller, "/hello/", 2) == [200, 200]   # own-ip: 8 left
+    assert hammer(others, "/hello/", 1) == [200]        # shared-plan: emptied, remembered
+    refused = caller.get("/hello/")
+    assert refused.status_code == 429 and refused.wsgi_request.ratelimit.from_deny_cache
+    state = limit_state(refused)
+    assert state["own-ip"] == (10, 36000, None, None)   # listed (configuration), level not told
+    assert state["shared-plan"][2] == 0
+    # every level it tells is what Redis holds
+    peek = limiter().peek(refused.wsgi_request, None, refused.wsgi_request.ratelimit.endpoint)
+    held = {status.name: status.remaining for status in peek.statuses}
+    assert held["own-ip"] == 8
+    assert all(held[name] == r for name, (_, _, r, _) in state.items() if r is not None)
+    # the same refusal answered by Redis tells the caller's own level
+    limiter().deny_cache.clear()
+    from_redis = caller.get("/hello/")
+    assert not from_redis.wsgi_request.ratelimit.from_deny_cache
+    assert limit_state(from_redis)["own-ip"][2] == 8
 
 
 # --- several violated policies, jitter -----------------------------------------------------

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client, RequestFactory
 
-from ratelimit_app.decision.identity import client_ip, identify
+from ratelimit_app.decision.identity import client_address, client_ip, identify
 from ratelimit_app.decision.keys import scope_token
 from ratelimit_app.models import ApiKey, Plan, PlanAssignment, Scope
 
@@ -178,28 +178,61 @@ def test_all_hops_trusted_gives_the_leftmost_proxy(settings):
 
 
 @pytest.mark.parametrize("forwarded, expected", [
-    ("", "10.0.0.1"),                                  # no header: the proxy itself
-    ("not-an-ip", "10.0.0.1"),
-    ("203.0.113.5:", "10.0.0.1"),                      # a port must be a port
-    ("203.0.113.5:99999", "10.0.0.1"),
-    ("203.0.113.5:http", "10.0.0.1"),
-    ("[203.0.113.5]", "10.0.0.1"),                     # brackets hold IPv6 only
-    ("[2001:db8::1", "10.0.0.1"),
-    ("[2001:db8::1]443", "10.0.0.1"),
-    ("unknown", "10.0.0.1"),                           # RFC 7239: no address given
-    ("_hidden", "10.0.0.1"),
-    ("[" + "1:" * 40 + "]:1", "10.0.0.1"),
-    ("1.2.3.4, garbage, 10.0.0.2", "10.0.0.2"),        # nothing left of a broken hop is believed
-    ("garbage, 203.0.113.5", "203.0.113.5"),           # forged junk left of the client is harmless
-    ("1.2.3.4\x00", "10.0.0.1"),
-    ("1.2.3.4,\r\n 203.0.113.5", "203.0.113.5"),
-    (",,,", "10.0.0.1"),
-    ("9" * 10_000, "10.0.0.1"),
-    (", ".join(["10.0.0.9"] * 5000) + ", 203.0.113.5", "203.0.113.5"),
+    # (the client address, whether it stands for the proxy rather than one client)
+    ("", ("10.0.0.1", True)),                          # no header: the proxy itself
+    ("10.0.0.3, 10.0.0.2", ("10.0.0.3", True)),        # every hop one of our proxies
+    ("unknown", ("unknown via 10.0.0.1", True)),       # RFC 7239: the proxy did not know
+    ("UNKNOWN:8080", ("unknown via 10.0.0.1", True)),
+    ('"unknown"', ("unknown via 10.0.0.1", True)),
+    (",,,", ("unknown via 10.0.0.1", True)),           # an empty hop names no one either
+    ("unknown, 10.0.0.2", ("unknown via 10.0.0.2", True)),  # under the proxy that wrote it
+    ("_hidden", ("_hidden via 10.0.0.1", False)),      # obfuscated: stable per client
+    ('"_hidden:_port"', ("_hidden via 10.0.0.1", False)),
+    ("_other", ("_other via 10.0.0.1", False)),
+    ('"198.51.100.5"', ("198.51.100.5", False)),       # quoted, as RFC 7239 writes a node
+    ('"198.51.100.5:4711"', ("198.51.100.5", False)),
+    ('"[2001:db8:1:2::1]"', ("2001:db8:1:2::/64", False)),
+    ('"2001:db8:1:2::1"', ("2001:db8:1:2::/64", False)),
+    ("203.0.113.200:99999", ("203.0.113.200", False)),  # RFC 7239's port is 1 to 5 digits
+    ("garbage, 203.0.113.5", ("203.0.113.5", False)),  # forged junk left of the client is harmless
+    ("1.2.3.4,\r\n 203.0.113.5", ("203.0.113.5", False)),
+    (", ".join(["10.0.0.9"] * 5000) + ", 203.0.113.5", ("203.0.113.5", False)),
 ])
-def test_malformed_hops(settings, forwarded, expected):
+def test_hop_forms(settings, forwarded, expected):
     ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
-    assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}) == expected
+    assert client_address({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}) == \
+        expected
+
+
+@pytest.mark.parametrize("forwarded", [
+    "not-an-ip", "203.0.113.5:", "203.0.113.5:http", "203.0.113.5:123456", "[203.0.113.5]",
+    "[2001:db8::1", "[2001:db8::1]443", "[" + "1:" * 40 + "]:1", "1.2.3.4\x00", "9" * 10_000,
+    "_" + "x" * 40, "1.2.3.4, garbage, 10.0.0.2",
+])
+def test_hops_that_name_no_client_get_a_bucket_of_their_own_under_their_proxy(settings,
+                                                                               forwarded):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
+    ip, for_proxy = client_address({"REMOTE_ADDR": "10.0.0.1",
+                                     "HTTP_X_FORWARDED_FOR": forwarded})
+    writer = "10.0.0.2" if forwarded.endswith("10.0.0.2") else "10.0.0.1"
+    assert ip.startswith("hop-") and ip.endswith(f" via {writer}") and len(ip) < 40
+    assert not for_proxy  # per token: one broken hop is not every client's
+    # the same text is the same client; another text another one
+    assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}) == ip
+    assert client_ip({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "other-junk"}) != ip
+
+
+def test_an_unnamed_hop_is_never_the_address_of_its_proxy(settings, demo):
+    ratelimit_settings(settings, TRUSTED_PROXIES=["10.0.0.0/8"])
+    proxy = who(REMOTE_ADDR="10.0.0.1")
+    for hop in ("unknown", "_hidden", "not-an-ip"):
+        forwarded = who(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=hop)
+        assert forwarded.token_for(Scope.IP) != proxy.token_for(Scope.IP), hop
+    assert proxy.trusted  # the proxy's own address is many callers: never banned
+    assert who(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="unknown").trusted
+    assert not who(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="_hidden").trusted
+    assert not who(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.5").trusted
+    assert not who(REMOTE_ADDR="198.51.100.5").trusted
 
 
 @pytest.mark.parametrize("hop, expected", [
@@ -317,7 +350,8 @@ def test_random_forwarded_for_hops_do_not_grow_memory(settings):
 
     def request_with_random_hop(i):
         meta = {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": f"10.1.2.3, {i}{junk}"}
-        assert client_ip(meta) == "127.0.0.1"  # the malformed hop stops the walk
+        # the malformed hop stops the walk: a short name of its own under the proxy
+        assert client_ip(meta).endswith(" via 127.0.0.1")
 
     # 2000 distinct 4 kB hops: 8 MB if each were kept
     assert grown_bytes(request_with_random_hop) < 1_000_000

@@ -15,7 +15,8 @@ from django.test import Client
 
 from ratelimit_app.admin.dashboard.text import counted, top_lines
 from ratelimit_app.decision.keys import scope_token
-from ratelimit_app.models import EndpointCost, IdentityOverride, Plan, PlanAssignment, Rule
+from ratelimit_app.models import (ApiKey, EndpointCost, IdentityOverride, Plan, PlanAssignment,
+                                  Rule)
 
 from ..helpers import count_version_writes, limiter, load_demo_data, use_fake_clock
 
@@ -634,3 +635,30 @@ def test_top_prints_the_hot_keys_and_429_rates(demo, redis_server):
         run("top", "--window", "2h")
     redis_server.kill()
     assert failing("top", returncode=1).startswith("Redis is unavailable: ")
+
+
+def test_resetting_a_user_resets_the_keys_that_act_for_it(demo, redis_client, monkeypatch):
+    # alice calls with her API key: the key is an identity of its own, with its own buckets
+    IdentityOverride.objects.filter(api_key__isnull=False).delete()  # (the key is not exempt)
+    use_fake_clock()
+    api = Client()
+    statuses = [api.get("/api/items/", HTTP_X_API_KEY="rk_alice_free",
+                        REMOTE_ADDR=f"198.51.100.{i + 1}").status_code for i in range(61)]
+    assert statuses == [200] * 60 + [429]   # her override's burst 60, in her key's bucket
+    key = ApiKey.objects.get(user__username="alice")
+    key_buckets = f"rl:{{{scope_token('key', key.id)}}}*"
+    assert redis_client.keys(key_buckets)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert "and IP buckets, and those of its 1 API key, are refilled" in \
+        run("reset", "alice", "--user", "admin")[0]
+    out, _ = run("reset", "alice", "--user", "admin", "--yes")
+    assert redis_client.keys(key_buckets) == []
+    assert out.startswith(f"Reset the buckets of alice and of its API keys {key.prefix}… "
+                          f"(1 key deleted; ")
+    assert out.strip().endswith("Not reset: the buckets of the addresses it calls from "
+                                "(reset each by itself).")
+    assert api.get("/api/items/", HTTP_X_API_KEY="rk_alice_free",
+                   REMOTE_ADDR="198.51.100.1").status_code == 200
+    # a key's reset says its user's own buckets are left alone
+    out, _ = run("reset", f"key:{key.id}", "--user", "admin", "--yes")
+    assert "Not reset: its user's own buckets" in out

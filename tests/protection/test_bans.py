@@ -10,8 +10,8 @@ from django.test import Client
 from ratelimit_app.config.ban_records import current_bans
 from ratelimit_app.config.audit import Actor
 from ratelimit_app.decision.headers import BANNED
-from ratelimit_app.models import (AuditEntry, Ban, BanLogEntry, BanRule, WebhookDelivery,
-                                  WebhookEndpoint)
+from ratelimit_app.models import (AuditEntry, Ban, BanLogEntry, BanRule, Plan, Rule, Scope,
+                                  WebhookDelivery, WebhookEndpoint)
 
 from ..helpers import limiter, load_demo_data, use_fake_clock
 
@@ -215,3 +215,30 @@ def test_the_async_path_counts_events_and_refuses_the_banned(scraper_rule):
     refused = async_to_sync(_walk_and_ask)(AsyncClient())
     assert refused.status_code == 429
     assert json.loads(refused.content)["banned-by"] == ["scrapers"]
+
+
+def test_after_a_ban_this_workers_remembered_refusals_say_banned(db):
+    # the caller is refused from this worker's memory for its quota; the refusals it keeps
+    # sending ban it: the next answer, from memory too, says banned, not "quota exceeded"
+    plan = Plan.objects.create(slug="tight", name="Tight", default_for_anonymous=True)
+    Rule.objects.create(name="own-ip", plan=plan, scope=Scope.IP, rate=1, period_s=60,
+                        burst=2)
+    BanRule.objects.create(name="hammering", scope="ip", events="refusals", threshold=3,
+                           window_s=60, ban_s=BAN_S)
+    clock = use_fake_clock()
+    limiter().policies.reset()
+    client = Client()
+    assert [client.get("/hello/").status_code for _ in range(3)] == [200, 200, 429]
+    remembered = [client.get("/hello/") for _ in range(2)]   # refusals 2 and 3: the ban
+    assert all(r.wsgi_request.ratelimit.from_deny_cache for r in remembered)
+    assert Ban.objects.count() == 1
+    response = client.get("/hello/")
+    assert response.wsgi_request.ratelimit.from_deny_cache
+    body = banned(response)
+    assert body["banned-by"] == ["hammering"] and int(response["Retry-After"]) == BAN_S
+    # and it still holds when the quota is whole again, until the ban ends
+    clock.advance(120_000)
+    assert banned(client.get("/hello/"))["banned-by"] == ["hammering"]
+    # what the worker remembers of the ban never outlives it
+    clock.advance(BAN_S * 1000 - 120_000)
+    assert client.get("/hello/").status_code == 200

@@ -98,3 +98,63 @@ def test_a_trusted_address_sending_wrong_keys_is_not_locked_out(failed_auth_rule
     charged = limiter().protection.failed_authentication(
         client.get("/hello/").wsgi_request, "hello", charge=False)
     assert (charged is None) == (not locked_out)
+
+
+# --- a trusted proxy (issue 56): its own address, and the clients it cannot name ----------------
+
+PROXY = "10.0.0.1"
+
+
+@pytest.fixture
+def behind_proxy(settings, scraper_rule):
+    AccessListEntry.objects.all().delete()
+    limiter().policies.reset()
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["10.0.0.0/8"]}
+
+
+def test_a_trusted_proxys_own_address_is_never_banned(behind_proxy):
+    proxy = Client(REMOTE_ADDR=PROXY)  # its health checks: no X-Forwarded-For
+    for i in range(THRESHOLD * 2):
+        assert proxy.get(f"/no-such-page-{i}/").status_code == 404
+    assert proxy.get("/hello/").status_code == 200
+    # nor as the last of a chain of proxies
+    chained = Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR="10.0.0.2")
+    for i in range(THRESHOLD * 2):
+        chained.get(f"/no-such-page-{i}/")
+    assert chained.get("/hello/").status_code == 200
+    assert not Ban.objects.exists()
+
+
+@pytest.mark.parametrize("hop", ["unknown", "_hidden", "not-an-address", '"198.51.100.5"'])
+def test_a_forwarded_client_without_an_address_never_shares_the_proxys_ban(behind_proxy, hop):
+    client = Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR=hop)
+    for i in range(THRESHOLD * 2):
+        client.get(f"/no-such-page-{i}/")
+    bans = list(Ban.objects.values_list("who", flat=True))
+    # the proxy's other clients and the proxy itself pass
+    assert Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR="198.51.100.77").get(
+        "/hello/").status_code == 200
+    assert Client(REMOTE_ADDR=PROXY).get("/hello/").status_code == 200
+    if hop == "unknown":
+        # the clients the proxy could not name are many callers, as the proxy's own address is
+        assert bans == [] and client.get("/hello/").status_code == 200
+    else:
+        # a client the proxy named (obfuscated, broken or quoted) is banned alone
+        assert client.get("/hello/").status_code == 429
+        assert len(bans) == 1 and PROXY not in bans[0].split(" via ")[0]
+
+
+def test_failed_authentications_through_the_proxy_never_lock_out_its_address(settings,
+                                                                           failed_auth_rule):
+    AccessListEntry.objects.all().delete()
+    limiter().policies.reset()
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "TRUSTED_PROXIES": ["10.0.0.0/8"]}
+    proxy = Client(REMOTE_ADDR=PROXY)
+    for i in range(BURST * 3):
+        assert proxy.get("/api/items/", HTTP_X_API_KEY=f"rk_guess_{i}").status_code == 200
+    assert proxy.get("/api/items/", HTTP_X_API_KEY="rk_guess_x").status_code == 200
+    # a client behind it is locked out by its own failures, as any client is
+    client = Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR="198.51.100.5")
+    for i in range(BURST):
+        client.get("/api/items/", HTTP_X_API_KEY=f"rk_guess_{i}")
+    assert client.get("/api/items/", HTTP_X_API_KEY="rk_guess_x").status_code == 429

@@ -23,7 +23,8 @@ from ...runtime.limiter import default_limiter
 from .data import parse_id
 from .text import counted
 
-__all__ = ["Lookup", "find_identity", "bucket_rows", "reset_buckets", "reset_and_record"]
+__all__ = ["Lookup", "find_identity", "bucket_rows", "acting_keys", "reset_buckets",
+           "reset_and_record"]
 
 MAX_QUERY_LENGTH = 200
 # Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
@@ -171,29 +172,55 @@ def _pace(rule, status):
     return f"{rule.rate} per {rule.calendar} (resets in {status.reset_s} s)"
 
 
-def reset_buckets(identity, snapshot):
-    """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay) and
-    bump the config version so workers drop stale local denials. A prepaid credit balance is
+def acting_keys(identity):
+    """Return the API keys of ``identity``'s user when it is a user (each key is an identity of
+    its own: a request with it is charged to the key's buckets, not the user's), else []."""
+    if identity.kind != "user" or identity.user_id is None:
+        return []
+    return list(ApiKey.objects.filter(user_id=identity.user_id).select_related("user", "plan")
+                .order_by("id"))
+
+
+def reset_buckets(identity, snapshot, keys=None):
+    """Delete the client's own bucket keys (user/key and IP scopes; shared buckets stay), and
+    for a user those of its API keys (``keys``, default ``acting_keys``), and bump the config
+    version so workers drop stale local denials. A prepaid credit balance is
     money, not a limit: it is never reset (a deleted one would be rebuilt from the ledger's
     last checkpoint, giving back what was spent since). Returns ``(keys deleted, new config
     version)``; raises ``StoreUnavailable``."""
-    buckets = _client_buckets(identity, snapshot) or []
-    own = list(dict.fromkeys(b.key for b in buckets
-                             if b.rule.scope in CLIENT_SCOPES and not b.rule.credits))
-    # one identity's keys share a hash tag: one DEL, even on Redis Cluster
-    return default_limiter().reset(own)
+    keys = acting_keys(identity) if keys is None else keys
+    own = []
+    for who in [identity, *[_key_identity(key, snapshot) for key in keys]]:
+        own.extend(b.key for b in _client_buckets(who, snapshot) or []
+                   if b.rule.scope in CLIENT_SCOPES and not b.rule.credits)
+    # one identity's keys share a hash tag: one DEL per identity's slot, even on Redis Cluster
+    return default_limiter().reset(list(dict.fromkeys(own)))
 
 
 def reset_and_record(lookup, snapshot, user, source=""):
-    """Reset the buckets of the client ``lookup`` found (``reset_buckets``) and record it in the
-    admin history as done by ``user``, from ``source`` when it is not the admin. Returns the
-    message to show; raises ``StoreUnavailable`` (then nothing is reset or recorded)."""
-    deleted, version = reset_buckets(lookup.identity, snapshot)
-    message = f"Reset the buckets of {lookup.label} ({counted(deleted, 'key')} deleted; " \
-              f"config version {version})."
+    """Reset the buckets of the client ``lookup`` found (``reset_buckets``: a user's with its
+    API keys') and record it in the admin history as done by ``user``, from ``source`` when it
+    is not the admin. Returns the message to show, which names what was not reset; raises
+    ``StoreUnavailable`` (then nothing is reset or recorded)."""
+    identity = lookup.identity
+    keys = acting_keys(identity)
+    deleted, version = reset_buckets(identity, snapshot, keys)
+    with_keys = f" and of its API keys {', '.join(f'{k.prefix}…' for k in keys)}" if keys else ""
+    message = f"Reset the buckets of {lookup.label}{with_keys} ({counted(deleted, 'key')} " \
+              f"deleted; config version {version}).{_not_reset(identity)}"
     LogEntry.objects.create(
         user_id=user.pk, action_flag=CHANGE,
         change_message=f"{message} Done with {source}." if source else message,
         content_type=ContentType.objects.get_for_model(Dashboard, for_concrete_model=False),
         object_id=None, object_repr=f"buckets of {lookup.label}"[:200])
     return message
+
+
+def _not_reset(identity):
+    """The sentence naming what a reset of ``identity`` leaves alone ("" for an address)."""
+    if identity.kind == "user":
+        return " Not reset: the buckets of the addresses it calls from (reset each by itself)."
+    if identity.kind == "key":
+        return (" Not reset: its user's own buckets (resetting the user resets its keys too) "
+                "and those of the addresses it calls from.")
+    return ""

@@ -36,7 +36,8 @@ from django.core.management.base import BaseCommand, CommandError
 from ... import metrics
 from ...admin.dashboard.admin import RESET_PERMISSION
 from ...admin.dashboard.data import dashboard_data
-from ...admin.dashboard.inspector import bucket_rows, find_identity, reset_and_record
+from ...admin.dashboard.inspector import (acting_keys, bucket_rows, find_identity,
+                                          reset_and_record)
 from ...admin.dashboard.text import bucket_lines, counted, top_lines
 from ...business.alerts.webhooks import Sender
 from ...business.credits.ledger import (
@@ -370,8 +371,11 @@ class Command(BaseCommand):
                              f"{RESET_PERMISSION} permission; the reset is recorded under it.")
         lookup, snapshot = self._lookup(identity)
         if not yes:
+            keys = acting_keys(lookup.identity)
+            with_keys = f", and those of its {counted(len(keys), 'API key')}," if keys else ""
             self.stdout.write(f"Reset the buckets of {lookup.label}? Its own user/key and IP "
-                              f"buckets are refilled; shared buckets stay. [y/N] ", ending="")
+                              f"buckets{with_keys} are refilled; shared buckets stay. [y/N] ",
+                              ending="")
             self.stdout.flush()
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 self.stdout.write("Nothing was reset.")
