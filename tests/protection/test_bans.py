@@ -231,6 +231,7 @@ def test_after_a_ban_this_workers_remembered_refusals_say_banned(db):
     assert [client.get("/hello/").status_code for _ in range(3)] == [200, 200, 429]
     remembered = [client.get("/hello/") for _ in range(2)]   # refusals 2 and 3: the ban
     assert all(r.wsgi_request.ratelimit.from_deny_cache for r in remembered)
+    write_ban_log()
     assert Ban.objects.count() == 1
     response = client.get("/hello/")
     assert response.wsgi_request.ratelimit.from_deny_cache
