@@ -347,7 +347,7 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
             return "—"
         if not traffic["requests"]:
             return "no requests"
-        return format_html("{} requests<br>{} refused", _requests_cell(traffic),
+        return format_html("{}<br>{} refused", _requests_cell(traffic),
                            _refused_cell(traffic))
 
     def add_view(self, request, form_url="", extra_context=None):

@@ -498,4 +498,4 @@ def test_the_rules_list_gives_a_rules_last_hour_in_one_cell():
     assert cell(None, SimpleNamespace(traffic=None)) == "—"  # Redis could not be read
     assert cell(None, SimpleNamespace(traffic={"requests": 0, "rate": 0})) == "no requests"
     assert cell(None, SimpleNamespace(traffic={"requests": 1204, "rate": 3.2})) == \
-        "1,204 requests<br>3.2 % refused"
+        "1,204<br>3.2 % refused"
