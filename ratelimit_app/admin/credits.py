@@ -92,9 +92,16 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                     "allowance_used_cell", "used_in_period_cell", "last_top_up_cell",
                     "checkpoint_cell"]
     search_fields = ["ref", "display"]
-    fields = ["ref", "display", "granted", "spent", "used", "period_start_ms", "seq",
-              "checkpointed_at", "created"]
-    readonly_fields = fields
+    # the account's page leads with its "Top up" form and balance; the stored counters the
+    # balance is computed from are for whoever debugs a checkpoint, folded away
+    fieldsets = [
+        (None, {"fields": ["ref", "display", "created"]}),
+        ("Stored counters (as at the last checkpoint)", {
+            "classes": ["collapse"],
+            "fields": ["granted", "spent", "used", "period_start_ms", "seq", "checkpointed_at"],
+        }),
+    ]
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
     change_form_template = "admin/ratelimit_app/creditaccount/change_form.html"
 
     def get_queryset(self, request):

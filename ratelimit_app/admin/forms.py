@@ -21,6 +21,7 @@ from ..config.models import (
     Kind,
     Rule,
 )
+from ..decision.scopes import hash_api_key
 
 __all__ = [
     "EndpointCostForm",
@@ -217,12 +218,6 @@ class EndpointCostInlineFormSet(BaseInlineFormSet):
             seen.add((cost.endpoint, cost.method))
 
 
-class ApiKeyChoiceField(forms.ModelChoiceField):
-    def label_from_instance(self, obj):
-        inactive = "" if obj.active else " [inactive]"
-        return f"{obj.prefix}… {obj.name} (user {obj.user}){inactive}"
-
-
 class SimulatorForm(forms.Form):
     """Who calls which endpoint with which method: the input of ``simulator.simulate``."""
 
@@ -230,10 +225,11 @@ class SimulatorForm(forms.Form):
         label="User", required=False, max_length=150,
         help_text="User name of a signed-in caller. Empty: an anonymous caller (unless an API "
                   "key is chosen).")
-    api_key = ApiKeyChoiceField(
-        queryset=ApiKey.objects.select_related("user").order_by("user__username", "name"),
-        label="API key", required=False,
-        help_text="The request carries this key, as in the API key header.")
+    # typed, not picked from a select: a select of every key does not scale past a few hundred
+    api_key = forms.CharField(
+        label="API key", required=False, max_length=200,
+        help_text="The key's prefix as the API keys list shows it (“rk_bob_p”), or the whole "
+                  "key. The request carries this key, as in the API key header.")
     ip = forms.GenericIPAddressField(
         label="Client IP", initial="203.0.113.10",
         help_text="The address the request comes from (after trusted proxies).")
@@ -259,6 +255,32 @@ class SimulatorForm(forms.Form):
             return User._default_manager.get(**{User.USERNAME_FIELD: username})
         except User.DoesNotExist:
             raise forms.ValidationError(f"No user named “{username}”.") from None
+
+    # the page's two fieldsets, as an admin form lays out its fields
+    fieldsets = (("Caller", ("user", "api_key", "ip", "user_agent")),
+                 ("Request", ("endpoint", "method")))
+
+    def grouped_fields(self):
+        """Return ``[(heading, [bound field, ...]), ...]`` in the order of ``fieldsets``."""
+        return [(heading, [self[name] for name in names]) for heading, names in self.fieldsets]
+
+    def clean_api_key(self):
+        """Return the ApiKey whose whole key or prefix was typed, or None for an empty field."""
+        typed = self.cleaned_data["api_key"].strip().rstrip("…").strip()
+        if not typed:
+            return None
+        keys = ApiKey.objects.select_related("user")
+        whole = keys.filter(digest=hash_api_key(typed)).first()
+        if whole is not None:
+            return whole
+        matching = list(keys.filter(prefix=typed)[:2])
+        if not matching:
+            raise forms.ValidationError(f"No API key starts with “{typed}”: type the prefix "
+                                        f"the API keys list shows, or the whole key.")
+        if len(matching) > 1:
+            raise forms.ValidationError(f"More than one API key starts with “{typed}”: type "
+                                        f"the whole key.")
+        return matching[0]
 
     def clean(self):
         cleaned = super().clean()

@@ -7,6 +7,7 @@ and never creates a bucket's key. (A prepaid credit balance Redis does not hold 
 the ledger first, as a real request's first use would: its units are then shown as they are.)
 """
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -16,7 +17,9 @@ from django.urls import reverse
 
 from ..conf import get_config, meta_key
 from ..config.endpoints import find_endpoint
-from ..config.models import AccessListEntry
+from ..config.models import AccessListEntry, Rule
+from ..config.rule_kinds import form_kind_of
+from ..config.wording import count, per_period
 from ..decision import engine
 from ..decision.buckets import CredentialProof
 from ..decision.identity import identify
@@ -51,17 +54,7 @@ class BucketReport:
     calendar: str = ""            # a calendar quota's period ("day", "month"), else ""
     credits: bool = False         # a prepaid credit balance: tokens are the units left
     refill: str = ""              # a balance's allowance period ("day", "month"; "": once)
-
-    @property
-    def describe(self):
-        """The rule in words, as the admin lists it: '100 per 60 s, burst 20', '1000 per
-        month', 'prepaid credits, allowance 20 a day'."""
-        if self.credits:
-            given = f"a {self.refill}" if self.refill else "once"
-            return f"prepaid credits, allowance {self.rate} {given}"
-        if self.calendar:
-            return f"{self.rate} per {self.calendar}"
-        return f"{self.rate} per {self.period_s} s, burst {self.burst}"
+    describe: str = ""            # the limit in the rules list's words (see _limit_words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +124,13 @@ def simulate(*, endpoint, method="GET", ip, user=None, api_key=None, user_agent=
     original_rules = {rule.id: rule for rule in snapshot.rules}
     # (a credential's proof from the address is no bucket: protection/failed_auth.py)
     shown = [i for i, b in enumerate(peek.buckets) if type(b) is not CredentialProof]
+    rows = Rule.objects.in_bulk([peek.buckets[i].rule.id for i in shown])
     if peek.statuses is None:
-        reports = tuple(_report(peek.buckets[i], original_rules) for i in shown)
+        reports = tuple(_report(peek.buckets[i], original_rules, rows) for i in shown)
         return Simulation(allowed=peek.allowed, buckets=reports, redis_error=peek.error,
                           notes=tuple(notes), **outcome)
-    reports = tuple(_report(peek.buckets[i], original_rules, peek.statuses[i]) for i in shown)
+    reports = tuple(_report(peek.buckets[i], original_rules, rows, peek.statuses[i])
+                    for i in shown)
     retry_after = 0 if peek.allowed else engine.earliest_retry_s(peek.statuses)
     return Simulation(allowed=peek.allowed, buckets=reports, retry_after_s=retry_after,
                       notes=tuple(notes), **outcome)
@@ -176,7 +171,18 @@ def _with_key_header(request, api_key, snapshot, notes):
     return dataclasses.replace(snapshot, api_keys={hash_api_key(_SIMULATED_KEY): entry})
 
 
-def _report(bucket, original_rules, status=None):
+def _limit_words(compiled, row):
+    """Return the limit of the rule ``compiled`` (its row ``row``) in the rules list's words
+    ("500 requests per second, bursts up to 1,000"), with the numbers this caller gets (an
+    identity override's own)."""
+    if row is None:  # deleted since the policy in force was loaded: its numbers alone
+        return f"{count(compiled.rate)} {per_period(compiled.period_s)}"
+    shown = copy.copy(row)
+    shown.rate, shown.period_s, shown.burst = compiled.rate, compiled.period_s, compiled.burst
+    return form_kind_of(shown).limit_words(shown) or "—"
+
+
+def _report(bucket, original_rules, rows, status=None):
     rule = bucket.rule
     fails_open = rule.lets_through_without_redis()
     report = BucketReport(
@@ -185,6 +191,7 @@ def _report(bucket, original_rules, status=None):
         overridden=original_rules.get(rule.id, rule) != rule, cost=bucket.cost,
         fails_open=fails_open,
         calendar=rule.calendar, credits=rule.credits, refill=rule.refill,
+        describe=_limit_words(rule, rows.get(rule.id)),
     )
     if status is None:
         return report

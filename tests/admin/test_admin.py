@@ -487,3 +487,15 @@ def test_failed_auth_rule_is_explained_in_words(admin_client):
     assert response.context["rule_words"] == \
         "1 failed authentication per minute per client IP, up to 10 in a row; enforced"
     assert "Failed authentications" in response.content.decode()  # its own form's label
+
+
+def test_the_rules_list_gives_a_rules_last_hour_in_one_cell():
+    from types import SimpleNamespace
+
+    from ratelimit_app.admin.config import RuleAdmin
+
+    cell = RuleAdmin.last_hour_cell
+    assert cell(None, SimpleNamespace(traffic=None)) == "—"  # Redis could not be read
+    assert cell(None, SimpleNamespace(traffic={"requests": 0, "rate": 0})) == "no requests"
+    assert cell(None, SimpleNamespace(traffic={"requests": 1204, "rate": 3.2})) == \
+        "1,204<br>3.2 % refused"

@@ -53,3 +53,31 @@ def test_a_top_up_from_the_account_page_is_credited_once(signed_in_page):
     page.screenshot(path=str(SCREENSHOTS / "credit-account.png"), full_page=True)
     assert CreditTopUp.objects.filter(account__ref="tenant:acme").count() == 2
     assert page.problems == []
+
+
+NO_HORIZONTAL_OVERFLOW = "() => document.documentElement.scrollWidth <= window.innerWidth"
+
+
+def test_the_account_page_leads_with_top_up_and_folds_the_stored_counters(signed_in_page):
+    page = signed_in_page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    account = CreditAccount.objects.create(ref="tenant:globex", display="tenant globex")
+    page.goto(f"{page.base}/admin/ratelimit_app/creditaccount/{account.pk}/change/")
+
+    button = page.locator("#credit-top-up-form input[type=submit]").bounding_box()
+    assert button["y"] + button["height"] <= 800  # above the fold, no scrolling
+    sequence = page.get_by_text("Sequence:", exact=True)
+    assert not sequence.is_visible()
+    assert not page.get_by_text("Allowance period start (ms):", exact=True).is_visible()
+    assert page.evaluate(NO_HORIZONTAL_OVERFLOW)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "credit-account-top.png"))
+
+    page.fill("#id_units", "300")
+    submit_top_up(page)
+    assert "Credited 300 units" in page.locator(".messagelist").inner_text()
+    assert page.locator("#credit-balance [data-figure=prepaid_left]").inner_text() == "300"
+
+    page.click("text=Stored counters")
+    assert sequence.is_visible()
+    assert page.problems == []

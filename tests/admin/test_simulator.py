@@ -4,6 +4,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
+from django.contrib import admin
+
+from ratelimit_app.admin.config import RuleAdmin
 from ratelimit_app.admin.simulator import simulate
 from ratelimit_app.decision.balances import account_key
 from ratelimit_app.models import ApiKey, Counts, CreditAccount, IdentityOverride, Rule
@@ -84,7 +87,8 @@ def test_signed_in_user_sees_every_bucket_full_with_the_endpoint_cost(demo):
         "search-ip-trial": (10, 1, False),  # an endpoint rule: one token per call
     }
     search_trial = result.buckets[-1]
-    assert (search_trial.shadow, search_trial.describe) == (True, "10 per 60 s, burst 10")
+    assert (search_trial.shadow, search_trial.describe) == \
+        (True, "10 requests to api:search per minute, bursts up to 10")
     assert result.allowed and not result.denied_by
 
 
@@ -170,7 +174,7 @@ def test_identity_override_numbers_are_shown_as_such(demo):
     result = simulate(endpoint="api:items", ip=IP, user=user("alice"), now_ms=NOW_MS)
     free_user = next(b for b in result.buckets if b.name == "free-user")
     assert (free_user.describe, free_user.overridden, free_user.tokens) == \
-        ("600 per 60 s, burst 300", True, 300)
+        ("600 requests per minute, bursts up to 300", True, 300)
 
 
 def test_inactive_api_key_is_limited_as_no_key(demo):
@@ -210,12 +214,12 @@ def test_a_prepaid_balance_is_shown_as_the_units_it_has_left(demo, redis_client,
     # the trial allowance (20) and the welcome top-up (100); set from the ledger, as a first
     # request would set it, and nothing debited
     assert (credits.tokens, credits.short, result.allowed) == (120, False, True)
-    assert credits.describe == "prepaid credits, allowance 20 once"
+    assert credits.describe == "20 units included once, then prepaid credits"
     CreditAccount.objects.filter(ref=f"key:{erin.pk}").update(spent=100, used=20)
     redis_client.delete(account_key("rl", f"key:{erin.pk}"))  # set again from the row
     spent = simulate(endpoint="api:items", ip=IP, api_key=erin, now_ms=NOW_MS)
     assert not spent.allowed and spent.denied_by == ("prepaid-credits",)
-    response = admin_client.get(SIMULATOR_URL, {"api_key": erin.pk, "ip": IP,
+    response = admin_client.get(SIMULATOR_URL, {"api_key": erin.prefix, "ip": IP,
                                                 "endpoint": "api:items", "method": "GET"})
     html = response.content.decode()
     assert "0 units left" in html and "refused 402, the credits ran out" in html
@@ -234,6 +238,32 @@ def test_page_shows_buckets_tokens_cost_and_verdict(demo, admin_client):
     assert response.context["result"].buckets[0].name == "global"
 
 
+def test_the_simulator_words_each_limit_as_the_rules_list_does(demo, admin_client):
+    result = simulate(endpoint="api:search", method="GET", ip=IP, user=user("alice"),
+                      now_ms=NOW_MS)
+    assert len(result.buckets) == 5
+    listed = RuleAdmin(Rule, admin.site)
+    for bucket in result.buckets:
+        assert bucket.describe == listed.limit_cell(Rule.objects.get(name=bucket.name))
+    html = admin_client.get(SIMULATOR_URL, {"user": "alice", "ip": IP, "endpoint": "api:search",
+                                            "method": "GET"}).content.decode()
+    assert "<td>10 requests to api:search per minute, bursts up to 10</td>" in html
+
+
+def test_a_caller_is_given_by_its_keys_prefix_or_whole_key_never_picked_from_every_key(
+        demo, admin_client):
+    carol = demo_key("carol")
+    for typed in (carol.prefix, f"{carol.prefix}…", "rk_carol_enterprise"):
+        response = admin_client.get(SIMULATOR_URL, {"api_key": typed, "ip": IP,
+                                                    "endpoint": "api:reports", "method": "POST"})
+        assert response.context["form"].errors == {}, typed
+        assert response.context["result"].identity.kind == "key", typed
+        assert response.context["result"].identity.plan == "enterprise", typed
+    html = admin_client.get(SIMULATOR_URL).content.decode()
+    assert 'name="api_key"' in html and '<select name="api_key"' not in html
+    assert carol.prefix not in html  # no key is listed on the page
+
+
 def test_page_without_a_query_shows_the_empty_form(admin_client):
     response = admin_client.get(SIMULATOR_URL)
     assert response.status_code == 200
@@ -248,6 +278,9 @@ def test_page_without_a_query_shows_the_empty_form(admin_client):
      {"endpoint": [("“api:nope” is not an endpoint of this project: pick one from the list "
                     "(the URL names of the URLconf).")]}),
     ({"ip": IP, "endpoint": "api:items", "user": "zed"}, {"user": ["No user named “zed”."]}),
+    ({"ip": IP, "endpoint": "api:items", "api_key": "rk_nope"},
+     {"api_key": [("No API key starts with “rk_nope”: type the prefix the API keys list "
+                   "shows, or the whole key.")]}),
     ({"ip": "", "endpoint": ""},
      {"ip": ["This field is required."], "endpoint": ["This field is required."]}),
 ])
@@ -260,7 +293,7 @@ def test_bad_input_gets_a_form_error_not_a_500(admin_client, query, errors):
 
 def test_user_and_key_together_are_refused(demo, admin_client):
     response = admin_client.get(SIMULATOR_URL, {
-        "user": "alice", "api_key": demo_key("bob").pk, "ip": IP, "endpoint": "api:items",
+        "user": "alice", "api_key": demo_key("bob").prefix, "ip": IP, "endpoint": "api:items",
         "method": "GET"})
     assert response.context["form"].non_field_errors() == [
         "Choose a user or an API key, not both: a request with a key is limited as the key."]
