@@ -3,6 +3,7 @@ with its page's form sent twice at once (credited once), then again from the pag
 (a new top-up); the balance live from Redis."""
 
 import pytest
+from playwright.sync_api import expect
 
 from ratelimit_app.models import CreditAccount, CreditTopUp
 
@@ -79,5 +80,5 @@ def test_the_account_page_leads_with_top_up_and_folds_the_stored_counters(signed
     assert page.locator("#credit-balance [data-figure=prepaid_left]").inner_text() == "300"
 
     page.click("text=Stored counters")
-    assert sequence.is_visible()
+    expect(sequence).to_be_visible()  # (the click unfolds it: wait for it)
     assert page.problems == []

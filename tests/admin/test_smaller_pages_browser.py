@@ -2,6 +2,7 @@
 one word, its filters in Django's sidebar, no horizontal overflow)."""
 
 import pytest
+from playwright.sync_api import expect
 
 from ratelimit_app.models import ApiKey, Rule
 
@@ -46,8 +47,9 @@ def test_the_rules_list_fits_1280_with_its_filters_beside_it_and_a_status_word(s
         assert row.locator("td.field-status_cell").inner_text() == word
 
     page.click("#changelist-filter a:text-is('Off')")
+    # (the click loads the filtered list: wait for it before reading its rows)
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
     assert page.locator("#result_list tbody tr").all_inner_texts()[0].split("\t")[1] == rules[2].name
-    assert page.locator("#result_list tbody tr").count() == 1
     assert page.problems == []
 
 
@@ -57,6 +59,8 @@ def test_the_simulator_is_an_admin_form_and_finds_a_caller_by_its_keys_prefix(si
     carol = ApiKey.objects.get(user__username="carol", name="demo")
     page.goto(f"{page.base}/admin/ratelimit_app/rule/")
     page.click("text=Simulate a request")
+    # (the click loads the simulator: wait for its form before reading it)
+    expect(page.locator("#simulator-form fieldset.module.aligned h2")).to_have_count(2)
     headings = page.locator("#simulator-form fieldset.module.aligned h2").all_inner_texts()
     assert [h.strip().upper() for h in headings] == ["CALLER", "REQUEST"]
     assert page.locator("#simulator-form select#id_api_key").count() == 0
