@@ -15,7 +15,9 @@ from ..asgi_server import POLL_INTERVAL_S, get
 from ..config.test_reload_live import python
 from .test_bans_servers import start_deployment
 
-pytestmark = [pytest.mark.slow, pytest.mark.deployment, pytest.mark.database]
+# (what is counted lives in Redis and the workers: no database concurrency to test again on
+# PostgreSQL, which tests/protection/test_ban_records_servers.py does for the ban log)
+pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 
 THRESHOLD = 5
 PLAN_BURST = 40
