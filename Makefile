@@ -150,8 +150,9 @@ test-ninja: .venv-ninja/.installed test-packages
 # pins nothing; the virtualenv is rebuilt each time), so a new redis-py, Django, DRF or Ninja is
 # tested the week it ships, as a new user's `pip install` gets it. Small on purpose: the decision,
 # the adapters (DRF, Ninja, ASGI), the OpenAPI hooks, the checks, and `manage.py check` with
-# nothing to say (tests/operations/test_quiet_check.py); the pinned cells run the rest.
-NEWEST_CELL_TESTS := tests/decision tests/adapters tests/openapi tests/operations/test_checks.py \
+# nothing to say (tests/operations/test_quiet_check.py); the pinned cells run the rest, and the
+# real-process deployment tests, as the older cells, stay with the main and current cells.
+NEWEST_CELL_TESTS := $(OLDER_CELL_ARGS) tests/decision tests/adapters tests/openapi tests/operations/test_checks.py \
 	tests/operations/test_quiet_check.py
 
 test-newest: test-packages
