@@ -25,6 +25,7 @@ from typing import NamedTuple
 from django.db import transaction
 
 from ...process.background import WorkerThread
+from .drains import drain_at_exit, drain_logged
 from .webhooks import _iso, first_attempt_times
 
 __all__ = ["BanLog", "BanTally", "ListedBan", "ban_body"]
@@ -177,13 +178,7 @@ class BanLog:
                     self._ends[slot] = max(self._ends.get(slot, 0), until_ms)
 
     def _drain_logged(self):
-        """``drain`` as the thread runs it: a database that is down or locked is retried at the
-        next round."""
-        try:
-            self.drain()
-        except Exception as exc:
-            logger.warning("ratelimit_app: bans not written yet (%s: %s); retrying",
-                           type(exc).__name__, exc)
+        drain_logged(self, "bans not written yet")
 
     def stop(self):
         """Stop the thread, after a last drain (what it cannot write stays noted)."""
@@ -191,15 +186,7 @@ class BanLog:
 
 
 def _drain_at_exit(log_ref):
-    log = log_ref()
-    if log is None or not log.pending():
-        return
-    log.stop()
-    try:
-        log.drain()
-    except Exception as exc:
-        logger.error("ratelimit_app: %d ban tally(ies) lost at exit (%s: %s)", log.pending(),
-                     type(exc).__name__, exc)
+    drain_at_exit(log_ref, "ban tally(ies)")
 
 
 def ban_body(entry, interval_s):

@@ -49,6 +49,7 @@ from django.dispatch import Signal
 from ...decision import periods
 from ...decision.scopes import Scope
 from ...process.background import WorkerThread
+from .drains import drain_at_exit, drain_logged
 
 __all__ = ["quota_threshold_crossed", "Crossing", "crossings", "ReportedCrossings", "AlertQueue",
            "store_crossings"]
@@ -212,13 +213,7 @@ class AlertQueue:
             return stored
 
     def _drain_logged(self):
-        """``drain`` as the thread runs it: a database that is down or locked is retried at the
-        next round."""
-        try:
-            self.drain()
-        except Exception as exc:
-            logger.warning("ratelimit_app: alerts not stored yet (%s: %s); retrying",
-                           type(exc).__name__, exc)
+        drain_logged(self, "alerts not stored yet")
 
     def stop(self):
         """Stop the thread, after a last drain (what it cannot store stays queued)."""
@@ -226,15 +221,7 @@ class AlertQueue:
 
 
 def _drain_at_exit(queue_ref):
-    queue = queue_ref()
-    if queue is None or not queue.pending():
-        return
-    queue.stop()
-    try:
-        queue.drain()
-    except Exception as exc:
-        logger.error("ratelimit_app: %d alert crossing(s) lost at exit (%s: %s)",
-                     queue.pending(), type(exc).__name__, exc)
+    drain_at_exit(queue_ref, "alert crossing(s)")
 
 
 def store_crossings(found):
