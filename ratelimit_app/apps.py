@@ -10,6 +10,7 @@ class RatelimitAppConfig(AppConfig):
         from django.core.signals import setting_changed
 
         from .conf import reset_config
+        from .config.endpoints import forget_unlimited_paths
         from .decision.identity import reset as reset_identity
         from .operations import system_checks  # noqa: F401  (registers the system checks)
         from .runtime import signals  # noqa: F401  (registers the receivers)
@@ -17,6 +18,8 @@ class RatelimitAppConfig(AppConfig):
 
         # in this order: the settings first, then what was built from them
         setting_changed.connect(reset_config, dispatch_uid="ratelimit_app.reset_config")
+        setting_changed.connect(forget_unlimited_paths,
+                                dispatch_uid="ratelimit_app.forget_unlimited_paths")
         setting_changed.connect(reset_identity, dispatch_uid="ratelimit_app.reset_identity")
         setting_changed.connect(forget_default_limiter,
                                 dispatch_uid="ratelimit_app.forget_default_limiter")

@@ -55,6 +55,8 @@ DEFAULTS = {
     # Paths the middleware never limits, matched on whole path segments: "/health" exempts
     # "/health" and "/health/...", not "/healthcare/"; an entry ending in "/" exempts what lies
     # beneath it; one ending in "*" is a plain string prefix ("/health*" also "/healthcare/").
+    # The admin site's own paths are never limited nor counted, whatever this list says
+    # (config/endpoints.py, unlimited_paths).
     "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
     # Whether the middleware also limits DRF views (the throttle then reuses its decision).
     "MIDDLEWARE_INCLUDES_DRF": False,

@@ -22,11 +22,12 @@ import logging
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
-from .conf import ensure_installed, exempt_paths, get_config
+from .conf import ensure_installed, get_config
 
 ensure_installed("ratelimit_app.middleware.QuotaMiddleware")
 
 # (imported after the check above: they need the app's models)
+from .config.endpoints import unlimited_paths  # noqa: E402
 from .config.ninja_operations import (  # noqa: E402
     exempt_operation,
     operation_of,
@@ -67,8 +68,9 @@ def _is_drf_view(view_func):
 def _limited_by(request, view_func):
     """Return what limits this request: "middleware", "throttle" (a DRF view left to its
     throttles), "ninja" (a Ninja operation with QuotaThrottle, left to its throttles) or None
-    (an exempt path, view or Ninja operation, or a preflight that is not charged)."""
-    if exempt_paths().matches(request.path_info) or \
+    (an exempt path or the admin's, an exempt view or Ninja operation, or a preflight that is
+    not charged)."""
+    if unlimited_paths().matches(request.path_info) or \
             getattr(view_func, "ratelimit_exempt", False) or uncharged_preflight(request):
         return None
     if _is_drf_view(view_func):
@@ -105,7 +107,7 @@ def _late_decision_needed(request, response):
         return False  # process_view left it to QuotaThrottle
     match = getattr(request, "resolver_match", None)
     if match is None:  # no view: charged on the rules of every endpoint, unless exempt
-        return not (exempt_paths().matches(request.path_info) or
+        return not (unlimited_paths().matches(request.path_info) or
                     uncharged_preflight(request))
     # process_view would have decided it (or left it to the throttle) had it run
     return _limited_by(request, match.func) is not None

@@ -23,11 +23,11 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern
 from django.utils.regex_helper import normalize
 
-from ..conf import exempt_paths
+from ..conf import ExemptPaths, exempt_paths, get_config
 from .ninja_operations import exempt_operation, path_view_of, quota_throttled
 
 __all__ = ["Endpoint", "endpoint_names", "find_endpoint", "limited_endpoints", "list_endpoints",
-           "scoped_endpoints"]
+           "scoped_endpoints", "unlimited_paths", "admin_roots", "forget_unlimited_paths"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -80,6 +80,46 @@ def endpoint_names(urlconf=None):
 def find_endpoint(name, urlconf=None):
     """Return the Endpoint called ``name``, or None if the URLconf has no such endpoint."""
     return next((e for e in list_endpoints(urlconf) if e.name == name), None)
+
+
+@functools.cache
+def unlimited_paths():
+    """Return the paths QuotaMiddleware neither limits nor counts: ``EXEMPT_PATHS`` and the admin
+    site's own, wherever the URLconf mounts it (``admin_roots``), whatever EXEMPT_PATHS says: the
+    staff's pages and the dashboard's polling are not API traffic, and must not show up as a hot
+    caller. Built once per settings and URLconf (``forget_unlimited_paths``), so the request
+    path pays the one prefix check it paid for EXEMPT_PATHS alone."""
+    return ExemptPaths([*get_config()["EXEMPT_PATHS"], *admin_roots(get_resolver())])
+
+
+def forget_unlimited_paths(**kwargs):
+    """``setting_changed`` receiver: the settings or the URLconf that ``unlimited_paths`` was
+    built from changed."""
+    if kwargs.get("setting") in (None, "RATELIMIT_APP", "ROOT_URLCONF"):
+        unlimited_paths.cache_clear()
+
+
+def admin_roots(resolver):
+    """Return the path of every admin site the URLconf of ``resolver`` mounts, as an
+    ``EXEMPT_PATHS`` entry without its trailing slash (``"/admin"``: the path itself, which
+    redirects to ``/admin/``, and what lies beneath it). An admin at the site's root, or under
+    a route with a parameter, cannot be told apart by its path: it is left out."""
+    return list(_admin_roots(resolver.url_patterns, "/"))
+
+
+def _admin_roots(patterns, prefix):
+    for pattern in patterns:
+        if not isinstance(pattern, URLResolver):
+            continue
+        text = _route_text(pattern.pattern)
+        if "<" in text:
+            continue
+        if pattern.app_name == "admin":  # any AdminSite, whatever its instance name
+            root = (prefix + text).rstrip("/")
+            if root:
+                yield root
+        else:
+            yield from _admin_roots(pattern.url_patterns, prefix + text)
 
 
 # Keyed by the resolver object: Django builds a new one when the URLconf changes (and in

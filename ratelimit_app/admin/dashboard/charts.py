@@ -1,4 +1,5 @@
-"""Server-rendered SVG: requests per minute, allowed and denied stacked.
+"""Server-rendered SVG: requests per minute, allowed and denied stacked; the 429 rate over time,
+a line per plan or rule.
 
 Colours come from CSS classes (``static/ratelimit_app/dashboard.css``) that use the admin's CSS
 variables, so the chart follows the admin's light and dark themes; no charting library, no CDN.
@@ -10,7 +11,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-__all__ = ["requests_chart", "count_axis"]
+from .rates import range_summary
+
+__all__ = ["requests_chart", "rate_chart", "count_axis"]
 
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 24, 44
@@ -108,3 +111,107 @@ def requests_chart(series):
         '{}{}{}{}{}</svg>',
         WIDTH, HEIGHT, mark_safe("".join(grid)), mark_safe("".join(bars)),
         mark_safe("".join(ticks)), axes, legend)
+
+
+RATE_W, RATE_H = 400, 190
+RATE_LEFT, RATE_RIGHT, RATE_TOP, RATE_BOTTOM = 44, 12, 12, 36
+# x tick labels per range: one every so many points (every 15 minutes, every 4 hours)
+RATE_TICK_EVERY = {"hour": 3, "day": 4}
+
+
+def _clock(unix_s, with_day=False):
+    moment = timezone.localtime(datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc))
+    return moment.strftime("%a %H:%M" if with_day else "%H:%M")
+
+
+def _rate_axis(lines):
+    """Return ``(top, step)`` of the y axis in percent: whole steps, at most 100 %."""
+    highest = max((rate for line in lines for rate in line["rate"] if rate is not None),
+                  default=0)
+    top, step = count_axis(max(highest, 1))
+    return (100, 25) if top > 100 else (top, step)
+
+
+def rate_chart(range_name, range_data, dimension, drawn):
+    """Return the SVG (safe HTML) of the 429 rate over ``range_data`` (one range of
+    ``rates.rates_over_time``) per ``dimension`` ("plan" or "rule"): a line per name in
+    ``drawn`` ({name: colour index}), a dot at every point that had requests (a lone request is
+    seen, not lost at an edge), broken where there were none (no rate, not 0 %). Its time axis
+    spans the whole range with clock times. Every dot is a ``<circle class="rl-point">`` with
+    ``data-line``, ``data-at``, ``data-requests``, ``data-denied`` and a ``<title>``; the
+    ``aria-label`` says the range in words (the table beside it has the numbers)."""
+    points = range_data["points"]
+    lines = [line for line in range_data[dimension] if line["name"] in drawn]
+    plot_w, plot_h = RATE_W - RATE_LEFT - RATE_RIGHT, RATE_H - RATE_TOP - RATE_BOTTOM
+    top, step = _rate_axis(lines)
+    slot = plot_w / max(1, len(points))
+
+    def x(index):
+        return RATE_LEFT + (index + 0.5) * slot
+
+    def y(rate):
+        return RATE_TOP + plot_h - plot_h * rate / top
+
+    parts = []
+    for index in range(Y_TICKS + 1):
+        value = step * index
+        parts.append(format_html(
+            '<line class="rl-grid" x1="{}" x2="{}" y1="{}" y2="{}"/>'
+            '<text class="rl-tick" x="{}" y="{}" text-anchor="end">{} %</text>',
+            RATE_LEFT, RATE_W - RATE_RIGHT, _px(y(value)), _px(y(value)), RATE_LEFT - 5,
+            _px(y(value) + 4), value))
+    every = RATE_TICK_EVERY.get(range_name, 4)
+    step_s = range_data["step_s"]
+    for index, start in enumerate(points):
+        if index % every == 0:
+            parts.append(format_html(
+                '<line class="rl-axis" x1="{x}" x2="{x}" y1="{b}" y2="{t}"/>'
+                '<text class="rl-tick" x="{x}" y="{ty}" text-anchor="middle">{label}</text>',
+                x=_px(x(index)), b=RATE_TOP + plot_h, t=RATE_TOP + plot_h + 4,
+                ty=RATE_TOP + plot_h + 16, label=_clock(start)))
+    parts.append(format_html(
+        '<line class="rl-axis" x1="{l}" x2="{r}" y1="{b}" y2="{b}"/>'
+        '<text class="rl-axis-title" x="{cx}" y="{h}" text-anchor="middle">{title}</text>',
+        l=RATE_LEFT, r=RATE_W - RATE_RIGHT, b=RATE_TOP + plot_h, cx=RATE_LEFT + plot_w / 2,
+        h=RATE_H - 4, title=f"{range_data['words'].capitalize()}, "
+                            f"{'5 minutes' if step_s == 300 else 'an hour'} a point "
+                            f"({timezone.get_current_timezone_name()})"))
+    for line in lines:
+        colour = drawn[line["name"]]
+        runs, run = [], []
+        for index, rate in enumerate(line["rate"]):
+            if rate is None:
+                runs, run = runs + [run] if run else runs, []
+            else:
+                run.append(f"{x(index):.1f},{y(rate):.1f}")
+        runs = runs + [run] if run else runs
+        for run in runs:
+            if len(run) > 1:
+                parts.append(format_html('<polyline class="rl-line rl-line-{}" points="{}"/>',
+                                         colour, " ".join(run)))
+        for index, rate in enumerate(line["rate"]):
+            if rate is None:
+                continue
+            start = points[index]
+            parts.append(format_html(
+                '<circle class="rl-point rl-line-{}" cx="{}" cy="{}" r="3" data-line="{}" '
+                'data-at="{}" data-requests="{}" data-denied="{}"><title>{}, {} to {}: '
+                '{} of {} refused ({} %)</title></circle>',
+                colour, _px(x(index)), _px(y(rate)), line["name"], start,
+                line["requests"][index], line["denied"][index], line["name"], _clock(start),
+                _clock(start + step_s), line["denied"][index], line["requests"][index], rate))
+    if not lines:
+        parts.append(format_html(
+            '<text class="rl-chart-empty" x="{}" y="{}" text-anchor="middle">'
+            'No requests in the {}</text>', RATE_LEFT + plot_w / 2, RATE_TOP + plot_h / 2,
+            range_data["words"]))
+    return format_html(
+        '<svg class="rl-chart rl-rate-chart" viewBox="0 0 {} {}" role="img" aria-label="{}" '
+        'data-range="{}" data-dimension="{}">{}</svg>',
+        RATE_W, RATE_H, _rate_label(range_data, dimension), range_name, dimension,
+        mark_safe("".join(parts)))
+
+
+def _rate_label(range_data, dimension):
+    """The chart's accessible name: what it draws and, in words, what it holds."""
+    return f"429 rate per {dimension} over the {range_summary(range_data)}"

@@ -2,7 +2,9 @@
 
 ``dashboard_data`` returns plain data (the JSON endpoint's body); the page renders the same data
 with the fragment templates, and the JSON carries those fragments too so the live refresh
-replaces them without reloading the page.
+replaces them without reloading the page. The page leads with what an operator looks at first
+(``LEAD_FRAGMENTS``: health in one line, the 429 rate over time, the hottest callers, the bans),
+the rest below.
 """
 
 import datetime
@@ -22,29 +24,40 @@ from ...business.credits.models import CreditAccount
 from ...business.credits.rules import AccountRules
 from ...conf import get_config
 from ...config.ban_records import ban_log, current_bans, unlisted_bans
-from ...config.models import ApiKey, IdentityOverride, PlanAssignment, Scheduled
+from ...config.models import ApiKey, Ban, IdentityOverride, PlanAssignment, Scheduled
 from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
 from ...stores.base import READ_ERRORS
 from ..list_cells import moment
 from ..placement import admin_url_name
-from .charts import requests_chart
+from .charts import rate_chart, requests_chart
+from .rates import LINES_SHOWN, RANGES, range_summary, rate_rows, rates_over_time
 
-__all__ = ["dashboard_data", "FRAGMENTS", "inspect_url", "rate", "parse_id", "outcome_rows"]
+__all__ = ["dashboard_data", "FRAGMENTS", "LEAD_FRAGMENTS", "inspect_url", "rate", "parse_id",
+           "outcome_rows", "hottest_callers"]
 
-# Fragment name -> template; each is a <div data-fragment="name"> on the page.
+# Fragment name -> template; each is a <section data-fragment="name"> on the page. The lead
+# ones fill the first screen (dashboard.html lays them out); the others follow in this order.
+LEAD_FRAGMENTS = {
+    "health_line": "ratelimit_app/dashboard_health_line.html",
+    "rate_chart": "ratelimit_app/dashboard_rate_chart.html",
+    "callers": "ratelimit_app/dashboard_callers.html",
+    "bans": "ratelimit_app/dashboard_bans.html",
+}
 FRAGMENTS = {
+    **LEAD_FRAGMENTS,
     "summary": "ratelimit_app/dashboard_summary.html",
     "chart": "ratelimit_app/dashboard_chart.html",
     "rates": "ratelimit_app/dashboard_rates.html",
-    "hot_keys": "ratelimit_app/dashboard_hot_keys.html",
     "near_limit": "ratelimit_app/dashboard_near_limit.html",
     "temporary": "ratelimit_app/dashboard_temporary.html",
-    "bans": "ratelimit_app/dashboard_bans.html",
     "credits": "ratelimit_app/dashboard_credits.html",
+    "ban_log": "ratelimit_app/dashboard_ban_log.html",
     "health": "ratelimit_app/dashboard_health.html",
 }
 HOT_KEYS_SHOWN = 10
+# Bans listed on the first screen; the rest are on the bans' own list.
+BANS_SHOWN_FIRST = 5
 CREDIT_ACCOUNTS_SHOWN = 10
 BUFFERED_PERIODS_SHOWN = 5
 # A database id in a ref: ASCII digits only (str.isdigit() also accepts "²"), and short enough
@@ -88,6 +101,17 @@ def _labels(refs):
     ids = [key_id for key_id in ids if key_id is not None]
     found = ApiKey.objects.filter(pk__in=ids).select_related("user")
     return {f"key:{k.id}": f"{k.user.get_username()} · key {k.prefix}…" for k in found}
+
+
+def hottest_callers(hot, limit=HOT_KEYS_SHOWN):
+    """Return the two hot-key tables of ``hot`` (by denials, by tokens: the same callers, mostly)
+    as one: each caller once, the most refused first, then the heaviest, at most ``limit``."""
+    merged = {}
+    for row in (*hot.get("denials", ()), *hot.get("tokens", ())):
+        merged.setdefault(row["member"], row)
+    return sorted(merged.values(), key=lambda row: (
+        -row["denials"], -row["tokens"], -row["requests"], row.get("label", row["display"])))[
+        :limit]
 
 
 def _decorate(rows, labels):
@@ -140,12 +164,14 @@ def _health(now):
     limiter = default_limiter()
     buffered, oldest_pending_at = default_limiter().recorder.pending_decisions()
     failing_since = default_limiter().flusher.failing_since
+    in_use = limiter.policies.snapshot  # (before anything here loads newer rules)
     health = {"redis_ok": True, "redis_latency_ms": None, "redis_error": "",
               "redis_error_unexpected": False,
               "breaker": limiter.breaker.state, "redis_errors": limiter.stats.redis_errors,
               "unexpected": _unexpected_errors(limiter.stats),
               "store": limiter.store.kind,
               "config_version": None, "last_flush_age_s": None,
+              "config_in_use": in_use.version if in_use is not None else None,
               "flush_error": default_limiter().flusher.last_error, "dropped": default_limiter().recorder.dropped,
               "buffered_decisions": buffered, "failing_since": failing_since,
               "failing_since_text": _clock_text(failing_since) if failing_since else "",
@@ -170,7 +196,17 @@ def _health(now):
         _read_failed(health, exc)
     health["flush_state"] = _flush_state(now, health["last_flush_age_s"], buffered,
                                          oldest_pending_at)
+    health["config_fresh"] = _config_fresh(health["config_in_use"], health["config_version"])
     return health
+
+
+def _config_fresh(in_use, published):
+    """Whether this process decides on the latest published config version: True, False (it
+    has not loaded it yet: it does within about a second), or None when either is unknown (no
+    rules loaded yet, Redis unreadable)."""
+    if in_use is None or published is None:
+        return None
+    return str(in_use) == str(published)
 
 
 def ban_rows(now, limit=50):
@@ -311,8 +347,10 @@ def dashboard_data(window="1h", now=None, with_html=True):
     now = time.time() if now is None else now
     health = _health(now)
     series, breakdown, hot, near = [], {}, {"tokens": [], "denials": []}, []
+    over_time = None
     if health["redis_ok"]:
         try:
+            over_time = rates_over_time(default_limiter().reader, now)
             series = default_limiter().reader.series(60, now=now)
             breakdown = default_limiter().reader.breakdown(window, now=now)
             hot = default_limiter().reader.hot_keys(window, limit=HOT_KEYS_SHOWN, now=now)
@@ -337,18 +375,43 @@ def dashboard_data(window="1h", now=None, with_html=True):
                   "endpoint": outcome_rows(breakdown.get("endpoint", {}), "endpoint")},
         "shadow_rules": _shadow_rules(rules),
         "hot_keys": {metric: _decorate(rows, labels) for metric, rows in hot.items()},
+        "callers": hottest_callers(hot),
+        "rates_over_time": over_time,
+        "rate_table": {dimension: rate_rows(over_time, dimension) if over_time else []
+                       for dimension in ("plan", "rule")},
         "near_limit": _decorate(near, labels),
         "health": health,
         "temporary": temporary_rows(datetime.datetime.fromtimestamp(now,
                                                                    tz=datetime.timezone.utc)),
         "credits": credit_rows(),
         "bans": ban_rows(datetime.datetime.fromtimestamp(now, tz=datetime.timezone.utc)),
+        "bans_url": reverse(admin_url_name(Ban, "changelist")),
         "unlisted_bans": unlisted_ban_rows(datetime.datetime.fromtimestamp(
             now, tz=datetime.timezone.utc)),
         "ban_log": ban_log_rows(),
     }
     if with_html:
-        context = {**data, "chart_svg": requests_chart(series) if series else ""}
+        context = {**data, "chart_svg": requests_chart(series) if series else "",
+                   "rate_panels": _rate_panels(data), "bans_shown_first": BANS_SHOWN_FIRST,
+                   "rate_summaries": [range_summary(r) for r in (data["rates_over_time"] or {}).values()]}
         data["html"] = {name: render_to_string(template, context)
                         for name, template in FRAGMENTS.items()}
     return data
+
+
+def _rate_panels(data):
+    """Return the lead chart's panels, one per dimension (plan, rule): ``{"dimension",
+    "charts": [(range name, svg)], "rows": the table's first rows, "more": rows not shown}``,
+    each line drawn in the colour of its row; [] while Redis cannot be read."""
+    over_time = data["rates_over_time"]
+    if not over_time:
+        return []
+    panels = []
+    for dimension, rows in data["rate_table"].items():
+        drawn = {row["name"]: row["drawn"] for row in rows if row["drawn"] is not None}
+        panels.append({
+            "dimension": dimension,
+            "charts": [(name, rate_chart(name, over_time[name], dimension, drawn))
+                       for name in RANGES],
+            "rows": rows[:LINES_SHOWN], "more": max(0, len(rows) - LINES_SHOWN)})
+    return panels
