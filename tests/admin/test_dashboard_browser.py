@@ -68,12 +68,62 @@ def test_dashboard_shows_real_data_without_console_errors(dashboard):
     denied = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.denied)"))
     assert allowed + denied == 120 and denied > 0
     expect(page.locator('[data-stat="requests"]')).to_have_text("120")
-    top = page.locator('[data-table="hot-denials"] tbody tr').first
+    top = page.locator('[data-table="callers"] tbody tr').first
     expect(top.locator(".rl-identity")).to_have_text("127.0.0.1")  # the anonymous scraper
     expect(page.get_by_text("Requests per minute", exact=True)).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / "dashboard-light.png"), full_page=True)
     page.emulate_media(color_scheme="dark")
     page.screenshot(path=str(SCREENSHOTS / "dashboard-dark.png"), full_page=True)
+    assert errors == []
+
+
+# Where each essential of the first screen ends, in CSS px from the top of the page.
+ESSENTIALS_BOTTOM = """() => Object.fromEntries(
+  ['[data-health-line]', '.rl-rate-chart', '[data-table^="rate-"]', '[data-table="callers"]',
+   '[data-table="bans"]'].map(selector => {
+    const element = [...document.querySelectorAll(selector)].find(e => e.offsetParent !== null);
+    return [selector, element ? element.getBoundingClientRect().bottom + window.scrollY : null];
+  }))"""
+
+
+def test_the_essentials_fill_the_first_screen_in_light_and_dark(dashboard):
+    """At 1280 × 800: the health line, the 429-rate chart and its table (per plan or rule, over
+    the last hour or day, as chosen), the hottest callers and the bans end above y = 800, with
+    no horizontal overflow."""
+    page, errors = dashboard
+    page.set_viewport_size({"width": 1280, "height": 800})
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        for by, over in (("plan", "hour"), ("rule", "hour"), ("rule", "day"), ("plan", "day")):
+            page.check(f"#rl-by-{by}")
+            page.check(f"#rl-over-{over}")
+            chart = page.locator(f'[data-rates-by="{by}"] .rl-rate-chart[data-range="{over}"]')
+            expect(chart).to_be_visible()
+            expect(page.locator(".rl-rate-chart:visible")).to_have_count(1)
+            bottoms = page.evaluate(ESSENTIALS_BOTTOM)
+            assert all(bottom is not None and bottom <= 800 for bottom in bottoms.values()), \
+                (scheme, by, over, bottoms)
+        page.check("#rl-over-hour")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        page.screenshot(path=str(SCREENSHOTS / f"dashboard-first-screen-{scheme}.png"))
+    expect(page.locator("[data-health-line]")).to_contain_text("Redis reachable")
+    expect(page.locator('[data-health-field="config-line"]')).to_contain_text("up to date")
+    assert errors == []
+
+
+def test_the_429_chart_draws_each_plans_rate_with_its_numbers(dashboard):
+    """The demo's scraper (free plan) is refused: the free plan's dots in the last hour add up
+    to the table's figures, and the table's rows are the chart's lines."""
+    page, errors = dashboard
+    hour = page.locator('[data-rates-by="plan"] .rl-rate-chart[data-range="hour"]')
+    free = hour.locator('.rl-point[data-line="free"]')
+    expect(free.first).to_be_attached()
+    requests = sum(int(v) for v in free.evaluate_all("els => els.map(e => e.dataset.requests)"))
+    denied = sum(int(v) for v in free.evaluate_all("els => els.map(e => e.dataset.denied)"))
+    assert denied > 0
+    row = page.locator('[data-table="rate-plan"] tr[data-name="free"] td[data-range="hour"]')
+    expect(row).to_contain_text(f"({denied} of {requests})")
+    assert "429 rate per plan over the last hour" in hour.get_attribute("aria-label")
     assert errors == []
 
 
@@ -91,7 +141,7 @@ def test_live_refresh_updates_numbers_without_reloading(dashboard, live_server):
 
 def test_reset_from_the_inspector_empties_the_clients_buckets(dashboard, redis_server):
     page, errors = dashboard
-    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    page.locator('[data-table="callers"] tbody tr').first.get_by_role("link").click()
     free_ip = page.locator('[data-table="buckets"] tr[data-rule="free-ip"]')
     expect(free_ip).to_have_attribute("data-capacity", "40")
     assert int(free_ip.get_attribute("data-tokens")) < 5  # drained (refills 1 per 3 s)
@@ -145,7 +195,7 @@ def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live
     on_dashboard = breadcrumbs_of(page)
     assert on_dashboard["links"] == ["Home", "Rate limits · Monitoring"]
     assert on_dashboard["text"].endswith("Dashboard")
-    page.locator('[data-table="hot-denials"] tbody tr').first.get_by_role("link").click()
+    page.locator('[data-table="callers"] tbody tr').first.get_by_role("link").click()
     expect(page.locator('[data-table="buckets"]')).to_be_visible()
     in_inspector = breadcrumbs_of(page)
     assert in_inspector["links"] == ["Home", "Rate limits · Monitoring", "Dashboard"]

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .rates import range_summary
+from .rates import duration_words, range_summary
 
 __all__ = ["requests_chart", "rate_chart", "count_axis"]
 
@@ -113,10 +113,11 @@ def requests_chart(series):
         mark_safe("".join(ticks)), axes, legend)
 
 
-RATE_W, RATE_H = 400, 190
-RATE_LEFT, RATE_RIGHT, RATE_TOP, RATE_BOTTOM = 44, 12, 12, 36
-# x tick labels per range: one every so many points (every 15 minutes, every 4 hours)
-RATE_TICK_EVERY = {"hour": 3, "day": 4}
+RATE_W, RATE_H = 600, 210
+# the right margin holds each line's label at its last point ("free 56.2 %")
+RATE_LEFT, RATE_RIGHT, RATE_TOP, RATE_BOTTOM = 48, 128, 12, 38
+END_LABEL_GAP = 13  # px between two end labels' baselines
+END_LABEL_CHARS = 16  # a longer name is cut (the table beside the chart has it whole)
 
 
 def _clock(unix_s, with_day=False):
@@ -137,7 +138,8 @@ def rate_chart(range_name, range_data, dimension, drawn):
     ``rates.rates_over_time``) per ``dimension`` ("plan" or "rule"): a line per name in
     ``drawn`` ({name: colour index}), a dot at every point that had requests (a lone request is
     seen, not lost at an edge), broken where there were none (no rate, not 0 %). Its time axis
-    spans the whole range with clock times. Every dot is a ``<circle class="rl-point">`` with
+    spans the range's span (``rates.py``: the shortest that holds its traffic) with clock
+    times. Every dot is a ``<circle class="rl-point">`` with
     ``data-line``, ``data-at``, ``data-requests``, ``data-denied`` and a ``<title>``; the
     ``aria-label`` says the range in words (the table beside it has the numbers)."""
     points = range_data["points"]
@@ -160,7 +162,7 @@ def rate_chart(range_name, range_data, dimension, drawn):
             '<text class="rl-tick" x="{}" y="{}" text-anchor="end">{} %</text>',
             RATE_LEFT, RATE_W - RATE_RIGHT, _px(y(value)), _px(y(value)), RATE_LEFT - 5,
             _px(y(value) + 4), value))
-    every = RATE_TICK_EVERY.get(range_name, 4)
+    every = range_data["label_every"]
     step_s = range_data["step_s"]
     for index, start in enumerate(points):
         if index % every == 0:
@@ -173,8 +175,8 @@ def rate_chart(range_name, range_data, dimension, drawn):
         '<line class="rl-axis" x1="{l}" x2="{r}" y1="{b}" y2="{b}"/>'
         '<text class="rl-axis-title" x="{cx}" y="{h}" text-anchor="middle">{title}</text>',
         l=RATE_LEFT, r=RATE_W - RATE_RIGHT, b=RATE_TOP + plot_h, cx=RATE_LEFT + plot_w / 2,
-        h=RATE_H - 4, title=f"{range_data['words'].capitalize()}, "
-                            f"{'5 minutes' if step_s == 300 else 'an hour'} a point "
+        h=RATE_H - 4, title=f"Last {duration_words(range_data['span_s'])}, "
+                            f"{duration_words(step_s)} a point "
                             f"({timezone.get_current_timezone_name()})"))
     for line in lines:
         colour = drawn[line["name"]]
@@ -200,6 +202,7 @@ def rate_chart(range_name, range_data, dimension, drawn):
                 colour, _px(x(index)), _px(y(rate)), line["name"], start,
                 line["requests"][index], line["denied"][index], line["name"], _clock(start),
                 _clock(start + step_s), line["denied"][index], line["requests"][index], rate))
+    parts.extend(_end_labels(lines, x, y))
     if not lines:
         parts.append(format_html(
             '<text class="rl-chart-empty" x="{}" y="{}" text-anchor="middle">'
@@ -210,6 +213,28 @@ def rate_chart(range_name, range_data, dimension, drawn):
         'data-range="{}" data-dimension="{}">{}</svg>',
         RATE_W, RATE_H, _rate_label(range_data, dimension), range_name, dimension,
         mark_safe("".join(parts)))
+
+
+def _end_labels(lines, x, y):
+    """Label each line at its last point with its name and rate there, so a line reads without
+    the legend and a lone point of light traffic is named where it stands. Labels are moved
+    apart vertically (never more than needed) so that lines at the same rate stay readable."""
+    labels = []
+    for line in lines:
+        last = max((i for i, rate in enumerate(line["rate"]) if rate is not None), default=None)
+        if last is not None:
+            name = line["name"]
+            name = name if len(name) <= END_LABEL_CHARS else name[:END_LABEL_CHARS - 1] + "…"
+            labels.append([y(line["rate"][last]) + 4, x(last) + 8, f"{name} {line['rate'][last]} %"])
+    labels.sort()
+    for above, below in zip(labels, labels[1:]):  # down, apart
+        below[0] = max(below[0], above[0] + END_LABEL_GAP)
+    lowest = RATE_H - RATE_BOTTOM + 4
+    for label in reversed(labels):  # then up, where the pile went below the plot
+        label[0] = min(label[0], lowest)
+        lowest = label[0] - END_LABEL_GAP
+    return [format_html('<text class="rl-end-label" x="{}" y="{}">{}</text>', _px(lx), _px(ly),
+                        text) for ly, lx, text in labels]
 
 
 def _rate_label(range_data, dimension):

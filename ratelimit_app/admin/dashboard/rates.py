@@ -4,19 +4,24 @@ chart and the table beside it.
 Read from the per-minute and per-hour counts the metrics flush already writes (each holds every
 plan's and rule's allowed, denied and checked counts: ``metrics/fields.py``), so the chart costs
 the request path and the flush nothing; its size is bounded by the configured plans and rules,
-never by what clients send. The last hour is drawn in points of 5 minutes (a point of one
-minute holds too few requests for a rate to mean much when traffic is light), the last day in
-points of an hour.
+never by what clients send.
+
+The time axis fits the traffic: a range is drawn over the shortest of its spans that holds all
+its requests (the last 15 minutes a minute a point, when traffic began 10 minutes ago; the last
+hour 5 minutes a point, once it began 40 minutes ago), so light or recent traffic is spread
+over the chart instead of being one point squeezed against its right edge. The totals are
+always the whole range's.
 """
 
 from .text import counted
 
-__all__ = ["RANGES", "LINES_SHOWN", "rates_over_time", "rate_rows", "range_summary"]
+__all__ = ["RANGES", "LINES_SHOWN", "rates_over_time", "rate_rows", "range_summary", "duration_words"]
 
-# Range name -> (its words, resolution read, slots read, slots per point).
+# Range name -> (its words, resolution read, slots read, its spans). A span is (slots drawn,
+# slots a point, a time label every so many points), the shortest first.
 RANGES = {
-    "hour": ("last hour", "minute", 60, 5),
-    "day": ("last day", "hour", 24, 1),
+    "hour": ("last hour", "minute", 60, ((15, 1, 3), (30, 2, 3), (60, 5, 3))),
+    "day": ("last day", "hour", 24, ((6, 1, 1), (12, 1, 2), (24, 1, 4))),
 }
 # Lines drawn per chart (the most refused first); every plan and rule is in the table.
 LINES_SHOWN = 5
@@ -64,24 +69,37 @@ def _lines(points, dimension):
                                            line["name"]))
 
 
+def _span(slots, spans):
+    """Return the shortest of ``spans`` that holds every slot with a count."""
+    counted = [index for index, (_, counts) in enumerate(slots)
+               if any(items for items in counts.values())]
+    needed = len(slots) - counted[0] if counted else 0
+    return next((span for span in spans if span[0] >= needed), spans[-1])
+
+
 def rates_over_time(reader, now):
-    """Return ``{range name: {"words", "step_s", "points": [unix start], "plan": lines,
-    "rule": lines, "requests", "denied", "first_at"}}`` for each of RANGES, read with
-    ``reader`` (a ``metrics.Reader``) at unix time ``now``. A line is ``{"name", "requests",
-    "denied", "rate"}`` (lists, one item per point; a rate is None where there was no request)
-    plus its totals (``total_requests``, ``total_denied``, ``total_rate``); ``first_at`` is
-    the start of the first point with a request (None without any). Raises what the reader
-    raises (Redis errors)."""
+    """Return ``{range name: {"words", "span_s", "step_s", "label_every", "points": [unix
+    start], "plan": lines, "rule": lines, "requests", "denied", "first_at"}}`` for each of
+    RANGES, read with ``reader`` (a ``metrics.Reader``) at unix time ``now``. ``points`` are
+    the starts of the points drawn (the span that fits the traffic, see the module docstring),
+    ``step_s`` their length. A line is ``{"name", "requests", "denied", "rate"}`` (lists, one
+    item per point; a rate is None where there was no request) plus its totals over the whole
+    range (``total_requests``, ``total_denied``, ``total_rate``); ``first_at`` is the start of
+    the first point with a request (None without any). Raises what the reader raises (Redis
+    errors)."""
     result = {}
-    for name, (words, resolution, count, per_point) in RANGES.items():
+    for name, (words, resolution, count, spans) in RANGES.items():
         slots = reader.slot_breakdowns(resolution, count, now=now)
-        points = _points(slots, per_point)
+        drawn, per_point, label_every = _span(slots, spans)
+        # the slots before the span hold no count: the span's totals are the range's
+        points = _points(slots[-drawn:], per_point)
         plans = _lines(points, "plan")
-        step_s = (slots[1][0] - slots[0][0]) * per_point if len(slots) > 1 else 60
+        slot_s = slots[1][0] - slots[0][0] if len(slots) > 1 else 60
         with_requests = [start for index, (start, _) in enumerate(points)
                          if any(line["requests"][index] for line in plans)]
         result[name] = {
-            "words": words, "step_s": step_s, "points": [start for start, _ in points],
+            "words": words, "span_s": drawn * slot_s, "step_s": per_point * slot_s,
+            "label_every": label_every, "points": [start for start, _ in points],
             "plan": plans, "rule": _lines(points, "rule"),
             "requests": sum(line["total_requests"] for line in plans),
             "denied": sum(line["total_denied"] for line in plans),
@@ -110,6 +128,15 @@ def rate_rows(over_time, dimension):
     for index, row in enumerate(ordered):
         row["drawn"] = index if index < LINES_SHOWN else None
     return ordered
+
+
+def duration_words(seconds):
+    """Return a span or a step in words: "15 minutes", "an hour", "6 hours", "a minute"."""
+    if seconds % 3600 == 0:
+        hours = seconds // 3600
+        return "an hour" if hours == 1 else f"{hours} hours"
+    minutes = seconds // 60
+    return "a minute" if minutes == 1 else f"{minutes} minutes"
 
 
 def range_summary(range_data):
