@@ -175,7 +175,7 @@ def rate_chart(range_name, range_data, dimension, drawn):
         '<line class="rl-axis" x1="{l}" x2="{r}" y1="{b}" y2="{b}"/>'
         '<text class="rl-axis-title" x="{cx}" y="{h}" text-anchor="middle">{title}</text>',
         l=RATE_LEFT, r=RATE_W - RATE_RIGHT, b=RATE_TOP + plot_h, cx=RATE_LEFT + plot_w / 2,
-        h=RATE_H - 4, title=f"Last {duration_words(range_data['span_s'])}, "
+        h=RATE_H - 4, title=f"Last {duration_words(range_data['span_s']).removeprefix('an ')}, "
                             f"{duration_words(step_s)} a point "
                             f"({timezone.get_current_timezone_name()})"))
     for line in lines:
