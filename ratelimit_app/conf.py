@@ -56,8 +56,9 @@ DEFAULTS = {
     # "/health" and "/health/...", not "/healthcare/"; an entry ending in "/" exempts what lies
     # beneath it; one ending in "*" is a plain string prefix ("/health*" also "/healthcare/").
     # The admin site's own paths are never limited nor counted, whatever this list says
-    # (config/endpoints.py, unlimited_paths).
-    "EXEMPT_PATHS": ["/admin/", "/static/", "/health"],
+    # (config/endpoints.py, unlimited_paths). /favicon.ico: what a browser asks for by itself
+    # (a staff member's browser on a page without an icon), never a caller's API traffic.
+    "EXEMPT_PATHS": ["/admin/", "/static/", "/health", "/favicon.ico"],
     # Whether the middleware also limits DRF views (the throttle then reuses its decision).
     "MIDDLEWARE_INCLUDES_DRF": False,
     # Retry-After jitter: a deterministic per-identity 0..spread seconds added to the wait, where

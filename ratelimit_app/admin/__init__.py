@@ -22,3 +22,7 @@ from django.contrib import admin
 from .registration import register_admins
 
 register_admins(admin.site)
+# The index leads with the dashboard (admin/index_tasks.py), unless the project chose its own
+# index template; the template extends the project's admin/index.html when it has one.
+if admin.site.index_template is None:
+    admin.site.index_template = "ratelimit_app/admin_index.html"

@@ -6,9 +6,16 @@ billing, alerts, monitoring, protection), with the same names as the group apps'
 With the group apps installed the pages live under their groups and this page holds the
 quotas only: one table, as before. ``tests/admin/test_index_groups.py`` checks that the tasks
 here hold the same models as the group apps.
+
+On the admin's index and on these pages the dashboard comes first, on a line of its own above
+the tables (``dashboard_first``), not as a row among the models: it is where an operator
+starts.
 """
 
-__all__ = ["TASKS", "by_task"]
+__all__ = ["TASKS", "by_task", "dashboard_first"]
+
+# The app labels the dashboard's entry can be under (the app's, or its Monitoring group's).
+DASHBOARD_APPS = ("ratelimit_app", "ratelimit_monitoring")
 
 # (section name, model names): the group apps' sections, the quotas first.
 TASKS = (
@@ -35,3 +42,21 @@ def by_task(app_list):
         sections[task_of.get(model["object_name"].lower(), first)].append(model)
     return [{**app, "name": name, "models": models}
             for name, models in sections.items() if models]
+
+
+def dashboard_first(app_list):
+    """Return ``(dashboard, app_list)``: the dashboard's entry of the admin's ``app_list`` (None
+    when the user may not see it) and the list without it (a section it leaves empty goes too).
+    The list given is not changed."""
+    dashboard, rest = None, []
+    for app in app_list:
+        models = app["models"]
+        if app.get("app_label") in DASHBOARD_APPS:
+            found = [model for model in models if model.get("object_name") == "Dashboard"]
+            if found:
+                dashboard = found[0]
+                models = [model for model in models if model is not dashboard]
+                if not models:
+                    continue
+        rest.append({**app, "models": models})
+    return dashboard, rest

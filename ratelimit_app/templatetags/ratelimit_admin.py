@@ -4,7 +4,7 @@ import django
 from django import template
 from django.urls import reverse
 
-from ..admin.index_tasks import by_task
+from ..admin.index_tasks import by_task, dashboard_first
 from ..admin.placement import simulator_url_name
 
 register = template.Library()
@@ -32,7 +32,10 @@ def simulator_url():
     return reverse(simulator_url_name())
 
 
-@register.simple_tag
-def sections_by_task(app_list):
-    """Return the app's index as one section per task (``admin/index_tasks.py``)."""
-    return by_task(app_list)
+@register.inclusion_tag("ratelimit_app/admin_dashboard_first.html")
+def dashboard_lead(app_list, by_tasks=False):
+    """Render an index's app list with the dashboard first, on a line of its own
+    (``admin/index_tasks.py``): the admin's index, or with ``by_tasks`` the app's own index
+    page (one table per task)."""
+    dashboard, rest = dashboard_first(app_list)
+    return {"dashboard": dashboard, "app_list": by_task(rest) if by_tasks else rest}

@@ -396,3 +396,38 @@ def test_the_accounts_with_the_fewest_credits_are_listed_live_with_their_last_to
         [(5, 50, True), (8, 8, True)]
     page = admin_client_.get(DASHBOARD).content.decode()
     assert "Prepaid credits running lowest" in page and rows[0]["url"] in page
+
+
+def test_the_admins_own_requests_are_neither_limited_nor_counted(admin_client_):
+    """A staff session on the admin (the dashboard and its polling included) is no caller: no
+    rate-limit headers, nothing counted, no hot key, even where EXEMPT_PATHS does not name
+    the admin; nor is the browser's own /favicon.ico."""
+    with config(EXEMPT_PATHS=["/health"]):
+        for path in ("/admin/", "/admin", DASHBOARD, DATA, INSPECT + "?q=admin",
+                     "/admin/ratelimit_app/rule/", "/admin/no-such-page/"):
+            response = admin_client_.get(path)
+            assert response.status_code in (200, 301, 302, 404), path
+            assert "RateLimit-Policy" not in response, path
+        assert limiter().recorder.counts() == {}
+        assert admin_client_.get("/api/items/").status_code == 200  # the API still is
+        limiter().flusher.flush_now()
+        assert [row["display"] for row in limiter().reader.hot_keys("1h")["tokens"]] == ["admin"]
+    assert "RateLimit-Policy" not in admin_client_.get("/favicon.ico")
+
+
+def test_the_admin_is_found_wherever_the_urlconf_mounts_it():
+    from django.contrib import admin
+    from django.urls import URLResolver, include, path
+    from django.urls.resolvers import RegexPattern
+
+    from ratelimit_app.config.endpoints import admin_roots
+
+    def urls(*patterns):
+        return URLResolver(RegexPattern(r"^/"), list(patterns))
+
+    assert admin_roots(urls(path("admin/", admin.site.urls))) == ["/admin"]
+    assert admin_roots(urls(path("api/", include([])), path("backoffice/", include(
+        [path("staff/", admin.site.urls)])))) == ["/backoffice/staff"]
+    # at the site's root, or under a parameter, its paths cannot be told from the API's
+    assert admin_roots(urls(path("", admin.site.urls))) == []
+    assert admin_roots(urls(path("<slug:tenant>/admin/", admin.site.urls))) == []

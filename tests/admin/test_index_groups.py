@@ -51,6 +51,10 @@ GROUPED_INDEX = {
     "Rate limits · Protection": ["Allow and deny lists", "Ban log", "Ban rules", "Bans"],
 }
 MOST_ENTRIES_PER_GROUP = 8
+# On the index the dashboard leads, on a line of its own above the sections (not as a row).
+ON_THE_INDEX = {name: [entry for entry in entries if entry != "Dashboard"]
+                for name, entries in GROUPED_INDEX.items()}
+DASHBOARD_URL = "/admin/ratelimit_monitoring/dashboard/"
 
 
 class IndexSections(HTMLParser):
@@ -82,6 +86,13 @@ class IndexSections(HTMLParser):
             self.sections[self._section].append((self._text.strip(), self._href))
         if tag in ("caption", "th"):
             self._cell = None
+
+
+def first_entry(html):
+    """Return ``(text, href)`` of the first link of an index page's content."""
+    found = re.search(r'<div id="content-main">.*?<a href="([^"]+)"[^>]*>([^<]*)</a>', html,
+                      re.S)
+    return found.group(2).strip(), found.group(1)
 
 
 def rate_limit_sections(html):
@@ -123,7 +134,9 @@ def test_the_index_shows_six_groups_of_at_most_eight_entries(admin_client):
     grouped = {name: entries for name, entries in sections.items()
                if name.startswith("Rate limits")}
     assert {name: [entry for entry, _ in entries] for name, entries in grouped.items()} \
-        == GROUPED_INDEX
+        == ON_THE_INDEX
+    # the dashboard first, before any section
+    assert first_entry(response.content.decode()) == ("Dashboard", DASHBOARD_URL)
     # the stock index sorts sections by name: the six stay together, the quotas first
     names = list(sections)
     first = names.index("Rate limits")
@@ -424,13 +437,16 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
 from django.test.utils import setup_test_environment
-from tests.admin.test_index_groups import rate_limit_sections
+from tests.admin.test_index_groups import first_entry, rate_limit_sections
 
 setup_test_environment()
 connection.creation.create_test_db(verbosity=0)  # an in-memory SQLite test database
 client = Client()
 client.force_login(get_user_model().objects.create_superuser("admin"))
-print(json.dumps(rate_limit_sections(client.get("/admin/ratelimit_app/").content.decode())))
+app_index = client.get("/admin/ratelimit_app/").content.decode()
+index = client.get("/admin/").content.decode()
+print(json.dumps({"app_index": rate_limit_sections(app_index), "first": [
+    first_entry(app_index), first_entry(index)]}))
 """
 
 
@@ -441,9 +457,13 @@ def test_without_the_group_apps_the_apps_own_page_shows_a_table_per_task():
     done = subprocess.run([sys.executable, "manage.py", "shell", "-c", APP_INDEX_WITHOUT_GROUPS],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    expected = {name: entries for name, entries in GROUPED_INDEX.items()}
-    expected["Rate limits · Monitoring"] = ["Audit entries", "Dashboard"]  # no simulator entry
-    assert json.loads(done.stdout.splitlines()[-1]) == expected
+    expected = {name: entries for name, entries in ON_THE_INDEX.items()}
+    expected["Rate limits · Monitoring"] = ["Audit entries"]  # no simulator entry
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["app_index"] == expected
+    # the dashboard first on the app's page and on the admin's index
+    dashboard = ["Dashboard", "/admin/ratelimit_app/dashboard/"]
+    assert found["first"] == [dashboard, dashboard]
 
 
 PAGES_WITHOUT_GROUPS = """

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import SCREENSHOTS, breadcrumbs_of
 
-from .test_index_groups import GROUPED_INDEX, MOST_ENTRIES_PER_GROUP
+from .test_index_groups import DASHBOARD_URL, GROUPED_INDEX, MOST_ENTRIES_PER_GROUP, ON_THE_INDEX
 from .test_pages_browser import content_width
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
 def sections_on(page, where):
     """Return ``{caption: [entries]}`` of the rate-limit sections inside ``where``."""
     found = {}
-    for module in page.locator(f"{where} .module").all():
+    for module in page.locator(f"{where} .module:has(caption)").all():
         caption = module.locator("caption").inner_text().strip()
         if caption.lower().startswith("rate limits"):
             found[caption] = [row.inner_text().strip()
@@ -31,7 +31,11 @@ def test_the_index_groups_the_pages_by_task_and_each_entry_opens_under_its_group
     # the stock stylesheet writes captions in capitals: compare the words, not the case
     shown = sections_on(page, "#content-main")
     assert {name.lower(): entries for name, entries in shown.items()} == \
-        {name.lower(): entries for name, entries in GROUPED_INDEX.items()}
+        {name.lower(): entries for name, entries in ON_THE_INDEX.items()}
+    # the dashboard first: the first link of the index, above the fold
+    first = page.locator("#content-main a").first
+    assert (first.inner_text(), first.get_attribute("href")) == ("Dashboard", DASHBOARD_URL)
+    assert first.bounding_box()["y"] < 300
     assert max(len(entries) for entries in shown.values()) <= MOST_ENTRIES_PER_GROUP
     page.screenshot(path=str(SCREENSHOTS / "admin-index-by-task.png"), full_page=True)
 
