@@ -89,7 +89,7 @@ ESSENTIALS_BOTTOM = """() => Object.fromEntries(
 def test_the_essentials_fill_the_first_screen_in_light_and_dark(dashboard):
     """At 1280 × 800: the health line, the 429-rate chart and its table (per plan or rule, over
     the last hour or day, as chosen), the hottest callers and the bans end above y = 800, with
-    no horizontal overflow."""
+    no horizontal overflow; the chart's numbers are the table's."""
     page, errors = dashboard
     page.set_viewport_size({"width": 1280, "height": 800})
     for scheme in ("light", "dark"):
@@ -108,22 +108,41 @@ def test_the_essentials_fill_the_first_screen_in_light_and_dark(dashboard):
         page.screenshot(path=str(SCREENSHOTS / f"dashboard-first-screen-{scheme}.png"))
     expect(page.locator("[data-health-line]")).to_contain_text("Redis reachable")
     expect(page.locator('[data-health-field="config-line"]')).to_contain_text("up to date")
-    assert errors == []
-
-
-def test_the_429_chart_draws_each_plans_rate_with_its_numbers(dashboard):
-    """The demo's scraper (free plan) is refused: the free plan's dots in the last hour add up
-    to the table's figures, and the table's rows are the chart's lines."""
-    page, errors = dashboard
+    # the demo's scraper (free plan) is refused: the free plan's dots in the last hour add up
+    # to the figures of its row in the table beside the chart
     hour = page.locator('[data-rates-by="plan"] .rl-rate-chart[data-range="hour"]')
     free = hour.locator('.rl-point[data-line="free"]')
-    expect(free.first).to_be_attached()
     requests = sum(int(v) for v in free.evaluate_all("els => els.map(e => e.dataset.requests)"))
     denied = sum(int(v) for v in free.evaluate_all("els => els.map(e => e.dataset.denied)"))
     assert denied > 0
     row = page.locator('[data-table="rate-plan"] tr[data-name="free"] td[data-range="hour"]')
     expect(row).to_contain_text(f"({denied} of {requests})")
     assert "429 rate per plan over the last hour" in hour.get_attribute("aria-label")
+    assert errors == []
+
+
+def test_a_staff_browser_on_the_admin_is_no_caller(dashboard, live_server, settings):
+    """The admin's pages, its index typed without a slash and the dashboard's polling: none is
+    limited or counted, so the staff user never shows up among the hottest callers (even where
+    EXEMPT_PATHS does not name the admin)."""
+    page, errors = dashboard
+    settings.RATELIMIT_APP = {**settings.RATELIMIT_APP, "EXEMPT_PATHS": ["/health"]}
+    responses = []
+    page.on("response", lambda response: responses.append(response))
+    page.goto(f"{live_server.url}/admin")
+    first = page.locator("#content-main a").first
+    assert (first.inner_text(), first.get_attribute("href")) == ("Dashboard", DASHBOARD)
+    first.click()
+    page.wait_for_url(f"**{DASHBOARD}")
+    expect(page.locator("[data-status]")).to_contain_text("updated")  # it polled
+    page.goto(f"{live_server.url}/admin/ratelimit_app/rule/")
+    assert responses and not [r.url for r in responses if "ratelimit-policy" in r.headers]
+    limiter().flusher.flush_now()
+    hot = limiter().reader.hot_keys("1h")
+    assert "admin" not in {row["display"] for rows in hot.values() for row in rows}
+    page.goto(f"{live_server.url}{DASHBOARD}")
+    expect(page.locator('[data-table="callers"] tbody tr').first).to_be_visible()
+    assert "admin" not in page.locator('[data-table="callers"] th[scope=row]').all_inner_texts()
     assert errors == []
 
 
