@@ -6,7 +6,8 @@ for the dashboard and the Prometheus endpoint.
     recorder.py  Recorder: counts decisions per minute in process (the request path's part)
     flush.py     Flusher: writes a Recorder to Redis in one round trip, from a background thread,
                  and keeps the counts while Redis is down
-    reads.py     Reader: series, breakdowns, hot keys, near-limit, totals for the dashboard
+    reads.py     Reader: series, breakdowns (per window and per slot), hot keys, near-limit,
+                 totals for the dashboard
     usage.py     usage records for billing: the calendar day, the caller, the counts per rule
                  (rolled up into the database by business/usage/rollup.py)
     models.py    Dashboard: the table-less model behind the dashboard's page and permissions

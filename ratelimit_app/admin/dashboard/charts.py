@@ -120,9 +120,20 @@ END_LABEL_GAP = 13  # px between two end labels' baselines
 END_LABEL_CHARS = 16  # a longer name is cut (the table beside the chart has it whole)
 
 
-def _clock(unix_s, with_day=False):
+def _clock(unix_s):
     moment = timezone.localtime(datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc))
-    return moment.strftime("%a %H:%M" if with_day else "%H:%M")
+    return moment.strftime("%H:%M")
+
+
+def _runs(rates):
+    """Return the runs of consecutive indexes of ``rates`` that hold a rate (not None)."""
+    runs, run = [], []
+    for index, rate in enumerate(rates):
+        if rate is None:
+            runs, run = runs + [run] if run else runs, []
+        else:
+            run.append(index)
+    return runs + [run] if run else runs
 
 
 def _rate_axis(lines):
@@ -139,9 +150,9 @@ def rate_chart(range_name, range_data, dimension, drawn):
     ``drawn`` ({name: colour index}), a dot at every point that had requests (a lone request is
     seen, not lost at an edge), broken where there were none (no rate, not 0 %). Its time axis
     spans the range's span (``rates.py``: the shortest that holds its traffic) with clock
-    times. Every dot is a ``<circle class="rl-point">`` with
-    ``data-line``, ``data-at``, ``data-requests``, ``data-denied`` and a ``<title>``; the
-    ``aria-label`` says the range in words (the table beside it has the numbers)."""
+    times. Every dot is a ``<circle class="rl-point">`` with ``data-line``, ``data-at``,
+    ``data-requests``, ``data-denied`` and a ``<title>``; the ``aria-label`` says the range in
+    words (the table beside it has the numbers)."""
     points = range_data["points"]
     lines = [line for line in range_data[dimension] if line["name"] in drawn]
     plot_w, plot_h = RATE_W - RATE_LEFT - RATE_RIGHT, RATE_H - RATE_TOP - RATE_BOTTOM
@@ -180,17 +191,11 @@ def rate_chart(range_name, range_data, dimension, drawn):
                             f"({timezone.get_current_timezone_name()})"))
     for line in lines:
         colour = drawn[line["name"]]
-        runs, run = [], []
-        for index, rate in enumerate(line["rate"]):
-            if rate is None:
-                runs, run = runs + [run] if run else runs, []
-            else:
-                run.append(f"{x(index):.1f},{y(rate):.1f}")
-        runs = runs + [run] if run else runs
-        for run in runs:
+        for run in _runs(line["rate"]):
             if len(run) > 1:
+                coordinates = " ".join(f"{x(i):.1f},{y(line['rate'][i]):.1f}" for i in run)
                 parts.append(format_html('<polyline class="rl-line rl-line-{}" points="{}"/>',
-                                         colour, " ".join(run)))
+                                         colour, coordinates))
         for index, rate in enumerate(line["rate"]):
             if rate is None:
                 continue
@@ -223,9 +228,9 @@ def _end_labels(lines, x, y):
     for line in lines:
         last = max((i for i, rate in enumerate(line["rate"]) if rate is not None), default=None)
         if last is not None:
-            name = line["name"]
+            name, rate = line["name"], line["rate"][last]
             name = name if len(name) <= END_LABEL_CHARS else name[:END_LABEL_CHARS - 1] + "…"
-            labels.append([y(line["rate"][last]) + 4, x(last) + 8, f"{name} {line['rate'][last]} %"])
+            labels.append([y(rate) + 4, x(last) + 8, f"{name} {rate} %"])
     labels.sort()
     for above, below in zip(labels, labels[1:]):  # down, apart
         below[0] = max(below[0], above[0] + END_LABEL_GAP)

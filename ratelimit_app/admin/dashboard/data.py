@@ -393,7 +393,8 @@ def dashboard_data(window="1h", now=None, with_html=True):
     if with_html:
         context = {**data, "chart_svg": requests_chart(series) if series else "",
                    "rate_panels": _rate_panels(data), "bans_shown_first": BANS_SHOWN_FIRST,
-                   "rate_summaries": [range_summary(r) for r in (data["rates_over_time"] or {}).values()]}
+                   "rate_summaries": [range_summary(over_range) for over_range
+                                      in (data["rates_over_time"] or {}).values()]}
         data["html"] = {name: render_to_string(template, context)
                         for name, template in FRAGMENTS.items()}
     return data

@@ -15,7 +15,8 @@ always the whole range's.
 
 from .text import counted
 
-__all__ = ["RANGES", "LINES_SHOWN", "rates_over_time", "rate_rows", "range_summary", "duration_words"]
+__all__ = ["RANGES", "LINES_SHOWN", "rates_over_time", "rate_rows", "range_summary",
+           "duration_words"]
 
 # Range name -> (its words, resolution read, slots read, its spans). A span is (slots drawn,
 # slots a point, a time label every so many points), the shortest first.
