@@ -22,6 +22,7 @@ from ..config.endpoints import endpoint_names
 from ..config.models import (
     ApiKey,
     EndpointCost,
+    IdentityOverride,
     Kind,
     Mode,
     PlanAssignment,
@@ -30,6 +31,7 @@ from ..config.models import (
     Scheduled,
     cost_limit,
 )
+from ..config.override_words import override_sentence
 from ..config.rule_kinds import FORM_KINDS, form_kind_of
 from ..config.wording import SCOPE_SHORT, count
 from .audit import AuditedAdminMixin
@@ -42,6 +44,7 @@ from .forms import (
     is_missing_endpoint,
 )
 from .list_cells import day
+from .override_forms import OverrideForm, override_fieldsets, override_from_input, override_words
 from .placement import admin_url_name
 from .rule_forms import (
     kind_for,
@@ -544,11 +547,17 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
+    """Overrides: "× 2 for 7 days", exempt, or numbers of its own (``override_forms.py``),
+    callers picked by search (autocomplete), the override read as a sentence as it is typed,
+    and a list of sentences, each with its end. The add page takes the admin's usual
+    prefill: ``?user=<id>``, ``?api_key=<id>``, ``?ip=<address>``, ``&rule=<id>``."""
+
+    form = OverrideForm
+    change_form_template = "admin/ratelimit_app/identityoverride/change_form.html"
+    list_display = ["caller", "rule_cell", "sentence", schedule_cell]
     list_filter = ["exempt", ScheduleFilter, "rule"]
-    list_select_related = ["user", "api_key", "rule"]
-    search_fields = ["user__username", "api_key__prefix", "ip", "note", "reason"]
-    raw_id_fields = ["user", "api_key"]
+    list_select_related = ["user", "api_key", "rule", "rule__plan"]
+    search_fields = ["user__username", "api_key__prefix", "ip", "reason"]
     formfield_overrides = LABELLED_DATETIMES
 
     @admin.display(description="caller")
@@ -559,19 +568,79 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def rule_cell(self, override):
         return override.rule or "every user, key or IP rule"
 
-    @admin.display(description="limit")
-    def limit(self, override):
-        """'exempt', or the caller's own numbers in words."""
-        if override.exempt:
-            return "exempt from every limit"
-        return f"{override.rate} per {override.period_s} s, up to {override.burst} at once"
+    @admin.display(description="what the caller gets")
+    def sentence(self, override):
+        """The override in words, with its end and its reason."""
+        words = override_sentence(override, timezone.now())
+        if override.reason:
+            return format_html("{}<br><small>{}</small>", words, override.reason)
+        return words
 
-    @admin.display(description="why")
-    def why(self, override):
-        return override.reason or override.note or "—"
+    def get_autocomplete_fields(self, request):
+        """The callers picked by search: a user or an API key, wherever its admin has
+        search_fields (the stock UserAdmin does; a project's own user admin may not, and then
+        its id is typed)."""
+        return [name for name in ("user", "api_key") if _searchable(self.admin_site, name)]
+
+    def get_raw_id_fields(self, request):
+        return [name for name in ("user", "api_key") if not _searchable(self.admin_site, name)]
+
+    def get_fieldsets(self, request, obj=None):
+        return override_fieldsets(obj)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="",
+                           obj=None):
+        form = context["adminform"].form
+        if form.is_bound:
+            override = form.instance
+        elif obj is not None:
+            override = obj
+        else:
+            override = override_from_input(_initial_data(form))
+        words, numbers_now = override_words(override)
+        context.update({"override_words": words, "rule_numbers_now": numbers_now,
+                        "preview_url": reverse(admin_url_name(IdentityOverride, "preview",
+                                                              self.admin_site))})
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def preview_view(self, request):
+        """The override in words while it is typed (JSON): the sentence, and the numbers of
+        the rules it changes as they are now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        words, numbers_now = override_words(override_from_input(request.GET))
+        response = JsonResponse({"words": words, "impact": numbers_now})
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        own = [path("preview/", wrap(self.preview_view),
+                    name="ratelimit_app_identityoverride_preview")]
+        return [*own, *super().get_urls()]  # before the catch-all "<object_id>/"
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        warning = None if obj.exempt else max_cost_warning(obj.burst, f"The override of {obj}")
+        warning = None if obj.exempt or obj.factor is not None else \
+            max_cost_warning(obj.burst, f"The override of {obj}")
         if warning:
             messages.warning(request, warning)
+
+
+def _searchable(site, field_name):
+    """True when the model ``field_name`` of an override points to has an admin with
+    search_fields on ``site`` (what Django's autocomplete needs)."""
+    related = IdentityOverride._meta.get_field(field_name).related_model
+    model_admin = site._registry.get(related)
+    return bool(model_admin and model_admin.search_fields)
+
+
+def _initial_data(form):
+    """The add page's first values as a form would post them (the prefill from the query
+    string, the fields' initial values), for its first sentence."""
+    data = {}
+    for name in ("user", "api_key", "ip", "rule", "treatment", "factor"):
+        value = form.initial.get(name, form.fields[name].initial if name in form.fields else None)
+        if value not in (None, ""):
+            data[name] = str(getattr(value, "pk", value))
+    return data
