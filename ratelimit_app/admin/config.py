@@ -588,6 +588,17 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def get_fieldsets(self, request, obj=None):
         return override_fieldsets(obj)
 
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name in ("user", "api_key", "rule") and \
+                hasattr(field.widget, "can_add_related"):
+            # no popups: a caller is found by search, a rule's numbers are in the sentence
+            # (and an API key added in a popup would show its secret there)
+            widget = field.widget
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_view_related = widget.can_delete_related = False
+        return field
+
     def render_change_form(self, request, context, add=False, change=False, form_url="",
                            obj=None):
         form = context["adminform"].form

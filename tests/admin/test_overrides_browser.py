@@ -34,7 +34,7 @@ def dated_overrides():
     ):
         IdentityOverride.objects.create(ip=ip, rule=rule, rate=50, period_s=60, burst=100,
                                         starts_at=starts_at, ends_at=ends_at, reason=reason)
-    IdentityOverride.objects.create(ip="198.51.100.4", exempt=True, note="monitoring")
+    IdentityOverride.objects.create(ip="198.51.100.4", exempt=True, reason="monitoring")
 
 
 def schedules(page):
