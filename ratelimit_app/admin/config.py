@@ -514,6 +514,11 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def created_cell(self, key):
         return day(key.created)
 
+    def get_queryset(self, request):
+        # ordered for Django's autocomplete (an override's caller), which pages the rows; the
+        # list orders them its own way
+        return super().get_queryset(request).order_by("prefix", "pk")
+
     def get_fields(self, request, obj=None):
         fields = ["user", "name", "plan", "starts_at", "ends_at", "reason", "tenant", "active"]
         # the prefix is generated with the key: nothing to show before it exists

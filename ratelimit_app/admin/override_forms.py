@@ -13,12 +13,13 @@ December 10:00").
 import datetime
 
 from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db.models import Q
 from django.http import HttpRequest
 
 from ..config.choices import Counts, Kind
 from ..config.factors import MAX_FACTOR, MIN_FACTOR
-from ..config.models import IdentityOverride, Rule
+from ..config.models import MISSING_TREATMENT, IdentityOverride, Rule
 from ..config.override_words import PENDING, override_sentence, rule_now_words
 from ..decision.clock import process_clock
 from ..decision.identity import identify
@@ -94,6 +95,8 @@ class DurationField(forms.MultiValueField):
             raise
 
 
+# The fields of what the caller gets: a factor, or numbers of its own.
+_TREATMENT_FIELDS = ("factor", "rate", "period_s", "burst")
 # The numbers' labels, read as a phrase: "Requests [120] per [1] [minute] bursts up to [60]".
 NUMBER_LABELS = {"rate": "Requests", "period_s": "per", "burst": "bursts up to"}
 NUMBER_MISSING = {"rate": "Give the requests per period.",
@@ -155,7 +158,7 @@ class OverrideForm(forms.ModelForm):
         cleaned = super().clean()
         treatment = cleaned.get("treatment") or self._treatment_without_one()
         self.instance.exempt = treatment == "exempt"
-        numbers = ("rate", "period_s", "burst")
+        numbers = _TREATMENT_FIELDS[1:]
         if treatment != "factor":
             cleaned["factor"] = None
         if treatment != "numbers":
@@ -169,6 +172,18 @@ class OverrideForm(forms.ModelForm):
                     self.add_error(name, NUMBER_MISSING[name])
         self._clean_duration(cleaned)
         return cleaned
+
+    def _update_errors(self, errors):
+        # the model's "give a factor or numbers" repeats what the fields' errors already say
+        if hasattr(errors, "error_dict") and set(self.errors) & set(_TREATMENT_FIELDS):
+            kept = [e for e in errors.error_dict.get(NON_FIELD_ERRORS, ())
+                    if e.message != MISSING_TREATMENT]
+            errors.error_dict[NON_FIELD_ERRORS] = kept
+            if not kept:
+                del errors.error_dict[NON_FIELD_ERRORS]
+            if not errors.error_dict:
+                return
+        super()._update_errors(errors)
 
     def _clean_duration(self, cleaned):
         length = cleaned.get("duration")

@@ -200,6 +200,10 @@ class MovedAdmin(admin.ModelAdmin):
                  for pattern in placed.get_urls()]
         return [*named, re_path(r"^.*$", self.redirect_view)]
 
+    def get_queryset(self, request):
+        # what Django's autocomplete searches (an override's API key): the placed admin's rows
+        return self.admin_site.get_model_admin(self.moved_to).get_queryset(request)
+
     def redirect_view(self, request, *args, **kwargs):
         """Return a 308 to the request's path and query under the group's label."""
         root = reverse(f"{self.admin_site.name}:index")

@@ -583,6 +583,9 @@ class EndpointCost(models.Model):
 # An override's factor out of bounds, in words.
 FACTOR_RANGE_MESSAGE = (f"The factor must be from {MIN_FACTOR} (a hundredth of the rule's "
                         f"numbers) to {MAX_FACTOR:,} (a thousand times).")
+# An override that says neither what its caller gets nor that it is exempt.
+MISSING_TREATMENT = ("Give a factor of the rule's numbers (e.g. 2), or tick “exempt”, or give "
+                     "rate, period and burst.")
 # An override's reason: its own and what its former "note" held, kept whole by migration 0024.
 OVERRIDE_REASON_LENGTH = 500
 
@@ -647,8 +650,7 @@ class IdentityOverride(Scheduled, models.Model):
                                   "its own, not both: clear rate, period and burst, or the "
                                   "factor.")
         if not self.exempt and self.factor is None and None in numbers:
-            raise ValidationError("Give a factor of the rule's numbers (e.g. 2), or tick "
-                                  "“exempt”, or give rate, period and burst.")
+            raise ValidationError(MISSING_TREATMENT)
         if self.burst and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             raise ValidationError({"burst": "Burst × period is too large."})
         if self.rule_id:
