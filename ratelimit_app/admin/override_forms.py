@@ -127,7 +127,7 @@ class OverrideForm(forms.ModelForm):
             "starts_at": "Empty: from now.",
             "ends_at": "Empty: until removed (or the duration above).",
         }
-        labels = {"factor": "×", "ip": "Client IP", "api_key": "API key"}
+        labels = {"factor": "Factor (×)", "ip": "Client IP", "api_key": "API key"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -24,6 +24,11 @@ ADD = "admin:ratelimit_callers_identityoverride_add"
 NOW_MS = 1_796_000_000_000  # 2026-11-30 (UTC), the clock seam's now
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def bob():
     pro = Plan.objects.create(slug="pro", name="Pro")
