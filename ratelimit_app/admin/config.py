@@ -56,7 +56,7 @@ from .rule_forms import (
 )
 from .simulator import simulate
 from .traffic import impact_of_new_numbers, last_hour_traffic
-from .widgets import LABELLED_DATETIMES
+from .widgets import LABELLED_DATETIMES, LabelledAutocompleteSelect
 
 
 def _endpoint_cell(endpoint, empty_text):
@@ -604,6 +604,13 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
             widget.can_view_related = widget.can_delete_related = False
         return field
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = LabelledAutocompleteSelect(
+                db_field, self.admin_site, CALLER_SEARCH_WORDS[db_field.name],
+                using=kwargs.get("using"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def render_change_form(self, request, context, add=False, change=False, form_url="",
                            obj=None):
         form = context["adminform"].form
@@ -641,6 +648,10 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
             max_cost_warning(obj.burst, f"The override of {obj}")
         if warning:
             messages.warning(request, warning)
+
+
+# What an empty caller picker says (its accessible name until a caller is chosen).
+CALLER_SEARCH_WORDS = {"user": "Search users by name", "api_key": "Search keys by prefix or name"}
 
 
 def _searchable(site, field_name):
