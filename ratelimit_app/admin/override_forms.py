@@ -186,14 +186,17 @@ class OverrideForm(forms.ModelForm):
         super()._update_errors(errors)
 
     def _clean_duration(self, cleaned):
+        """A duration sets the end: from the start when it lies ahead, else from now (an
+        override being extended keeps its start). Its start is now unless told."""
         length = cleaned.get("duration")
         if length is None:
             return
-        if cleaned.get("ends_at"):
+        if cleaned.get("ends_at") and "ends_at" in self.changed_data:
             self.add_error("duration", "Give a duration or an end under “Dates”, not both.")
             return
-        start = cleaned.get("starts_at") or now()
-        cleaned["starts_at"], cleaned["ends_at"] = start, start + length
+        moment = now()
+        start = cleaned.get("starts_at") or moment
+        cleaned["starts_at"], cleaned["ends_at"] = start, max(start, moment) + length
 
     def _treatment_without_one(self):
         """What a form sent without a treatment means (a script's post of the fields the form

@@ -113,6 +113,24 @@ def test_a_duration_counts_from_a_start_given_under_dates(admin_client, bob):
     assert timezone.localtime(override.ends_at).strftime("%Y-%m-%d %H:%M") == "2027-01-12 09:00"
 
 
+def test_a_duration_typed_on_a_dated_overrides_page_extends_it_from_now(admin_client, bob):
+    clock = use_fake_clock(now_ms=NOW_MS)
+    start = datetime.datetime.fromtimestamp(NOW_MS / 1000, tz=datetime.timezone.utc)
+    override = IdentityOverride.objects.create(
+        user=bob, factor=Decimal(2), starts_at=start, ends_at=start + datetime.timedelta(days=7))
+    clock.advance(86400_000 * 5)  # five days on, two are left: three more days from now
+    page = reverse("admin:ratelimit_callers_identityoverride_change", args=[override.pk])
+    local = {name: timezone.localtime(getattr(override, name)) for name in ("starts_at",
+                                                                           "ends_at")}
+    dates = {f"{name}_{i}": local[name].strftime(form) for name in local
+             for i, form in enumerate(("%Y-%m-%d", "%H:%M:%S"))}
+    assert admin_client.post(page, post_data(user=bob.pk, duration_0=3, **dates)) \
+        .status_code == 302
+    override.refresh_from_db()
+    assert override.starts_at == start
+    assert override.ends_at == start + datetime.timedelta(days=5 + 3)
+
+
 @pytest.mark.parametrize("fields, expected", [
     ({"factor": ""}, {"factor": ["Type the factor: 2 for twice the rule's limits, 0.5 for "
                                  "half."]}),
