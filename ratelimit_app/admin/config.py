@@ -559,27 +559,27 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     form = OverrideForm
     change_form_template = "admin/ratelimit_app/identityoverride/change_form.html"
-    list_display = ["caller", "rule_cell", "sentence", schedule_cell]
+    # the sentence names the caller and leads (the link to the override's page); one line each
+    # for the rule, where the dates stand and why beside it
+    list_display = ["sentence", "rule_cell", schedule_cell, "why"]
+    list_display_links = ["sentence"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule", "rule__plan"]
     search_fields = ["user__username", "api_key__prefix", "ip", "reason"]
     formfield_overrides = LABELLED_DATETIMES
 
-    @admin.display(description="caller")
-    def caller(self, override):
-        return str(override.user or override.api_key or override.ip)
-
     @admin.display(description="rule", ordering="rule__name")
     def rule_cell(self, override):
         return override.rule or "every user, key or IP rule"
 
-    @admin.display(description="what the caller gets")
+    @admin.display(description="override")
     def sentence(self, override):
-        """The override in words, with its end and its reason."""
-        words = override_sentence(override, timezone.now())
-        if override.reason:
-            return format_html("{}<br><small>{}</small>", words, override.reason)
-        return words
+        """The override in words: who gets what, until when."""
+        return override_sentence(override, timezone.now())
+
+    @admin.display(description="why", ordering="reason")
+    def why(self, override):
+        return override.reason or "—"
 
     def get_autocomplete_fields(self, request):
         """The callers picked by search: a user or an API key, wherever its admin has

@@ -193,7 +193,8 @@ def test_the_list_shows_each_override_as_a_sentence_with_its_end(admin_client, b
     html = admin_client.get(reverse("admin:ratelimit_callers_identityoverride_changelist")) \
         .content.decode()
     assert (f"bob: 1,200 requests per minute, bursts up to 400, until "
-            f"{moment_words(ends, timezone.now())}<br><small>launch week</small>") in html
+            f"{moment_words(ends, timezone.now())}</a>") in html
+    assert '<td class="field-why">launch week</td>' in html
     assert "203.0.113.9: × 0.5 on every user, key or IP rule that applies, with no end" in html
 
 
