@@ -564,7 +564,7 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["sentence", "rule_cell", schedule_cell, "why"]
     list_display_links = ["sentence"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
-    list_select_related = ["user", "api_key", "rule", "rule__plan"]
+    list_select_related = ["user", "api_key", "rule"]
     search_fields = ["user__username", "api_key__prefix", "ip", "reason"]
     formfield_overrides = LABELLED_DATETIMES
 
@@ -658,8 +658,7 @@ def _searchable(site, field_name):
     """True when the model ``field_name`` of an override points to has an admin with
     search_fields on ``site`` (what Django's autocomplete needs)."""
     related = IdentityOverride._meta.get_field(field_name).related_model
-    model_admin = site._registry.get(related)
-    return bool(model_admin and model_admin.search_fields)
+    return site.is_registered(related) and bool(site.get_model_admin(related).search_fields)
 
 
 def _initial_data(form):

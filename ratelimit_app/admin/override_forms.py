@@ -143,6 +143,8 @@ class OverrideForm(forms.ModelForm):
             factor.label_suffix = ""
             if not self.instance.pk:
                 factor.initial = DEFAULT_FACTOR
+            elif self.instance.factor is not None:  # "2", not the column's "2.00"
+                self.initial["factor"] = f"{self.instance.factor:f}".rstrip("0").rstrip(".")
         if "period_s" in fields:
             period = fields["period_s"] = PeriodField(label="per", required=False)
             number, unit = period.widget.widgets

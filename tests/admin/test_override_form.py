@@ -206,3 +206,13 @@ def test_the_callers_autocomplete_finds_users_and_api_keys(admin_client, bob):
                                         "model_name": "identityoverride",
                                         "field_name": field, "term": term}).json()
         assert [r["text"] for r in answer["results"]] == [found], field
+
+
+def test_a_saved_overrides_page_shows_its_factor_and_treatment_as_typed(admin_client, bob):
+    override = IdentityOverride.objects.create(user=bob, factor=Decimal("1.50"))
+    page = admin_client.get(reverse("admin:ratelimit_callers_identityoverride_change",
+                                    args=[override.pk]))
+    form = page.context["adminform"].form
+    assert form["factor"].value() == "1.5" and form["treatment"].value() == "factor"
+    assert page.context["override_words"].startswith("bob: 900 requests per minute, bursts "
+                                                     "up to 300")
