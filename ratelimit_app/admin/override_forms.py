@@ -161,10 +161,11 @@ class OverrideForm(forms.ModelForm):
         treatment = cleaned.get("treatment") or self._treatment_without_one()
         self.instance.exempt = treatment == "exempt"
         numbers = _TREATMENT_FIELDS[1:]
-        if treatment != "factor":
-            cleaned["factor"] = None
-        if treatment != "numbers":
-            cleaned.update(dict.fromkeys(numbers))
+        unused = (() if treatment == "factor" else ("factor",)) + \
+            (() if treatment == "numbers" else numbers)
+        for name in unused:  # (what was typed there is not kept, nor its error)
+            cleaned[name] = None
+            self._errors.pop(name, None)
         if treatment == "factor" and cleaned.get("factor") is None and "factor" not in self.errors:
             self.add_error("factor", "Type the factor: 2 for twice the rule's limits, 0.5 for "
                                      "half.")
@@ -205,10 +206,11 @@ class OverrideForm(forms.ModelForm):
         had before): exempt when ticked, a factor when given, else numbers."""
         if self.data.get("exempt") in ("on", "true", "1", "True"):
             return "exempt"
-        if self.data.get("factor") or self.instance.pk and self.instance.factor is not None \
-                and "rate" not in self.data:
+        if self.data.get("rate"):
+            return "numbers"
+        if self.data.get("factor") or not self.instance.pk:
             return "factor"
-        return "numbers" if "rate" in self.data or self.instance.pk else "factor"
+        return self.instance.treatment
 
 
 def override_fieldsets(obj=None):

@@ -145,6 +145,9 @@ def test_a_duration_typed_on_a_dated_overrides_page_extends_it_from_now(admin_cl
         "An override can last at most 366 days; for longer, leave the duration empty (until "
         "removed)."]}),
     ({"user": ""}, {"__all__": ["Choose exactly one of user, API key or client IP."]}),
+    # what is typed in the fields of another treatment is neither kept nor an error
+    ({"treatment": "exempt", "factor": "abc", "user": ""},
+     {"__all__": ["Choose exactly one of user, API key or client IP."]}),
 ])
 def test_errors_say_what_to_fix(admin_client, bob, fields, expected):
     response = admin_client.post(reverse(ADD), post_data(**{"user": bob.pk, **fields}))
