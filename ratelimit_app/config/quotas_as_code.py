@@ -61,7 +61,7 @@ from .models import (
 )
 
 __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
-           "plan_import", "apply_import", "describe_change"]
+           "plan_import", "apply_import", "describe_change", "merged_text"]
 
 FORMAT = "ratelimit_app.quotas/1"
 
