@@ -8,7 +8,7 @@ nothing on the request path imports it.
 
 - ``config.py``: plans, rules, endpoint costs, API keys, overrides, and the simulator's page
   (``simulator.py``; its own index entry: ``simulator_admin.py``), with the operator-worded
-  forms of ``forms.py``.
+  forms of ``forms.py``, ``rule_forms.py`` and ``override_forms.py`` ("× 2 for 7 days").
 - ``audit.py``: the audit trail and its restore; ``alerts.py``: alerts, webhooks, deliveries;
   ``usage.py``: the usage records page; ``credits.py``: prepaid credit accounts (with their
   "Top up" form) and top-ups; ``readonly.py``: the view-only admin they share.

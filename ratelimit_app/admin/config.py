@@ -22,6 +22,7 @@ from ..config.endpoints import endpoint_names
 from ..config.models import (
     ApiKey,
     EndpointCost,
+    IdentityOverride,
     Kind,
     Mode,
     PlanAssignment,
@@ -30,6 +31,7 @@ from ..config.models import (
     Scheduled,
     cost_limit,
 )
+from ..config.override_words import override_sentence
 from ..config.rule_kinds import FORM_KINDS, form_kind_of
 from ..config.wording import SCOPE_SHORT, count
 from .audit import AuditedAdminMixin
@@ -42,6 +44,7 @@ from .forms import (
     is_missing_endpoint,
 )
 from .list_cells import day
+from .override_forms import OverrideForm, override_fieldsets, override_from_input, override_words
 from .placement import admin_url_name
 from .rule_forms import (
     kind_for,
@@ -53,7 +56,7 @@ from .rule_forms import (
 )
 from .simulator import simulate
 from .traffic import impact_of_new_numbers, last_hour_traffic
-from .widgets import LABELLED_DATETIMES
+from .widgets import LABELLED_DATETIMES, LabelledAutocompleteSelect
 
 
 def _endpoint_cell(endpoint, empty_text):
@@ -511,6 +514,11 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def created_cell(self, key):
         return day(key.created)
 
+    def get_queryset(self, request):
+        # ordered for Django's autocomplete (an override's caller), which pages the rows; the
+        # list orders them its own way
+        return super().get_queryset(request).order_by("prefix", "pk")
+
     def get_fields(self, request, obj=None):
         fields = ["user", "name", "plan", "starts_at", "ends_at", "reason", "tenant", "active"]
         # the prefix is generated with the key: nothing to show before it exists
@@ -544,34 +552,121 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
+    """Overrides: "× 2 for 7 days", exempt, or numbers of its own (``override_forms.py``),
+    callers picked by search (autocomplete), the override read as a sentence as it is typed,
+    and a list of sentences, each with its end. The add page takes the admin's usual
+    prefill: ``?user=<id>``, ``?api_key=<id>``, ``?ip=<address>``, ``&rule=<id>``."""
+
+    form = OverrideForm
+    change_form_template = "admin/ratelimit_app/identityoverride/change_form.html"
+    # the sentence names the caller and leads (the link to the override's page); one line each
+    # for the rule, where the dates stand and why beside it
+    list_display = ["sentence", "rule_cell", schedule_cell, "why"]
+    list_display_links = ["sentence"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
-    search_fields = ["user__username", "api_key__prefix", "ip", "note", "reason"]
-    raw_id_fields = ["user", "api_key"]
+    search_fields = ["user__username", "api_key__prefix", "ip", "reason"]
     formfield_overrides = LABELLED_DATETIMES
-
-    @admin.display(description="caller")
-    def caller(self, override):
-        return str(override.user or override.api_key or override.ip)
 
     @admin.display(description="rule", ordering="rule__name")
     def rule_cell(self, override):
         return override.rule or "every user, key or IP rule"
 
-    @admin.display(description="limit")
-    def limit(self, override):
-        """'exempt', or the caller's own numbers in words."""
-        if override.exempt:
-            return "exempt from every limit"
-        return f"{override.rate} per {override.period_s} s, up to {override.burst} at once"
+    @admin.display(description="override")
+    def sentence(self, override):
+        """The override in words: who gets what, until when."""
+        return override_sentence(override, timezone.now())
 
-    @admin.display(description="why")
+    @admin.display(description="why", ordering="reason")
     def why(self, override):
-        return override.reason or override.note or "—"
+        return override.reason or "—"
+
+    def get_autocomplete_fields(self, request):
+        """The callers picked by search: a user or an API key, wherever its admin has
+        search_fields (the stock UserAdmin does; a project's own user admin may not, and then
+        its id is typed)."""
+        return [name for name in ("user", "api_key") if _searchable(self.admin_site, name)]
+
+    def get_raw_id_fields(self, request):
+        return [name for name in ("user", "api_key") if not _searchable(self.admin_site, name)]
+
+    def get_fieldsets(self, request, obj=None):
+        return override_fieldsets(obj)
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name in ("user", "api_key", "rule") and \
+                hasattr(field.widget, "can_add_related"):
+            # no popups: a caller is found by search, a rule's numbers are in the sentence
+            # (and an API key added in a popup would show its secret there)
+            widget = field.widget
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_view_related = widget.can_delete_related = False
+        return field
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = LabelledAutocompleteSelect(
+                db_field, self.admin_site, CALLER_SEARCH_WORDS[db_field.name],
+                using=kwargs.get("using"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="",
+                           obj=None):
+        form = context["adminform"].form
+        if form.is_bound:
+            override = form.instance
+        elif obj is not None:
+            override = obj
+        else:
+            override = override_from_input(_initial_data(form))
+        words, numbers_now = override_words(override)
+        context.update({"override_words": words, "rule_numbers_now": numbers_now,
+                        "preview_url": reverse(admin_url_name(IdentityOverride, "preview",
+                                                              self.admin_site))})
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def preview_view(self, request):
+        """The override in words while it is typed (JSON): the sentence, and the numbers of
+        the rules it changes as they are now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        words, numbers_now = override_words(override_from_input(request.GET))
+        response = JsonResponse({"words": words, "impact": numbers_now})
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        own = [path("preview/", wrap(self.preview_view),
+                    name="ratelimit_app_identityoverride_preview")]
+        return [*own, *super().get_urls()]  # before the catch-all "<object_id>/"
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        warning = None if obj.exempt else max_cost_warning(obj.burst, f"The override of {obj}")
+        warning = None if obj.exempt or obj.factor is not None else \
+            max_cost_warning(obj.burst, f"The override of {obj}")
         if warning:
             messages.warning(request, warning)
+
+
+# What an empty caller picker says (its accessible name until a caller is chosen).
+CALLER_SEARCH_WORDS = {"user": "Search users by name", "api_key": "Search keys by prefix or name"}
+
+
+def _searchable(site, field_name):
+    """True when the model ``field_name`` of an override points to has an admin with
+    search_fields on ``site`` (what Django's autocomplete needs)."""
+    related = IdentityOverride._meta.get_field(field_name).related_model
+    return site.is_registered(related) and bool(site.get_model_admin(related).search_fields)
+
+
+def _initial_data(form):
+    """The add page's first values as a form would post them (the prefill from the query
+    string, the fields' initial values), for its first sentence."""
+    data = {}
+    for name in ("user", "api_key", "ip", "rule", "treatment", "factor"):
+        value = form.initial.get(name, form.fields[name].initial if name in form.fields else None)
+        if value not in (None, ""):
+            data[name] = str(getattr(value, "pk", value))
+    return data

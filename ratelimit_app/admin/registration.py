@@ -200,6 +200,10 @@ class MovedAdmin(admin.ModelAdmin):
                  for pattern in placed.get_urls()]
         return [*named, re_path(r"^.*$", self.redirect_view)]
 
+    def get_queryset(self, request):
+        # what Django's autocomplete searches (an override's API key): the placed admin's rows
+        return self.admin_site.get_model_admin(self.moved_to).get_queryset(request)
+
     def redirect_view(self, request, *args, **kwargs):
         """Return a 308 to the request's path and query under the group's label."""
         root = reverse(f"{self.admin_site.name}:index")
@@ -209,9 +213,12 @@ class MovedAdmin(admin.ModelAdmin):
             new_root + request.get_full_path().removeprefix(old_root), preserve_request=True)
 
 
-def moved_admin_class(proxy):
-    """Return the ``MovedAdmin`` of the app's model whose pages moved to ``proxy``."""
-    return type(f"Moved{proxy.__name__}Admin", (MovedAdmin,), {"moved_to": proxy})
+def moved_admin_class(proxy, admin_class):
+    """Return the ``MovedAdmin`` of the app's model whose pages (of ``admin_class``) moved to
+    ``proxy``. It keeps the admin's ``search_fields``: Django's autocomplete searches the
+    admin of a relation's model, the app's (an override's API key), not the proxy's."""
+    return type(f"Moved{proxy.__name__}Admin", (MovedAdmin,),
+                {"moved_to": proxy, "search_fields": admin_class.search_fields})
 
 
 def _group_proxies():
@@ -232,6 +239,6 @@ def register_admins(site):
             site.register(model, admin_class)
             continue
         site.register(proxy, placed_admin_class(admin_class))
-        site.register(model, moved_admin_class(proxy))
+        site.register(model, moved_admin_class(proxy, admin_class))
     if apps.is_installed(f"{GROUPS_PACKAGE}.monitoring"):
         site.register(apps.get_model("ratelimit_monitoring", "Simulator"), SimulatorAdmin)

@@ -1,9 +1,9 @@
 """Widgets of the app's admin forms that the stock admin leaves without an accessible name."""
 
-from django.contrib.admin.widgets import AdminSplitDateTime
+from django.contrib.admin.widgets import AdminSplitDateTime, AutocompleteSelect
 from django.db import models
 
-__all__ = ["LabelledSplitDateTime", "LABELLED_DATETIMES"]
+__all__ = ["LabelledSplitDateTime", "LABELLED_DATETIMES", "LabelledAutocompleteSelect"]
 
 
 class LabelledSplitDateTime(AdminSplitDateTime):
@@ -24,3 +24,21 @@ class LabelledSplitDateTime(AdminSplitDateTime):
 
 # a ModelAdmin's ``formfield_overrides``: its date-and-time fields with labelled inputs
 LABELLED_DATETIMES = {models.DateTimeField: {"widget": LabelledSplitDateTime}}
+
+
+class LabelledAutocompleteSelect(AutocompleteSelect):
+    """Django's autocomplete select (select2), named while it is empty by its ``placeholder``.
+
+    select2 replaces the select with a combobox named by the text it shows: the chosen row, or
+    the placeholder, which the stock widget leaves empty (axe's ``aria-input-field-name``,
+    impact serious, for an empty picker).
+    """
+
+    def __init__(self, field, admin_site, placeholder, **kwargs):
+        super().__init__(field, admin_site, **kwargs)
+        self.placeholder = placeholder
+
+    def build_attrs(self, base_attrs, extra_attrs=None):
+        attrs = super().build_attrs(base_attrs, extra_attrs=extra_attrs)
+        attrs["data-placeholder"] = self.placeholder  # (the stock one sets it to "")
+        return attrs

@@ -392,7 +392,7 @@ def _patch_api_keys(base, ids, moment):
 
 
 _OVERRIDE_FIELDS = ("id", "user_id", "api_key_id", "ip", "exempt", "rule_id", "rate",
-                    "period_s", "burst", "starts_at", "ends_at")
+                    "period_s", "burst", "factor", "starts_at", "ends_at")
 
 
 def _active_overrides(rows, moment):
@@ -412,7 +412,7 @@ def _active_overrides(rows, moment):
         else:
             who = ("ip", limited_ip(o.ip))  # as identify() sees it: an IPv6 client is its /64
         overrides.setdefault(who, []).append(
-            OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst))
+            OverrideEntry(o.exempt, o.rule_id, o.rate, o.period_s, o.burst, o.factor))
     return {k: tuple(v) for k, v in overrides.items()}
 
 

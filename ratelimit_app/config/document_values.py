@@ -113,6 +113,9 @@ def document_value(field, value, *, reference="the row's name"):
     if isinstance(field, _NUMBER_FIELDS):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise DocumentValueError(f"must be a number, not {shown(value)}.")
+        if isinstance(field, models.DecimalField) and isinstance(value, float):
+            # the number as written (0.1 is 0.1, not the binary float's 0.1000000000000000055…)
+            value = repr(value)
         return _converted(field, value)
     if isinstance(field, models.DateTimeField):
         _require_text(value, "must be a date and time as text (ISO 8601) or null",

@@ -36,6 +36,7 @@ from .choices import (
     Mode,
     parse_alert_thresholds,
 )
+from .factors import FACTOR_DECIMALS, MAX_FACTOR, MIN_FACTOR, factor_words
 from .wording import a_duration, count, duration, either
 from .rule_kinds import (
     ConcurrencyLimit,
@@ -99,11 +100,11 @@ class Schedule(models.TextChoices):
     EXPIRED = "expired", "Expired"
 
 
-def schedule_fields(what="the row"):
+def schedule_fields(what="the row", reason_length=200):
     """Return new ``(starts_at, ends_at, reason)`` fields for a model body: a row (or ``what``
     of it, as the help texts say) that applies only between its start and end (either may be
-    empty), and why. Declared last in each model, so exports list them after the model's own
-    fields."""
+    empty), and why (at most ``reason_length`` characters). Declared last in each model, so
+    exports list them after the model's own fields."""
     return (
         models.DateTimeField(
             null=True, blank=True, db_index=True,
@@ -113,7 +114,7 @@ def schedule_fields(what="the row"):
             help_text=f"Empty: until removed. Otherwise {what} stops applying at this moment "
                       "(it is kept, listed as expired)."),
         models.CharField(
-            max_length=200, blank=True,
+            max_length=reason_length, blank=True,
             help_text="Why, for the next operator: “launch week”, “ticket 4711”."),
     )
 
@@ -579,9 +580,20 @@ class EndpointCost(models.Model):
             raise ValidationError(errors)
 
 
+# An override's factor out of bounds, in words.
+FACTOR_RANGE_MESSAGE = (f"The factor must be from {MIN_FACTOR} (a hundredth of the rule's "
+                        f"numbers) to {MAX_FACTOR:,} (a thousand times).")
+# An override that says neither what its caller gets nor that it is exempt.
+MISSING_TREATMENT = ("Give a factor of the rule's numbers (e.g. 2), or tick “exempt”, or give "
+                     "rate, period and burst.")
+# An override's reason: its own and what its former "note" held, kept whole by migration 0024.
+OVERRIDE_REASON_LENGTH = 500
+
+
 class IdentityOverride(Scheduled, models.Model):
-    """Special treatment for one caller: exempt from limits, or its own numbers; with a start
-    or an end, only between them (a dated override wins over a permanent one meanwhile)."""
+    """Special treatment for one caller: exempt from limits, the rule's own numbers × a factor
+    (which follows the rule when it is edited), or its own numbers; with a start or an end,
+    only between them (a dated override wins over a permanent one meanwhile)."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
@@ -593,18 +605,35 @@ class IdentityOverride(Scheduled, models.Model):
         help_text="Empty: every user/key/IP rule that applies to this caller.",
     )
     exempt = models.BooleanField(default=False, help_text="Never limit this caller at all.")
+    factor = models.DecimalField(
+        max_digits=7, decimal_places=FACTOR_DECIMALS, null=True, blank=True,
+        validators=[MinValueValidator(MIN_FACTOR, message=FACTOR_RANGE_MESSAGE),
+                    MaxValueValidator(MAX_FACTOR, message=FACTOR_RANGE_MESSAGE)],
+        help_text="The rule's own numbers times this (2: twice its limits; 0.5: half), "
+                  "following the rule when it is edited.")
     rate = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     period_s = models.PositiveIntegerField(
         "period (seconds)", null=True, blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_PERIOD_S)],
     )
     burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
-    note = models.CharField(max_length=200, blank=True)
-    starts_at, ends_at, reason = schedule_fields()
+    # (the reason holds what the "note" field held before it: two reasons in one)
+    starts_at, ends_at, reason = schedule_fields(reason_length=OVERRIDE_REASON_LENGTH)
 
     def __str__(self):
         who = self.user or self.api_key or self.ip
-        return f"{who}: " + ("exempt" if self.exempt else f"{self.rate} per {self.period_s} s, burst {self.burst}")
+        if self.exempt:
+            return f"{who}: exempt"
+        if self.factor is not None:
+            return f"{who}: {factor_words(self.factor)}"
+        return f"{who}: {self.rate} per {self.period_s} s, burst {self.burst}"
+
+    @property
+    def treatment(self):
+        """What the override gives its caller: "exempt", "factor" or "numbers"."""
+        if self.exempt:
+            return "exempt"
+        return "factor" if self.factor is not None else "numbers"
 
     def clean(self):
         self.clean_schedule()
@@ -612,18 +641,33 @@ class IdentityOverride(Scheduled, models.Model):
         if len(chosen) != 1:
             raise ValidationError("Choose exactly one of user, API key or client IP.")
         numbers = [self.rate, self.period_s, self.burst]
-        if not self.exempt and None in numbers:
-            raise ValidationError("Either tick “exempt” or give rate, period and burst.")
-        if self.exempt and any(n is not None for n in numbers):
-            raise ValidationError("An exempt caller has no numbers; clear rate, period and burst.")
+        given = any(n is not None for n in numbers)
+        if self.exempt and (given or self.factor is not None):
+            raise ValidationError("An exempt caller has no numbers; clear the factor, rate, "
+                                  "period and burst.")
+        if self.factor is not None and given:
+            raise ValidationError("Give either a factor of the rule's numbers or numbers of "
+                                  "its own, not both: clear rate, period and burst, or the "
+                                  "factor.")
+        if not self.exempt and self.factor is None and None in numbers:
+            raise ValidationError(MISSING_TREATMENT)
         if self.burst and self.period_s and self.burst * self.period_s * 1000 > MAX_BUCKET_UNITS:
             raise ValidationError({"burst": "Burst × period is too large."})
-        if self.rule_id and self.rule.scope not in (Scope.USER, Scope.IP):
+        if self.rule_id:
+            self._clean_rule()
+
+    def _clean_rule(self):
+        rule = self.rule
+        if rule.scope not in (Scope.USER, Scope.IP):
             raise ValidationError({"rule": "Only user/API key or IP rules can be overridden per caller."})
-        if self.rule_id and self.rule.kind == Kind.CALENDAR and not self.exempt:
-            raise ValidationError({"rule": "A calendar quota has no rate, period and burst to "
-                                           "override; choose a token-bucket rule (or tick "
-                                           "“exempt”)."})
+        if rule.kind == Kind.CREDITS and not self.exempt:
+            raise ValidationError({"rule": "Prepaid credits are a balance, not a limit: neither "
+                                           "a factor nor numbers change them. Choose another "
+                                           "rule (or tick “exempt”)."})
+        if rule.kind in (Kind.CALENDAR, Kind.CONCURRENCY) and self.treatment == "numbers":
+            raise ValidationError({"rule": f"A {form_kind_of(rule).label.lower()} has no rate, "
+                                           f"period and burst to override; give a factor of "
+                                           f"its limit instead (or tick “exempt”)."})
 
 
 class BanEvents(models.TextChoices):

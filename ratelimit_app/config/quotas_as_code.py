@@ -35,6 +35,7 @@ An entry that refuses, or exempts from quotas, a whole address family (``0.0.0.0
 """
 
 import dataclasses
+import decimal
 import json
 
 from django.core.exceptions import ValidationError
@@ -60,7 +61,7 @@ from .models import (
 )
 
 __all__ = ["FORMAT", "QuotaFileError", "Change", "ImportPlan", "export_document", "dumps",
-           "plan_import", "apply_import", "describe_change"]
+           "plan_import", "apply_import", "describe_change", "merged_text"]
 
 FORMAT = "ratelimit_app.quotas/1"
 
@@ -94,6 +95,9 @@ class Section:
     # a list added after the format's first files: a file without it (written before it
     # existed) leaves its rows as they are, rather than removing them all
     optional: bool = False
+    # fields of files written before they were folded into another: (old name, field), the old
+    # text read into the field (an override's "note" is in its "reason" since migration 0024)
+    folded: tuple = ()
 
     @property
     def fields(self):
@@ -115,7 +119,7 @@ SECTIONS = (
     Section("plan_assignments", PlanAssignment, ("user",), "plan assignment"),
     # with its start: a caller may have a permanent override and a dated one for the same rule
     Section("identity_overrides", IdentityOverride, ("user", "api_key", "ip", "rule", "starts_at"),
-            "identity override"),
+            "identity override", folded=(("note", "reason"),)),
     Section("access_lists", AccessListEntry,
             ("kind", "target", "value", "user", "api_key", "starts_at"), "list entry",
             optional=True),
@@ -137,7 +141,9 @@ def _json_value(value):
     """Return a model field's Python ``value`` as the document writes it."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return str(value)  # e.g. a decimal or a date: its canonical text
+    if isinstance(value, decimal.Decimal):  # an override's factor: a number, 2 or 0.5
+        return int(value) if value == value.to_integral_value() else float(value)
+    return str(value)  # e.g. a date: its canonical text
 
 
 def _item(section, row):
@@ -232,6 +238,7 @@ def _read_item(section, position, raw, errors):
     if not isinstance(raw, dict):
         errors.append(f"{section.name}[{position}]: an item must be a JSON object.")
         return None, False
+    raw = _unfolded(section, raw)
     fields = {f.name: f for f in section.fields}
     item, problems = {}, []
     for name, field in fields.items():
@@ -253,6 +260,27 @@ def _read_item(section, position, raw, errors):
     # the item still counts as present: references to it are not reported missing as well
     errors.extend(f"{_where(section, position, item)}: {problem}" for problem in problems)
     return item, not problems
+
+
+def _unfolded(section, raw):
+    """Return the item ``raw`` with the text of its folded fields (``Section.folded``) read into
+    the fields that hold it now; a folded field that is not text is left for the error that
+    names an unknown field."""
+    for old, into in section.folded:
+        text, held = raw.get(old), raw.get(into, "")
+        if isinstance(text, str) and isinstance(held, str):
+            raw = {name: value for name, value in raw.items() if name != old}
+            raw[into] = merged_text(held, text)
+    return raw
+
+
+def merged_text(kept, folded):
+    """Return the text of a field that ``folded`` (an older field's text) was folded into:
+    both, when they differ (migration 0024 merged each override's note into its reason so)."""
+    kept, folded = kept.strip(), folded.strip()
+    if kept and folded and folded != kept:
+        return f"{kept} — {folded}"
+    return kept or folded
 
 
 def _check_fields(section, position, item, errors):

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..conf import get_config
+from .factors import scaled_limits
 
 __all__ = ["CompiledRule", "ApiKeyEntry", "OverrideEntry", "Snapshot", "SCOPE_ORDER"]
 
@@ -74,6 +75,15 @@ class CompiledRule:
                             self.credits, self.refill, self.response_statuses,
                             self.response_prefix)
 
+    def scaled(self, factor):
+        """Return a copy with this rule's numbers × ``factor`` (an identity override's, a
+        Decimal; see factors.py): a token bucket's rate and burst, a calendar quota's units, a
+        concurrency limit's requests in flight."""
+        rate, burst = scaled_limits(factor, rate=self.rate, period_s=self.period_s,
+                                    burst=self.burst, calendar=bool(self.calendar),
+                                    concurrency=self.concurrency)
+        return self.with_numbers(rate, self.period_s, burst)
+
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyEntry:
@@ -86,11 +96,15 @@ class ApiKeyEntry:
 
 @dataclass(frozen=True, slots=True)
 class OverrideEntry:
+    """One identity override in force: exempt, or its own numbers, or (``factor``, a Decimal)
+    the numbers of the rules it names × the factor."""
+
     exempt: bool
     rule_id: int | None
     rate: int | None
     period_s: int | None
     burst: int | None
+    factor: object = None
 
 
 @dataclass

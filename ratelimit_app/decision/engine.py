@@ -295,12 +295,18 @@ def client_buckets(snapshot, identity, *, ip_buckets=True):
 
 def with_override_numbers(rule, overrides):
     """Return ``rule`` with the numbers of the caller's overrides that name it (or, for a rule
-    counting requests, that name no rule)."""
-    if rule.calendar or rule.concurrency or rule.credits:
-        return rule  # an override's rate, period and burst describe a token bucket
+    counting requests, that name no rule), the last one winning: its own numbers, or the
+    rule's own × its factor (never the numbers of an override before it)."""
+    if rule.credits:
+        return rule  # a balance, not a limit: neither numbers nor a factor change it
+    own = rule
     for o in overrides:
-        if o.rule_id == rule.id or (o.rule_id is None and not rule.failed_auth):
-            rule = rule.with_numbers(o.rate, o.period_s, o.burst)
+        if o.rule_id == rule.id or (o.rule_id is None and not own.failed_auth):
+            if o.factor is not None:
+                rule = own.scaled(o.factor)
+            elif not (own.calendar or own.concurrency):
+                # (an override's own rate, period and burst describe a token bucket)
+                rule = own.with_numbers(o.rate, o.period_s, o.burst)
     return rule
 
 

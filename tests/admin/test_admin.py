@@ -475,7 +475,7 @@ def test_d4_no_warning_without_a_cost_header(admin_client, settings):
 def test_d4_an_override_burst_below_the_cost_header_maximum_is_warned_about(admin_client):
     response = admin_client.post(reverse("admin:ratelimit_callers_identityoverride_add"),
                                  {"ip": "192.0.2.1", "rate": "5", "period_s": "60",
-                                  "burst": "10", "note": ""}, follow=True)
+                                  "burst": "10", "reason": ""}, follow=True)
     assert len(warnings_shown(response)) == 1
     assert "burst 10, below MAX_COST (50)" in warnings_shown(response)[0]
 

@@ -521,16 +521,16 @@ def test_an_objects_history_keeps_the_changes_logged_before_its_group_was_instal
     from django.contrib.admin.models import CHANGE, LogEntry
     from django.contrib.contenttypes.models import ContentType
 
-    override = IdentityOverride.objects.create(ip="10.0.0.1", exempt=True, note="launch")
+    override = IdentityOverride.objects.create(ip="10.0.0.1", exempt=True, reason="launch")
     LogEntry.objects.create(  # as the admin logged it on the app's model, before
         user=admin_user, content_type=ContentType.objects.get_for_model(IdentityOverride),
         object_id=str(override.pk), object_repr=str(override), action_flag=CHANGE,
-        change_message="Changed the note before the move.")
+        change_message="Changed the reason before the move.")
     page = f"/admin/ratelimit_callers/identityoverride/{override.pk}/"
-    data = {"ip": "10.0.0.1", "exempt": "on", "note": "launch week", "reason": "",
+    data = {"ip": "10.0.0.1", "treatment": "exempt", "reason": "launch week",
             "starts_at_0": "", "starts_at_1": "", "ends_at_0": "", "ends_at_1": "",
             "user": "", "api_key": "", "rule": ""}
     assert admin_client.post(f"{page}change/", data).status_code == 302
     history = admin_client.get(f"{page}history/").content.decode()
-    assert "Changed the note before the move." in history
-    assert "Changed Note." in history  # the change just made, logged as the proxy's
+    assert "Changed the reason before the move." in history
+    assert "Changed Reason." in history  # the change just made, logged as the proxy's

@@ -1,14 +1,20 @@
 """Dated overrides and the audit trail in Debian's Chromium: the admin's list says which
 overrides are scheduled, active and expired (and filters them), the dashboard's panel shows who
-is on one now, and an entry of the audit trail is restored through its dry-run page."""
+is on one now, an entry of the audit trail is restored through its dry-run page, and twice a
+caller's limit for a week is given in two actions from the prefilled form."""
 
 import datetime
+import urllib.request
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from ratelimit_app.models import ApiKey, AuditEntry, IdentityOverride, Rule
-from tests.helpers import SCREENSHOTS
+from tests.helpers import SCREENSHOTS, poll_until
+
+from .test_admin_browser import policy_items
 from tests.config.test_overrides import keys_with_dated_plans
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
@@ -34,7 +40,7 @@ def dated_overrides():
     ):
         IdentityOverride.objects.create(ip=ip, rule=rule, rate=50, period_s=60, burst=100,
                                         starts_at=starts_at, ends_at=ends_at, reason=reason)
-    IdentityOverride.objects.create(ip="198.51.100.4", exempt=True, note="monitoring")
+    IdentityOverride.objects.create(ip="198.51.100.4", exempt=True, reason="monitoring")
 
 
 def schedules(page):
@@ -146,4 +152,61 @@ def test_a_rule_edited_in_the_admin_is_restored_from_the_audit_trail(signed_in_p
     assert page.input_value("#id_burst") == str(rule.burst)
     restored = AuditEntry.objects.order_by("-id").first()
     assert restored.source == "restore" and restored.restored_from == before
+    assert page.problems == []
+
+
+def bobs_policy(page):
+    """bob's request through the live server (his API key), as any client would send it:
+    return the RateLimit-Policy parameters of his plan's rule."""
+    request = urllib.request.Request(f"{page.base}/api/items/",
+                                      headers={"X-Api-Key": "rk_bob_pro"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+        return policy_items(response.headers, "RateLimit-Policy")["pro-user"]
+
+
+def test_twice_a_callers_limit_for_a_week_takes_two_actions_from_the_prefilled_page(
+        signed_in_page):
+    """From the add page the caller's page links to (``?user=<id>``): × 2 is already chosen,
+    so typing 7 (days by default) and Save are all it takes; the sentence says the result
+    before saving, and bob's next request gets twice pro-user's numbers."""
+    page = signed_in_page
+    bob = User.objects.get(username="bob")
+    assert bobs_policy(page) == {"q": "200", "w": "20"}  # pro-user: 600 per minute, burst 200
+    page.goto(f"{page.base}/admin/ratelimit_callers/identityoverride/add/?user={bob.pk}")
+    assert page.locator("#id_treatment input[value=factor]").is_checked()
+    assert page.input_value("#id_factor") == "2"
+    assert page.input_value("#id_duration_1") == "day"
+    # every user, key or IP rule that applies to bob: his plan's, and the demo's trial of a
+    # limit on searches per client IP (every plan)
+    doubled = ("bob: 1,200 requests per minute, bursts up to 400 (pro-user); 20 requests to "
+               "api:search per minute, bursts up to 20 (search-ip-trial)")
+    words = page.locator("#rule-in-words")
+    assert words.inner_text() == f"{doubled}, with no end"
+    assert page.locator("#rule-impact").inner_text() == (
+        "Now: pro-user, 600 requests per minute, bursts up to 200; search-ip-trial, 10 "
+        "requests to api:search per minute, bursts up to 10.")
+
+    actions = [lambda: page.fill("#id_duration_0", "7"),
+               lambda: page.click("input[name=_save]")]
+    actions[0]()
+    # the sentence follows what is typed (the preview endpoint), before anything is saved
+    until = timezone.localtime(timezone.now() + datetime.timedelta(days=7))
+    expect(words).to_contain_text(f"{doubled}, until {until.day} {until:%B}")
+    assert not IdentityOverride.objects.filter(user=bob).exists()
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "override-factor-form.png"), full_page=True)
+    actions[1]()
+    page.wait_for_selector(".messagelist .success")
+    assert len(actions) <= 3
+
+    override = IdentityOverride.objects.get(user=bob)
+    assert override.factor == 2 and override.rule is None
+    assert override.ends_at - override.starts_at == datetime.timedelta(days=7)
+    row = page.locator("#result_list tbody tr", has_text="bob")
+    assert "bob: × 2 on every user, key or IP rule that applies, until" in row.inner_text()
+    # the live server's next request: twice the burst, the same window
+    poll_until(lambda: bobs_policy(page) == {"q": "400", "w": "20"},
+               what="bob's doubled RateLimit-Policy")
+    page.screenshot(path=str(SCREENSHOTS / "override-factor-list.png"), full_page=True)
     assert page.problems == []

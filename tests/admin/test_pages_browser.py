@@ -21,7 +21,8 @@ from django.test import RequestFactory
 from django.urls import NoReverseMatch, reverse
 
 from ratelimit_app.config.rule_kinds import FORM_KINDS
-from ratelimit_app.models import AuditEntry, CreditAccount, QuotaAlert
+from ratelimit_app.admin.placement import admin_url_name
+from ratelimit_app.models import AuditEntry, CreditAccount, IdentityOverride, QuotaAlert
 
 from ..helpers import create_usage_records, limiter, poll_until
 
@@ -90,6 +91,7 @@ def custom_pages():
     simulator = reverse("admin:ratelimit_app_rule_simulate")
     account = CreditAccount.objects.order_by("pk").first()
     entry = AuditEntry.objects.order_by("pk").first()
+    bob = get_user_model().objects.get(username="bob")
     app_labels = sorted({model._meta.app_label for model, _ in _app_admins()})
     return [
         AdminPage("admin index", reverse("admin:index")),
@@ -97,6 +99,9 @@ def custom_pages():
           for label in app_labels),
         *(AdminPage(f"rule add: {key}", reverse("admin:ratelimit_app_rule_add") + f"?kind={key}")
           for key in FORM_KINDS),
+        # the caller's page links here, prefilled: the autocomplete and the sentence filled in
+        AdminPage("override add for a caller", reverse(admin_url_name(IdentityOverride, "add"))
+                  + f"?user={bob.pk}"),
         AdminPage("inspector", inspector),
         AdminPage("inspector of a client", f"{inspector}?q=alice"),
         AdminPage("reset confirmation", f"{inspector}?q=alice",

@@ -98,7 +98,7 @@ def test_an_override_applies_at_its_start_and_reverts_at_its_end_without_a_save(
 
 def test_a_dated_override_wins_over_a_permanent_one_while_it_lasts(rule, clock):
     IdentityOverride.objects.create(ip="192.0.2.7", rule=rule, rate=1, period_s=60, burst=3,
-                                    note="permanent")
+                                    reason="permanent")
     IdentityOverride.objects.create(ip="192.0.2.7", rule=rule, rate=5, period_s=60, burst=15,
                                     ends_at=at(clock, 30), reason="5x until the demo ends")
     assert bursts() == {"free-ip": 15}

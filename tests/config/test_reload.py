@@ -598,7 +598,7 @@ def test_the_fingerprint_changes_with_any_change_of_a_row_and_only_then(plan):
     assert changed()
     override = IdentityOverride.objects.create(ip="192.0.2.1", exempt=True)
     assert changed()
-    IdentityOverride.objects.filter(pk=override.pk).update(note="")  # same value: same digest
+    IdentityOverride.objects.filter(pk=override.pk).update(reason="")  # same value: same digest
     assert not changed()
     # one row out, another in: the same count, another digest
     IdentityOverride.objects.filter(pk=override.pk).delete()

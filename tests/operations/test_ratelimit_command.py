@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,11 @@ def demo():
     # an override for each kind of reference: a user and a rule, an API key, an IP
     alice = PlanAssignment.objects.get(user__username="alice").user
     IdentityOverride.objects.create(user=alice, rule=Rule.objects.get(name="free-user"),
-                                    rate=120, period_s=60, burst=60, note="partner")
-    IdentityOverride.objects.create(api_key=alice.ratelimit_api_keys.get(), exempt=True)
-    IdentityOverride.objects.create(ip="203.0.113.9", exempt=True, note="monitoring")
+                                    rate=120, period_s=60, burst=60, reason="partner")
+    # (a factor: half of every rule that applies to the key)
+    IdentityOverride.objects.create(api_key=alice.ratelimit_api_keys.get(),
+                                    factor=Decimal("0.5"))
+    IdentityOverride.objects.create(ip="203.0.113.9", exempt=True, reason="monitoring")
 
 
 @pytest.fixture
@@ -114,15 +117,17 @@ def test_export_is_byte_stable_sorted_by_natural_keys_and_holds_no_ids(demo, tmp
     # (the demo's own dated override, dana's launch week, is exported with its dates)
     launch_week, = [o for o in document["identity_overrides"] if o["reason"] == "launch week"]
     assert launch_week["user"] == "dana" and launch_week["starts_at"] and launch_week["ends_at"]
+    assert launch_week["factor"] == 2 and launch_week["rate"] is None
     assert [o for o in document["identity_overrides"] if o is not launch_week] == [
         {"user": None, "api_key": None, "ip": "203.0.113.9", "rule": None, "starts_at": None,
-         "exempt": True, "rate": None, "period_s": None, "burst": None, "note": "monitoring",
-         **undated},
+         "exempt": True, "factor": None, "rate": None, "period_s": None, "burst": None,
+         **undated, "reason": "monitoring"},
         {"user": None, "api_key": "rk_alice", "ip": None, "rule": None, "starts_at": None,
-         "exempt": True, "rate": None, "period_s": None, "burst": None, "note": "", **undated},
-        {"user": "alice", "api_key": None, "ip": None, "rule": "free-user", "starts_at": None,
-         "exempt": False, "rate": 120, "period_s": 60, "burst": 60, "note": "partner",
+         "exempt": False, "factor": 0.5, "rate": None, "period_s": None, "burst": None,
          **undated},
+        {"user": "alice", "api_key": None, "ip": None, "rule": "free-user", "starts_at": None,
+         "exempt": False, "factor": None, "rate": 120, "period_s": 60, "burst": 60,
+         **undated, "reason": "partner"},
     ]
     # natural keys only: no ids, no API key secrets or digests, no timestamps
     for section in document.values():

@@ -25,6 +25,7 @@ from ...business.credits.rules import AccountRules
 from ...conf import get_config
 from ...config.ban_records import ban_log, current_bans, unlisted_bans
 from ...config.models import ApiKey, Ban, IdentityOverride, PlanAssignment, Scheduled
+from ...config.override_words import treatment_words
 from ...metrics.models import Dashboard
 from ...runtime.limiter import default_limiter
 from ...stores.base import READ_ERRORS
@@ -253,10 +254,9 @@ def temporary_rows(now):
     overrides = IdentityOverride.objects.filter(dated, Scheduled.active_q(now)).select_related(
         "user", "api_key", "rule")
     for o in overrides:
-        numbers = "exempt" if o.exempt else f"{o.rate} per {o.period_s} s, burst {o.burst}"
         rows.append({"kind": "override", "identity": str(o.user or o.api_key or o.ip),
-                     "what": f"{o.rule or 'every user/IP rule'}: {numbers}",
-                     "ends_at": o.ends_at, "reason": o.reason or o.note})
+                     "what": f"{o.rule or 'every user/IP rule'}: {treatment_words(o)}",
+                     "ends_at": o.ends_at, "reason": o.reason})
     assignments = PlanAssignment.objects.filter(dated, Scheduled.active_q(now)).select_related(
         "user", "plan")
     for a in assignments:

@@ -97,8 +97,9 @@ USERS = [
 DEMO_PASSWORD = "demo-pass"
 ADMIN = ("admin", "admin")
 
-# A dated override, renewed by every load: user, rule, reason, days, rate, period_s, burst.
-LAUNCH_WEEK = ("dana", "studio-minute", "launch week", 7, 2400, 60, 1200)
+# A dated override, renewed by every load: user, rule, reason, days, factor (twice the words
+# per minute while AI Studio launches: 2400 per 60 s, burst 1200).
+LAUNCH_WEEK = ("dana", "studio-minute", "launch week", 7, 2)
 WEBHOOK_ENDPOINT = "demo receiver"
 # The welcome credit of a prepaid demo key: user, units, top-up id (its idempotency key, made
 # per account: loaded again, it credits nothing again), note. Five reports (cost 20 each), after
@@ -203,11 +204,11 @@ class Command(BaseCommand):
     @staticmethod
     def _launch_week(User):
         """(Re)start the launch week override: from now, for its days."""
-        username, rule, reason, days, rate, period_s, burst = LAUNCH_WEEK
+        username, rule, reason, days, factor = LAUNCH_WEEK
         now = timezone.now()
         IdentityOverride.objects.update_or_create(
             user=User.objects.get(username=username), rule=Rule.objects.get(name=rule),
             reason=reason, defaults={
                 "starts_at": now, "ends_at": now + datetime.timedelta(days=days),
-                "rate": rate, "period_s": period_s, "burst": burst, "exempt": False,
-                "note": "twice the words per minute while AI Studio launches"})
+                "factor": factor, "rate": None, "period_s": None, "burst": None,
+                "exempt": False})
