@@ -107,6 +107,13 @@ class BanRuleAdmin(admin.ModelAdmin):
         return [*own, *super().get_urls()]  # before the catch-all "<object_id>/"
 
 
+def lift_ban(ban, user):
+    """Lift ``ban`` now as the staff ``user`` (the bans list's action, and the caller's page):
+    ended in Redis, logged, the deny caches told. Raises StoreUnavailable."""
+    actor = Actor(user.get_username(), AuditSource.ADMIN, user=user)
+    return default_limiter().protection.lift_ban(ban, actor)
+
+
 class BanAdmin(admin.ModelAdmin):
     list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state"]
     list_filter = ["shadow", "rule_name", "scope"]
@@ -162,11 +169,10 @@ class BanAdmin(admin.ModelAdmin):
 
     @admin.action(description="Lift the selected bans", permissions=["lift_ban"])
     def lift_bans(self, request, queryset):
-        actor = Actor(request.user.get_username(), AuditSource.ADMIN, user=request.user)
         lifted = 0
         for ban in queryset.filter(shadow=False, lifted_at=None):
             try:
-                default_limiter().protection.lift_ban(ban, actor)
+                lift_ban(ban, request.user)
             except StoreUnavailable as exc:
                 self.message_user(request, f"Redis is unavailable; the ban of {ban.who} was not "
                                            f"lifted ({exc}).", messages.ERROR)

@@ -436,7 +436,9 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         """The read-only “what would this request do” page (staff who may view rules)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        form = SimulatorForm(request.GET or None)
+        # the caller's page links here with the caller alone: a prefilled form, not yet run
+        form = SimulatorForm(request.GET) if "endpoint" in request.GET else \
+            SimulatorForm(initial=request.GET.dict() or None)
         result = simulate(**form.cleaned_data) if form.is_bound and form.is_valid() else None
         context = {
             **self.admin_site.each_context(request),

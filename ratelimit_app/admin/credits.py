@@ -18,6 +18,7 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from ..business.credits.ledger import (
     TopUpConflict,
@@ -85,6 +86,16 @@ def _balances(accounts):
 def _rules_in_force():
     """The credits rules of the policy in force, which name each account's allowance."""
     return AccountRules(default_limiter().snapshot())
+
+
+def _back_to(request):
+    """The page a top-up was started from (``next``, as the caller's page passes it), if it
+    is one of this site's; else None."""
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                  require_https=request.is_secure()):
+        return target
+    return None
 
 
 class CreditAccountAdmin(ReadOnlyAdmin):
@@ -203,12 +214,12 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                     self.message_user(request, f"This top-up ({made.units} units) was credited "
                                                f"before; nothing was credited again.",
                                       messages.WARNING)
-                return HttpResponseRedirect(reverse(admin_url_name(CreditAccount, "change"),
-                                                    args=[quote(account.pk)]))
+                return HttpResponseRedirect(_back_to(request) or reverse(
+                    admin_url_name(CreditAccount, "change"), args=[quote(account.pk)]))
         context = {**self.admin_site.each_context(request), "title": f"Top up {account}",
                    "opts": self.opts, "original": account, "has_view_permission": True,
                    "top_up_form": form, "top_up_url": self._top_up_url(account),
-                   **self._balance_context(account)}
+                   "back_to": _back_to(request), **self._balance_context(account)}
         return TemplateResponse(request, "admin/ratelimit_app/creditaccount/top_up.html",
                                 context)
 
