@@ -24,6 +24,7 @@ from .ban_rule_forms import (
     ban_rule_form_class,
     ban_rule_from_input,
 )
+from .callers.links import caller_link
 from .config import WORDS_PENDING
 from .list_cells import moment
 from .placement import admin_url_name
@@ -115,7 +116,8 @@ def lift_ban(ban, user):
 
 
 class BanAdmin(admin.ModelAdmin):
-    list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state"]
+    list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state",
+                    "caller_page"]
     list_filter = ["shadow", "rule_name", "scope"]
     search_fields = ["who", "rule_name"]
     actions = ["lift_bans"]
@@ -147,6 +149,14 @@ class BanAdmin(admin.ModelAdmin):
         url = reverse(admin_url_name(BanRule, "change", self.admin_site),
                       args=[quote(ban.rule_id)])
         return format_html('<a href="{}">{}</a>', url, ban.rule)
+
+    @admin.display(description="caller")
+    def caller_page(self, ban):
+        """The banned caller's page, found as the caller search finds what ``who`` says (a
+        user name, "key <prefix>…" or an address); a tenant's ban has none."""
+        if ban.scope not in ("ip", "user"):
+            return "—"
+        return caller_link(ban.who, "page")
 
     @admin.display(description="since", ordering="since")
     def since_cell(self, ban):

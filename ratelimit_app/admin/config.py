@@ -24,6 +24,7 @@ from ..config.models import (
     EndpointCost,
     Kind,
     Mode,
+    Plan,
     PlanAssignment,
     Rule,
     Schedule,
@@ -32,7 +33,10 @@ from ..config.models import (
 )
 from ..config.rule_kinds import FORM_KINDS, form_kind_of
 from ..config.wording import SCOPE_SHORT, count
+from ..decision.identity import limited_ip
+from ..runtime.limiter import default_limiter
 from .audit import AuditedAdminMixin
+from .callers.links import caller_link, ref_of_key, ref_of_user
 from .forms import (
     MISSING_ENDPOINT,
     EndpointCostForm,
@@ -476,17 +480,21 @@ class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
+    list_display = ["user", "plan", "tenant", schedule_cell, "reason", "caller_page"]
     list_filter = ["plan", ScheduleFilter]
     list_select_related = ["user", "plan"]
     search_fields = ["user__username", "tenant"]
     raw_id_fields = ["user"]
     formfield_overrides = LABELLED_DATETIMES
 
+    @admin.display(description="caller")
+    def caller_page(self, assignment):
+        return caller_link(ref_of_user(assignment.user_id), "page")
+
 
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "why", "tenant",
-                    "active", "created_cell"]
+    list_display = ["prefix_cell", "name", "user_cell", "plan_and_schedule", "why", "tenant",
+                    "active", "created_cell", "caller_page"]
     list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
@@ -498,12 +506,33 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def prefix_cell(self, key):
         return f"{key.prefix}…"
 
+    def get_changelist_instance(self, request):
+        """The list, each key given the plan its requests get now and where it comes from
+        (from the policy in force: one look-up for the page, not one per row)."""
+        changelist = super().get_changelist_instance(request)
+        keys = list(changelist.result_list)
+        snapshot = default_limiter().snapshot()
+        names = {plan.slug: plan.name for plan in Plan.objects.all()}
+        for key in keys:
+            key.plan_in_force = _key_plan(key, snapshot, names)
+        return changelist
+
+    @admin.display(description="user", ordering="user__username")
+    def user_cell(self, key):
+        return caller_link(ref_of_user(key.user_id), key.user)
+
+    @admin.display(description="caller")
+    def caller_page(self, key):
+        return caller_link(ref_of_key(key.pk), "page")
+
     @admin.display(description="plan", ordering="plan__slug")
     def plan_and_schedule(self, key):
-        """The key's own plan and where its dates stand now; 'its user's' without a plan."""
-        if not key.plan_id:
-            return "its user's"
-        return format_html("{}, {}", key.plan, schedule_cell(key))
+        """The plan the key's requests get now and where it comes from: its own (with where
+        its dates stand), its user's assignment, or the default."""
+        plan, source = getattr(key, "plan_in_force", ("", ""))
+        if key.plan_id and source == "its own":
+            return format_html("{} (its own), {}", plan, schedule_cell(key))
+        return format_html("{} <small>({})</small>", plan or "no plan", source)
 
     @admin.display(description="why", ordering="reason")
     def why(self, key):
@@ -545,6 +574,20 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return response
 
 
+def _key_plan(key, snapshot, names):
+    """Return ``(plan name, where it comes from)`` of an API key's requests under the policy
+    ``snapshot`` (as identity.plan_of decides, PLAN_RESOLVER aside)."""
+    entry = snapshot.api_keys.get(key.digest)
+    assignment = snapshot.assignments.get(str(key.user_id))
+    if entry is not None and entry.plan:
+        slug, source = entry.plan, "its own"
+    elif assignment:
+        slug, source = assignment[0], "its user's assignment"
+    else:
+        slug, source = snapshot.default_authenticated_plan, "the default"
+    return names.get(slug, slug or ""), source
+
+
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
@@ -555,7 +598,12 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="caller")
     def caller(self, override):
-        return str(override.user or override.api_key or override.ip)
+        """The caller, linked to its page."""
+        if override.api_key_id:
+            return caller_link(ref_of_key(override.api_key_id), override.api_key)
+        if override.user_id:
+            return caller_link(ref_of_user(override.user_id), override.user)
+        return caller_link(f"ip:{limited_ip(override.ip) or override.ip}", override.ip)
 
     @admin.display(description="rule", ordering="rule__name")
     def rule_cell(self, override):

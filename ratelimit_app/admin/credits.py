@@ -38,6 +38,7 @@ from ..business.credits.rules import AccountRules
 from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .callers.links import caller_link
 from .list_cells import day, moment, wrapping
 from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
@@ -99,7 +100,7 @@ def _back_to(request):
 
 
 class CreditAccountAdmin(ReadOnlyAdmin):
-    list_display = ["ref", "display", "units_left_cell", "prepaid_left_cell",
+    list_display = ["ref", "display_cell", "units_left_cell", "prepaid_left_cell",
                     "allowance_used_cell", "used_in_period_cell", "last_top_up_cell",
                     "checkpoint_cell"]
     search_fields = ["ref", "display"]
@@ -135,6 +136,13 @@ class CreditAccountAdmin(ReadOnlyAdmin):
             return value
         # Redis holds none, or cannot be read: the checkpoint's numbers
         return format_html("{} <small>(at the checkpoint)</small>", value)
+
+    @admin.display(description="display", ordering="display")
+    def display_cell(self, account):
+        """How staff know the account, linked to its caller's page (a key's or a user's)."""
+        if account.ref.startswith(("key:", "user:")):
+            return caller_link(account.ref, account.display or account.ref)
+        return account.display
 
     @admin.display(description="units left")
     def units_left_cell(self, account):

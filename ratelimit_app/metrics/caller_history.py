@@ -68,12 +68,14 @@ class CallerHistory:
             for field, value in counts.items():
                 kept[field] += value
 
-    def queue(self, pipe, prefix, now):
-        """Queue the history on ``pipe`` (the hours a page no longer reads are dropped).
-        Returns how many caller-hours were queued."""
-        oldest = int(now // 3600) - HISTORY_HOURS
-        for (ref, hour) in [slot for slot in self.unsent if slot[1] < oldest]:
-            del self.unsent[(ref, hour)]
+    def queue(self, pipe, prefix):
+        """Queue the history on ``pipe``; hours a page no longer reads (a day older than the
+        latest one held: kept through a long outage) are dropped. Returns how many
+        caller-hours were queued."""
+        if self.unsent:
+            oldest = max(hour for _ref, hour in self.unsent) - HISTORY_HOURS
+            for slot in [slot for slot in self.unsent if slot[1] < oldest]:
+                del self.unsent[slot]
         for (ref, hour), counts in self.unsent.items():
             key = fields.caller_hour_key(prefix, ref, hour)
             for field, value in counts.items():

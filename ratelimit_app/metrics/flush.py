@@ -127,7 +127,7 @@ class Flusher:
             pipe = client.pipeline(transaction=False)
             self._queue(pipe, pending, now, errors - self._errors_flushed, period)
             self.usage.queue(pipe, self.config()["KEY_PREFIX"], USAGE_PENDING_TTL_S)
-            self.history.queue(pipe, self.config()["KEY_PREFIX"], now)
+            self.history.queue(pipe, self.config()["KEY_PREFIX"])
             sent = len(pipe)
             pipe.execute()
         except READ_ERRORS as exc:

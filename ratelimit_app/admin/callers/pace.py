@@ -30,9 +30,10 @@ class Pace:
         return self.units / self.span_s if self.span_s > 0 else 0.0
 
     def words(self):
-        """'1,200 in the last 3 hours'."""
+        """'1,200 in the last 3 hours', '25 in the last hour'."""
         hours = max(1, round(self.span_s / HOUR_S))
-        return f"{count(self.units)} in the last {duration(hours * HOUR_S)}"
+        span = "hour" if hours == 1 else duration(hours * HOUR_S)
+        return f"{count(self.units)} in the last {span}"
 
 
 def pace_of(hours, rule, now):

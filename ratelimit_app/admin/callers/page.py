@@ -32,7 +32,7 @@ def simulate_params(caller):
         return {"api_key": caller.api_key.prefix}
     if caller.kind == "user" and caller.user is not None:
         return {"user": caller.user.get_username()}
-    return {"ip": caller.identity.ip}
+    return {"ip": caller.identity.ip.partition("/")[0]}
 
 
 def _url(name, *args):

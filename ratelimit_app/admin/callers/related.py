@@ -40,7 +40,8 @@ def override_params(caller):
         return {"api_key": caller.identity.api_key_id}
     if caller.kind == "user":
         return {"user": caller.identity.user_id}
-    return {"ip": caller.identity.ip}
+    # an IPv6 client is its network ("2001:db8::/64"): the override names its first address
+    return {"ip": caller.identity.ip.partition("/")[0]}
 
 
 def overrides_of(caller, now):
