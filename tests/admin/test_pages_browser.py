@@ -21,7 +21,7 @@ from django.test import RequestFactory
 from django.urls import NoReverseMatch, reverse
 
 from ratelimit_app.config.rule_kinds import FORM_KINDS
-from ratelimit_app.models import AuditEntry, CreditAccount, QuotaAlert
+from ratelimit_app.models import ApiKey, AuditEntry, CreditAccount, QuotaAlert
 
 from ..helpers import create_usage_records, limiter, poll_until
 
@@ -86,7 +86,9 @@ def registry_pages(superuser):
 
 def custom_pages():
     """Return the app's pages that are not a model admin's list, add or change page."""
-    inspector = reverse("admin:ratelimit_app_dashboard_inspect")
+    callers = reverse("admin:ratelimit_app_dashboard_caller")
+    erin_key = ApiKey.objects.get(user__username="erin")  # prepaid credits
+    dana = get_user_model().objects.get(username="dana")  # an override, a daily quota
     simulator = reverse("admin:ratelimit_app_rule_simulate")
     account = CreditAccount.objects.order_by("pk").first()
     entry = AuditEntry.objects.order_by("pk").first()
@@ -97,10 +99,13 @@ def custom_pages():
           for label in app_labels),
         *(AdminPage(f"rule add: {key}", reverse("admin:ratelimit_app_rule_add") + f"?kind={key}")
           for key in FORM_KINDS),
-        AdminPage("inspector", inspector),
-        AdminPage("inspector of a client", f"{inspector}?q=alice"),
-        AdminPage("reset confirmation", f"{inspector}?q=alice",
-                  click="input[value^='Reset this client']"),
+        AdminPage("caller search", callers),
+        AdminPage("caller search with choices", f"{callers}?q=rk_"),
+        AdminPage("caller page of a key", f"{callers}?q=key%3A{erin_key.pk}"),
+        AdminPage("caller page of a user", f"{callers}?q=user%3A{dana.pk}"),
+        AdminPage("caller page of an address", f"{callers}?q=ip%3A127.0.0.1"),
+        AdminPage("reset confirmation", f"{callers}?q=user%3A{dana.pk}",
+                  click="input[value^='Reset this caller']"),
         AdminPage("simulator", simulator),
         AdminPage("simulator with a result",
                   f"{simulator}?user=alice&ip=203.0.113.7&endpoint=api%3Asearch&method=GET"),
