@@ -150,7 +150,7 @@ class BanAdmin(admin.ModelAdmin):
                       args=[quote(ban.rule_id)])
         return format_html('<a href="{}">{}</a>', url, ban.rule)
 
-    @admin.display(description="caller")
+    @admin.display(description="caller page")
     def caller_page(self, ban):
         """The banned caller's page, found as the caller search finds what ``who`` says (a
         user name, "key <prefix>…" or an address); a tenant's ban has none."""

@@ -487,14 +487,14 @@ class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     raw_id_fields = ["user"]
     formfield_overrides = LABELLED_DATETIMES
 
-    @admin.display(description="caller")
+    @admin.display(description="caller page")
     def caller_page(self, assignment):
         return caller_link(ref_of_user(assignment.user_id), "page")
 
 
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix_cell", "name", "user_cell", "plan_and_schedule", "why", "tenant",
-                    "active", "created_cell", "caller_page"]
+    list_display = ["prefix_cell", "name_cell", "user_cell", "plan_and_schedule", "why",
+                    "tenant", "active", "created_cell"]
     list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
@@ -521,17 +521,18 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def user_cell(self, key):
         return caller_link(ref_of_user(key.user_id), key.user)
 
-    @admin.display(description="caller")
-    def caller_page(self, key):
-        return caller_link(ref_of_key(key.pk), "page")
+    @admin.display(description="name", ordering="name")
+    def name_cell(self, key):
+        """The key's name, linked to its caller page (the key cell opens its row)."""
+        return caller_link(ref_of_key(key.pk), key.name)
 
     @admin.display(description="plan", ordering="plan__slug")
     def plan_and_schedule(self, key):
         """The plan the key's requests get now and where it comes from: its own (with where
-        its dates stand), its user's assignment, or the default."""
+        its dates stand), its user's assignment ("its user's"), or the default."""
         plan, source = getattr(key, "plan_in_force", ("", ""))
         if key.plan_id and source == "its own":
-            return format_html("{} (its own), {}", plan, schedule_cell(key))
+            return format_html("{}, {}", plan, schedule_cell(key))
         return format_html("{} <small>({})</small>", plan or "no plan", source)
 
     @admin.display(description="why", ordering="reason")
@@ -582,14 +583,14 @@ def _key_plan(key, snapshot, names):
     if entry is not None and entry.plan:
         slug, source = entry.plan, "its own"
     elif assignment:
-        slug, source = assignment[0], "its user's assignment"
+        slug, source = assignment[0], "its user's"
     else:
-        slug, source = snapshot.default_authenticated_plan, "the default"
+        slug, source = snapshot.default_authenticated_plan, "default"
     return names.get(slug, slug or ""), source
 
 
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["caller", "rule_cell", "limit", schedule_cell, "why"]
+    list_display = ["caller", "rule_cell", "limit", schedule_cell, "why", "caller_page"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
     search_fields = ["user__username", "api_key__prefix", "ip", "note", "reason"]
@@ -598,12 +599,16 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="caller")
     def caller(self, override):
-        """The caller, linked to its page."""
+        return str(override.user or override.api_key or override.ip)
+
+    @admin.display(description="caller page")
+    def caller_page(self, override):
+        """The caller's page (the caller cell links to the override itself)."""
         if override.api_key_id:
-            return caller_link(ref_of_key(override.api_key_id), override.api_key)
+            return caller_link(ref_of_key(override.api_key_id), "page")
         if override.user_id:
-            return caller_link(ref_of_user(override.user_id), override.user)
-        return caller_link(f"ip:{limited_ip(override.ip) or override.ip}", override.ip)
+            return caller_link(ref_of_user(override.user_id), "page")
+        return caller_link(f"ip:{limited_ip(override.ip) or override.ip}", "page")
 
     @admin.display(description="rule", ordering="rule__name")
     def rule_cell(self, override):
