@@ -510,10 +510,12 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
         """The list, each key given the plan its requests get now and where it comes from
         (from the policy in force: one look-up for the page, not one per row)."""
         changelist = super().get_changelist_instance(request)
-        keys = list(changelist.result_list)
-        snapshot = default_limiter().snapshot()
+        try:
+            snapshot = default_limiter().snapshot()
+        except Exception:  # the policy cannot be had now: the rows' own plans, as before
+            return changelist
         names = {plan.slug: plan.name for plan in Plan.objects.all()}
-        for key in keys:
+        for key in list(changelist.result_list):
             key.plan_in_force = _key_plan(key, snapshot, names)
         return changelist
 
@@ -530,10 +532,11 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def plan_and_schedule(self, key):
         """The plan the key's requests get now and where it comes from: its own (with where
         its dates stand), its user's assignment ("its user's"), or the default."""
-        plan, source = getattr(key, "plan_in_force", ("", ""))
+        plan, source = getattr(key, "plan_in_force", (key.plan, "its own") if key.plan_id
+                               else ("", "its user's"))
         if key.plan_id and source == "its own":
             return format_html("{}, {}", plan, schedule_cell(key))
-        return format_html("{} <small>({})</small>", plan or "no plan", source)
+        return format_html("{} <small>({})</small>", plan, source) if plan else source
 
     @admin.display(description="why", ordering="reason")
     def why(self, key):

@@ -29,7 +29,8 @@ def _left_words(row):
     if row["credits"]:
         return f"{count(row['tokens'])} units left"
     if row["calendar"]:
-        return f"{count(row['tokens'])} of {count(row['capacity'])} left this {row['calendar']}"
+        period = "today" if row["calendar"] == "day" else f"this {row['calendar']}"
+        return f"{count(row['tokens'])} of {count(row['capacity'])} left {period}"
     return f"{count(row['tokens'])} of {count(row['capacity'])} left, full in " \
            f"{row['full_in_s']} s"
 

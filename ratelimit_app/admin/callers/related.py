@@ -45,11 +45,18 @@ def override_params(caller):
 
 
 def overrides_of(caller, now):
-    """The caller's identity overrides that have not ended at ``now`` (a datetime)."""
-    params = override_params(caller)
-    field, value = next(iter(params.items()))
-    rows = IdentityOverride.objects.filter(**{f"{field}_id" if field != "ip" else field: value})
-    return rows.filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now)).select_related("rule")
+    """The identity overrides that apply to the caller's requests and have not ended at
+    ``now`` (a datetime): a key's own and its user's (engine.overrides_for), a user's, an
+    address's."""
+    identity = caller.identity
+    if caller.kind == "anonymous":
+        whose = Q(ip=override_params(caller)["ip"])
+    else:
+        whose = Q(user_id=identity.user_id)
+        if caller.kind == "key":
+            whose |= Q(api_key_id=identity.api_key_id)
+    return IdentityOverride.objects.filter(whose).filter(
+        Q(ends_at__isnull=True) | Q(ends_at__gt=now)).select_related("rule")
 
 
 def _limit_words(override):
@@ -62,9 +69,11 @@ def _limit_words(override):
 
 
 def override_rows(caller, now):
-    """Return the caller's overrides as dicts: ``id``, ``rule``, ``limit`` (in words),
+    """Return the caller's overrides as dicts: ``id``, ``rule``, ``users`` (a key's user's
+    override, not the key's own), ``limit`` (in words),
     ``starts``/``ends`` (text), ``why`` and ``url`` (its change page)."""
     return [{"id": o.pk, "rule": str(o.rule) if o.rule else "every user, key or IP rule",
+             "users": caller.kind == "key" and o.user_id is not None,
              "limit": _limit_words(o), "starts": moment(o.starts_at) if o.starts_at else "",
              "ends": moment(o.ends_at) if o.ends_at else "no end",
              "why": o.reason or o.note or "",

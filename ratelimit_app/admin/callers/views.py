@@ -83,9 +83,10 @@ class CallerViews:
         if override is None:
             messages.error(request, "That override has ended already or is not this caller's.")
             return HttpResponseRedirect(inspect_url(caller.ref))
-        if override.starts_at and override.starts_at > now:
-            override.starts_at = now  # a scheduled one never starts
-        override.ends_at = now - datetime.timedelta(microseconds=1)
+        override.ends_at = now  # a row ending at now has ended (Schedule.EXPIRED)
+        if override.starts_at and override.starts_at >= now:
+            # a scheduled one never starts (and its end stays after its start)
+            override.starts_at = now - datetime.timedelta(seconds=1)
         actor = Actor(request.user.get_username(), AuditSource.ADMIN, user=request.user)
         with acting_as(actor):
             override.save()
