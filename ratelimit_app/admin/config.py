@@ -536,7 +536,10 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
                                else ("", "its user's"))
         if key.plan_id and source == "its own":
             return format_html("{}, {}", plan, schedule_cell(key))
-        return format_html("{} <small>({})</small>", plan, source) if plan else source
+        in_force = format_html("{} <small>({})</small>", plan, source) if plan else source
+        if key.plan_id:  # its own plan, outside its dates now
+            return format_html("{}; its own {}, {}", in_force, key.plan, schedule_cell(key))
+        return in_force
 
     @admin.display(description="why", ordering="reason")
     def why(self, key):

@@ -2,9 +2,9 @@
 its buckets charged and the requests allowed and refused.
 
 The Recorder counts every decision it sees (not a sample) by *shape*: ``(day, caller,
-allowed, rule names, per-rule costs or, refused, the rules that refused)`` -> number of decisions, one dict increment per decision
-on the request path. ``usage_counts`` expands the shapes into records off it (the flush
-thread). Why the numbers equal what the buckets charged: a decision is all or nothing (one
+allowed, rule names, per-rule costs)`` -> number of decisions (a refused one holds the rules
+that refused it in place of its costs), one dict increment per decision on the request path.
+``usage_counts`` expands the shapes into records off it (the flush thread). Why the numbers equal what the buckets charged: a decision is all or nothing (one
 script call on a single node; on a cluster a refused multi-group decision refunds the groups
 that debited), so an allowed decision charged each of its buckets that bucket's cost
 (``PolicyStatus.cost``: an endpoint rule counts the call) and a refused one charged nothing.

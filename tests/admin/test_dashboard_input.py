@@ -1,5 +1,6 @@
-"""D5: no input to a staff view gives a 500 — the dashboard page and its JSON, the bucket
-inspector, the reset and the simulator, with odd Unicode, NUL, huge numbers and 4 kB strings."""
+"""D5: no input to a staff view gives a 500 — the dashboard page and its JSON, the caller
+search and its actions, the reset and the simulator, with odd Unicode, NUL, huge numbers and
+4 kB strings."""
 
 import io
 from urllib.parse import quote

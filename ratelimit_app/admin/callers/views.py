@@ -19,7 +19,7 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 
 from ...config.audit import Actor, acting_as
-from ...config.models import AuditSource, IdentityOverride
+from ...config.models import AuditSource
 from ...runtime.limiter import default_limiter
 from ...stores import StoreUnavailable
 from ..bans import lift_ban

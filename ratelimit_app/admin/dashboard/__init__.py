@@ -3,5 +3,6 @@
 ``admin.py`` registers a ModelAdmin for the table-less ``Dashboard`` model whose changelist is the
 dashboard (so the admin index links to it and its permissions gate it); ``data.py`` assembles
 what the page and its JSON endpoint show; ``charts.py`` draws the SVG chart; ``inspector.py``
-finds a client's buckets and resets them.
+finds a client's buckets and resets them (for the caller pages of ``admin/callers/`` and
+``manage.py ratelimit inspect``).
 """

@@ -1,4 +1,5 @@
-"""The bucket inspector: find a client from what an operator types, show its buckets, reset them.
+"""Find a caller from what an operator types, read its buckets, reset them: for the caller's page
+(admin/callers/) and ``manage.py ratelimit inspect`` and ``reset``.
 
 A client is found by user name or email, API key prefix or name, IP address, or the ``ref`` a
 hot-key row links with (``user:<id>``, ``key:<id>``, ``ip:<address>``). Its identity comes from
