@@ -234,6 +234,10 @@ def test_the_search_finds_by_email_and_key_name_and_the_old_address_redirects(ad
     assert found.redirect_chain == [(f"{CALLERS}?q=user%3A{alice.pk}", 302)]
     old = admin_client.get("/admin/ratelimit_monitoring/dashboard/inspect/", {"q": "alice"})
     assert old["Location"] == f"{CALLERS}?q=alice"
+    # an IPv6 client is its network, and its override is prefilled with the network's address
+    network = admin_client.get(CALLERS, {"q": "2001:db8::1"}, follow=True)
+    assert network.context["ref"] == "ip:2001:db8::/64"
+    assert network.context["override_add_url"].endswith("?ip=2001%3Adb8%3A%3A")
 
 
 def test_the_api_keys_list_shows_each_keys_plan_and_where_it_comes_from(admin_client):

@@ -9,11 +9,10 @@ assignment, or the default plan (for signed-in or anonymous callers).
 import dataclasses
 
 from django.contrib.auth import get_user_model
-from django.contrib.admin.utils import quote
-from django.urls import NoReverseMatch, reverse
 
 from ...config.models import ApiKey, Plan, PlanAssignment
 from ..placement import admin_url_name
+from .links import admin_url
 
 __all__ = ["Caller", "caller_of", "PlanSource", "plan_source"]
 
@@ -71,10 +70,7 @@ class PlanSource:
 
 
 def _change_url(model, pk):
-    try:
-        return reverse(admin_url_name(model, "change"), args=[quote(pk)])
-    except NoReverseMatch:  # a project that does not register it
-        return ""
+    return admin_url(admin_url_name(model, "change"), pk)
 
 
 def plan_source(caller, snapshot):

@@ -7,8 +7,7 @@ and when it runs out; its last day; its overrides, credits, bans and usage; the 
 """
 
 from django.contrib.auth import get_user_model
-from django.contrib.admin.utils import quote
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils.http import urlencode
 
 from ...config.models import ApiKey, IdentityOverride
@@ -20,6 +19,7 @@ from .caller import caller_of, plan_source
 from .chart import hours_chart
 from .history import caller_history
 from .limits import limit_rows
+from .links import admin_url
 from .related import (as_datetime, ban_rows, credit_rows, override_params, override_rows,
                       usage_summary)
 
@@ -35,13 +35,6 @@ def simulate_params(caller):
     return {"ip": caller.identity.ip.partition("/")[0]}
 
 
-def _url(name, *args):
-    try:
-        return reverse(name, args=[quote(arg) for arg in args])
-    except NoReverseMatch:  # a model the project does not register in this admin
-        return ""
-
-
 def _who(caller):
     """The facts that say who the caller is, with links to its rows and related callers."""
     who = {"kind": caller.kind, "ip": caller.identity.ip, "tenant": caller.identity.tenant}
@@ -49,10 +42,10 @@ def _who(caller):
     user_change = f"admin:{User._meta.app_label}_{User._meta.model_name}_change"
     if caller.api_key is not None:
         key = caller.api_key
-        who.update(key=key, key_url=_url(admin_url_name(ApiKey, "change"), key.pk),
+        who.update(key=key, key_url=admin_url(admin_url_name(ApiKey, "change"), key.pk),
                    user_page=inspect_url(f"user:{key.user_id}"))
     if caller.user is not None:
-        who.update(user=caller.user, user_url=_url(user_change, caller.user.pk),
+        who.update(user=caller.user, user_url=admin_url(user_change, caller.user.pk),
                    email=getattr(caller.user, User.get_email_field_name(), "") or "")
     if caller.kind == "user":
         who["keys"] = [{"key": key, "page": inspect_url(f"key:{key.pk}")}
@@ -73,12 +66,11 @@ def caller_page(lookup, snapshot, staff):
         rows, exempt = limit_rows(caller, snapshot, history["hours"], now)
     except StoreUnavailable as exc:
         rows, exempt, error = [], False, f"Redis is unavailable: {exc}"
-    override_add = ""
-    if staff.has_perm("ratelimit_app.add_identityoverride"):
-        override_add = _url(admin_url_name(IdentityOverride, "add")) + "?" + \
-            urlencode(override_params(caller))
-        for row in rows:
-            row["override_url"] = f"{override_add}&rule={row['rule_id']}"
+    add = admin_url(admin_url_name(IdentityOverride, "add")) \
+        if staff.has_perm("ratelimit_app.add_identityoverride") else ""
+    override_add = f"{add}?{urlencode(override_params(caller))}" if add else ""
+    for row in rows:
+        row["override_url"] = f"{override_add}&rule={row['rule_id']}" if add else ""
     return {
         "caller": caller, "ref": caller.ref, "who": _who(caller),
         "plan": plan_source(caller, snapshot),
