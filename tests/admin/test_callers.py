@@ -97,6 +97,7 @@ def test_the_plan_says_where_it_comes_from(demo):
 
 def test_every_rule_in_the_rules_lists_words_with_what_is_left_in_one_read(admin_client,
                                                                           redis_client):
+    use_fake_clock(now_ms=int(NOW.timestamp() * 1000))  # no refill while the test runs
     key = ApiKey.objects.get(user__username="alice")
     for _ in range(31):  # free-user: bursts up to 30
         decide(request_as("rk_alice_free"), None, "api:items")
