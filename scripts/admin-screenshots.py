@@ -36,9 +36,11 @@ PAGES = {
     "rules": ("/admin/ratelimit_app/rule/", None),
     "plan": ("/admin/ratelimit_app/plan/?q=pro", lambda page: _open_first_row(page)),
     "dashboard": ("/admin/ratelimit_monitoring/dashboard/", None),
+    # dana's key after the traffic: her daily quota's run-out, her user's launch-week override
+    "caller": ("/admin/ratelimit_monitoring/dashboard/callers/?q=rk_dana_", None),
 }
 # Every page in light mode, these in dark mode too (the docs show one of each kind of page).
-DARK_TOO = ("token-bucket", "dashboard")
+DARK_TOO = ("token-bucket", "dashboard", "caller")
 
 
 def shots():

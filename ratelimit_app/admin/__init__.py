@@ -12,7 +12,7 @@ nothing on the request path imports it.
 - ``audit.py``: the audit trail and its restore; ``alerts.py``: alerts, webhooks, deliveries;
   ``usage.py``: the usage records page; ``credits.py``: prepaid credit accounts (with their
   "Top up" form) and top-ups; ``readonly.py``: the view-only admin they share.
-- ``dashboard/``: hot keys, 429 rates, the bucket inspector.
+- ``dashboard/``: hot keys, 429 rates; ``callers/``: a page per caller.
 - ``registration.py``: where each admin is registered; ``placement.py``: ``admin_url_name``,
   where a model's pages are (for links to them).
 """

@@ -24,6 +24,7 @@ from .ban_rule_forms import (
     ban_rule_form_class,
     ban_rule_from_input,
 )
+from .callers.links import caller_link
 from .config import WORDS_PENDING
 from .list_cells import moment
 from .placement import admin_url_name
@@ -107,8 +108,16 @@ class BanRuleAdmin(admin.ModelAdmin):
         return [*own, *super().get_urls()]  # before the catch-all "<object_id>/"
 
 
+def lift_ban(ban, user):
+    """Lift ``ban`` now as the staff ``user`` (the bans list's action, and the caller's page):
+    ended in Redis, logged, the deny caches told. Raises StoreUnavailable."""
+    actor = Actor(user.get_username(), AuditSource.ADMIN, user=user)
+    return default_limiter().protection.lift_ban(ban, actor)
+
+
 class BanAdmin(admin.ModelAdmin):
-    list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state"]
+    list_display = ["who", "rule_name", "since_cell", "until_cell", "times", "state",
+                    "caller_page"]
     list_filter = ["shadow", "rule_name", "scope"]
     search_fields = ["who", "rule_name"]
     actions = ["lift_bans"]
@@ -141,6 +150,14 @@ class BanAdmin(admin.ModelAdmin):
                       args=[quote(ban.rule_id)])
         return format_html('<a href="{}">{}</a>', url, ban.rule)
 
+    @admin.display(description="caller page")
+    def caller_page(self, ban):
+        """The banned caller's page, found as the caller search finds what ``who`` says (a
+        user name, "key <prefix>…" or an address); a tenant's ban has none."""
+        if ban.scope not in ("ip", "user"):
+            return "—"
+        return caller_link(ban.who, "page")
+
     @admin.display(description="since", ordering="since")
     def since_cell(self, ban):
         return moment(ban.since)
@@ -162,11 +179,10 @@ class BanAdmin(admin.ModelAdmin):
 
     @admin.action(description="Lift the selected bans", permissions=["lift_ban"])
     def lift_bans(self, request, queryset):
-        actor = Actor(request.user.get_username(), AuditSource.ADMIN, user=request.user)
         lifted = 0
         for ban in queryset.filter(shadow=False, lifted_at=None):
             try:
-                default_limiter().protection.lift_ban(ban, actor)
+                lift_ban(ban, request.user)
             except StoreUnavailable as exc:
                 self.message_user(request, f"Redis is unavailable; the ban of {ban.who} was not "
                                            f"lifted ({exc}).", messages.ERROR)

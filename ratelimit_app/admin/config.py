@@ -25,6 +25,7 @@ from ..config.models import (
     IdentityOverride,
     Kind,
     Mode,
+    Plan,
     PlanAssignment,
     Rule,
     Schedule,
@@ -34,7 +35,10 @@ from ..config.models import (
 from ..config.override_words import override_sentence
 from ..config.rule_kinds import FORM_KINDS, form_kind_of
 from ..config.wording import SCOPE_SHORT, count
+from ..decision.identity import limited_ip
+from ..runtime.limiter import default_limiter
 from .audit import AuditedAdminMixin
+from .callers.links import caller_link, ref_of_key, ref_of_user
 from .forms import (
     MISSING_ENDPOINT,
     EndpointCostForm,
@@ -439,7 +443,9 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         """The read-only “what would this request do” page (staff who may view rules)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        form = SimulatorForm(request.GET or None)
+        # the caller's page links here with the caller alone: a prefilled form, not yet run
+        form = SimulatorForm(request.GET) if "endpoint" in request.GET else \
+            SimulatorForm(initial=request.GET.dict() or None)
         result = simulate(**form.cleaned_data) if form.is_bound and form.is_valid() else None
         context = {
             **self.admin_site.each_context(request),
@@ -477,17 +483,21 @@ class EndpointCostAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 class PlanAssignmentAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["user", "plan", "tenant", schedule_cell, "reason"]
+    list_display = ["user", "plan", "tenant", schedule_cell, "reason", "caller_page"]
     list_filter = ["plan", ScheduleFilter]
     list_select_related = ["user", "plan"]
     search_fields = ["user__username", "tenant"]
     raw_id_fields = ["user"]
     formfield_overrides = LABELLED_DATETIMES
 
+    @admin.display(description="caller page")
+    def caller_page(self, assignment):
+        return caller_link(ref_of_user(assignment.user_id), "page")
+
 
 class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ["prefix_cell", "name", "user", "plan_and_schedule", "why", "tenant",
-                    "active", "created_cell"]
+    list_display = ["prefix_cell", "name_cell", "user_cell", "plan_and_schedule", "why",
+                    "tenant", "active", "created_cell"]
     list_filter = ["plan", ScheduleFilter, "active"]
     list_select_related = ["user", "plan"]
     search_fields = ["prefix", "name", "user__username", "tenant", "reason"]
@@ -499,12 +509,40 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def prefix_cell(self, key):
         return f"{key.prefix}…"
 
+    def get_changelist_instance(self, request):
+        """The list, each key given the plan its requests get now and where it comes from
+        (from the policy in force: one look-up for the page, not one per row)."""
+        changelist = super().get_changelist_instance(request)
+        try:
+            snapshot = default_limiter().snapshot()
+        except Exception:  # the policy cannot be had now: the rows' own plans, as before
+            return changelist
+        names = {plan.slug: plan.name for plan in Plan.objects.all()}
+        for key in list(changelist.result_list):
+            key.plan_in_force = _key_plan(key, snapshot, names)
+        return changelist
+
+    @admin.display(description="user", ordering="user__username")
+    def user_cell(self, key):
+        return caller_link(ref_of_user(key.user_id), key.user)
+
+    @admin.display(description="name", ordering="name")
+    def name_cell(self, key):
+        """The key's name, linked to its caller page (the key cell opens its row)."""
+        return caller_link(ref_of_key(key.pk), key.name)
+
     @admin.display(description="plan", ordering="plan__slug")
     def plan_and_schedule(self, key):
-        """The key's own plan and where its dates stand now; 'its user's' without a plan."""
-        if not key.plan_id:
-            return "its user's"
-        return format_html("{}, {}", key.plan, schedule_cell(key))
+        """The plan the key's requests get now and where it comes from: its own (with where
+        its dates stand), its user's assignment ("its user's"), or the default."""
+        plan, source = getattr(key, "plan_in_force", (key.plan, "its own") if key.plan_id
+                               else ("", "its user's"))
+        if key.plan_id and source == "its own":
+            return format_html("{}, {}", plan, schedule_cell(key))
+        in_force = format_html("{} <small>({})</small>", plan, source) if plan else source
+        if key.plan_id:  # its own plan, outside its dates now
+            return format_html("{}; its own {}, {}", in_force, key.plan, schedule_cell(key))
+        return in_force
 
     @admin.display(description="why", ordering="reason")
     def why(self, key):
@@ -551,6 +589,20 @@ class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return response
 
 
+def _key_plan(key, snapshot, names):
+    """Return ``(plan name, where it comes from)`` of an API key's requests under the policy
+    ``snapshot`` (as identity.plan_of decides, PLAN_RESOLVER aside)."""
+    entry = snapshot.api_keys.get(key.digest)
+    assignment = snapshot.assignments.get(str(key.user_id))
+    if entry is not None and entry.plan:
+        slug, source = entry.plan, "its own"
+    elif assignment:
+        slug, source = assignment[0], "its user's"
+    else:
+        slug, source = snapshot.default_authenticated_plan, "default"
+    return names.get(slug, slug or ""), source
+
+
 class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Overrides: "× 2 for 7 days", exempt, or numbers of its own (``override_forms.py``),
     callers picked by search (autocomplete), the override read as a sentence as it is typed,
@@ -561,12 +613,21 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
     change_form_template = "admin/ratelimit_app/identityoverride/change_form.html"
     # the sentence names the caller and leads (the link to the override's page); one line each
     # for the rule, where the dates stand and why beside it
-    list_display = ["sentence", "rule_cell", schedule_cell, "why"]
+    list_display = ["sentence", "rule_cell", schedule_cell, "why", "caller_page"]
     list_display_links = ["sentence"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
     search_fields = ["user__username", "api_key__prefix", "ip", "reason"]
     formfield_overrides = LABELLED_DATETIMES
+
+    @admin.display(description="caller page")
+    def caller_page(self, override):
+        """The caller's page (the caller cell links to the override itself)."""
+        if override.api_key_id:
+            return caller_link(ref_of_key(override.api_key_id), "page")
+        if override.user_id:
+            return caller_link(ref_of_user(override.user_id), "page")
+        return caller_link(f"ip:{limited_ip(override.ip) or override.ip}", "page")
 
     @admin.display(description="rule", ordering="rule__name")
     def rule_cell(self, override):

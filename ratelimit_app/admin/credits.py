@@ -18,6 +18,7 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from ..business.credits.ledger import (
     TopUpConflict,
@@ -37,6 +38,7 @@ from ..business.credits.rules import AccountRules
 from ..conf import get_config
 from ..runtime.limiter import default_limiter
 from ..stores.base import READ_ERRORS
+from .callers.links import caller_link
 from .list_cells import day, moment, wrapping
 from .placement import admin_url_name
 from .readonly import ReadOnlyAdmin
@@ -87,8 +89,18 @@ def _rules_in_force():
     return AccountRules(default_limiter().snapshot())
 
 
+def _back_to(request):
+    """The page a top-up was started from (``next``, as the caller's page passes it), if it
+    is one of this site's; else None."""
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                  require_https=request.is_secure()):
+        return target
+    return None
+
+
 class CreditAccountAdmin(ReadOnlyAdmin):
-    list_display = ["ref", "display", "units_left_cell", "prepaid_left_cell",
+    list_display = ["ref", "display_cell", "units_left_cell", "prepaid_left_cell",
                     "allowance_used_cell", "used_in_period_cell", "last_top_up_cell",
                     "checkpoint_cell"]
     search_fields = ["ref", "display"]
@@ -124,6 +136,13 @@ class CreditAccountAdmin(ReadOnlyAdmin):
             return value
         # Redis holds none, or cannot be read: the checkpoint's numbers
         return format_html("{} <small>(at the checkpoint)</small>", value)
+
+    @admin.display(description="display", ordering="display")
+    def display_cell(self, account):
+        """How staff know the account, linked to its caller's page (a key's or a user's)."""
+        if account.ref.startswith(("key:", "user:")):
+            return caller_link(account.ref, account.display or account.ref)
+        return account.display
 
     @admin.display(description="units left")
     def units_left_cell(self, account):
@@ -203,12 +222,12 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                     self.message_user(request, f"This top-up ({made.units} units) was credited "
                                                f"before; nothing was credited again.",
                                       messages.WARNING)
-                return HttpResponseRedirect(reverse(admin_url_name(CreditAccount, "change"),
-                                                    args=[quote(account.pk)]))
+                return HttpResponseRedirect(_back_to(request) or reverse(
+                    admin_url_name(CreditAccount, "change"), args=[quote(account.pk)]))
         context = {**self.admin_site.each_context(request), "title": f"Top up {account}",
                    "opts": self.opts, "original": account, "has_view_permission": True,
                    "top_up_form": form, "top_up_url": self._top_up_url(account),
-                   **self._balance_context(account)}
+                   "back_to": _back_to(request), **self._balance_context(account)}
         return TemplateResponse(request, "admin/ratelimit_app/creditaccount/top_up.html",
                                 context)
 

@@ -44,6 +44,8 @@ class UsageRangeForm(forms.Form):
                               input_formats=["%Y-%m-%d"])
     tenant = forms.CharField(required=False, max_length=150,
                              help_text="Empty: every tenant.")
+    caller = forms.CharField(required=False, max_length=160,
+                             help_text="key:ID, user:ID or anonymous. Empty: every caller.")
     period = forms.ChoiceField(choices=[(DAY, "per day"), (MONTH, "per month")], initial=DAY)
 
     def clean(self):
@@ -61,6 +63,8 @@ class UsageRangeForm(forms.Form):
                   "period": data["period"]}
         if data["tenant"]:
             params["tenant"] = data["tenant"]
+        if data["caller"]:
+            params["caller"] = data["caller"]
         return params
 
 
@@ -71,7 +75,8 @@ def _form_from(params):
     data = {"date_from": params.get("date_from") or params.get("from")
             or day.replace(day=1).isoformat(),
             "date_to": params.get("date_to") or params.get("to") or day.isoformat(),
-            "tenant": params.get("tenant", ""), "period": params.get("period") or DAY}
+            "tenant": params.get("tenant", ""), "caller": params.get("caller", ""),
+            "period": params.get("period") or DAY}
     return UsageRangeForm(data)
 
 
@@ -101,7 +106,8 @@ class UsageRecordAdmin(ReadOnlyAdmin):
         if form.is_valid():
             data = form.cleaned_data
             rows = usage_rows(data["date_from"], data["date_to"],
-                              tenant=data["tenant"] or None, period=data["period"])
+                              tenant=data["tenant"] or None, identity=data["caller"] or None,
+                              period=data["period"])
             url = reverse(admin_url_name(UsageRecord, "download"))
             downloads = {name: f"{url}?{urlencode({**form.query(), 'format': name})}"
                          for name in FORMATS}
@@ -125,7 +131,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
                                 content_type="text/plain; charset=utf-8")
         data = form.cleaned_data
         rows = usage_rows(data["date_from"], data["date_to"], tenant=data["tenant"] or None,
-                          period=data["period"])
+                          identity=data["caller"] or None, period=data["period"])
         text, content_type = render(rows, data["date_from"], data["date_to"], data["period"],
                                     output_format)
         response = HttpResponse(text, content_type=content_type)

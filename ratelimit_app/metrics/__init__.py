@@ -10,6 +10,8 @@ for the dashboard and the Prometheus endpoint.
                  totals for the dashboard
     usage.py     usage records for billing: the calendar day, the caller, the counts per rule
                  (rolled up into the database by business/usage/rollup.py)
+    caller_history.py  each key's and user's last day per hour, written by the flush from the
+                 usage's counts (the caller's page)
     models.py    Dashboard: the table-less model behind the dashboard's page and permissions
 
 Each Limiter owns a Recorder, a Flusher and a Reader, wired to its store

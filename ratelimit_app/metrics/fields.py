@@ -17,6 +17,7 @@ layout works unchanged on Redis Cluster where the buckets live::
     <p>:m:{usage}:claimed:<batch>   HASH a pending hash a rollup claimed (RENAME)       TTL kept
     <p>:m:{usage}:claims            SET  the batch ids claimed and not yet deleted
     <p>:m:{usage}:added:<flusher>   STRING the last usage batch a flusher added       TTL 1 day
+    <p>:m:who:<ref>:<hour>          HASH a key's or user's hour (caller_history.py)    TTL ~25 h
 
 The usage keys share one hash tag (one Cluster slot) so that RENAME and the claim's SADD run in
 one script (business/usage/rollup.py), and a flush's batch and its marker in another
@@ -34,7 +35,9 @@ __all__ = ["HOT_METRICS", "RESOLUTIONS", "counts_key", "hot_key", "near_key", "t
            "flushed_at_key", "buffered_key", "decode", "count_field", "parse_count_field",
            "identity_member", "parse_member", "near_entry", "parse_near_entry",
            "period_entry", "parse_period_entry", "usage_pending_key", "usage_claimed_key",
-           "usage_claims_key", "usage_marker_key", "usage_field", "parse_usage_field"]
+           "usage_claims_key", "usage_marker_key", "usage_field", "parse_usage_field",
+           "caller_hour_key", "HISTORY_ALLOWED", "HISTORY_REFUSED", "history_units_field",
+           "history_refused_field", "parse_history_field"]
 
 HOT_METRICS = ("tokens", "denials", "requests")
 # Resolution of a time slot -> (its length in seconds, key part of counts, key part of hot keys).
@@ -123,6 +126,34 @@ def parse_usage_field(field):
             not all(isinstance(part, str) for part in parsed):
         return None
     return tuple(parsed)
+
+
+# --- caller history (caller_history.py) ---------------------------------------------------------
+
+HISTORY_ALLOWED, HISTORY_REFUSED = "allowed", "refused"
+
+
+def caller_hour_key(prefix, ref, hour):
+    """Return the HASH of one caller's hour (``ref``: ``key:<id>`` or ``user:<id>``, digits
+    from the database, never request input)."""
+    return keys.metrics_key(prefix, "who", ref, hour)
+
+
+def history_units_field(rule):
+    """Return the field of the units ``rule`` charged in a caller's hour."""
+    return f"units|{rule}"
+
+
+def history_refused_field(rule):
+    """Return the field of the requests ``rule`` refused in a caller's hour."""
+    return f"refused|{rule}"
+
+
+def parse_history_field(field):
+    """Return ``(kind, rule)`` of a caller-hour field: ("allowed", ""), ("refused", ""),
+    ("units", rule) or ("refused", rule)."""
+    kind, _, rule = decode(field).partition("|")
+    return kind, rule
 
 
 # --- hot-key members ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ..process.background import WorkerThread
 from ..process.unexpected import UnexpectedErrorLog, error_text
 from ..stores.base import READ_ERRORS
 from . import fields
+from .caller_history import CallerHistory
 from .recorder import MAX_BUFFERED_MINUTES, NEAR_LIMIT_CAPACITY
 from .usage_batches import UsageBatches
 
@@ -101,6 +102,7 @@ class Flusher:
         self._dropped_before = 0   # recorder.dropped when the outage began
         self._errors_flushed = 0   # request_errors() already added to the totals
         self.usage = UsageBatches()  # the usage taken from the recorder, not yet acknowledged
+        self.history = CallerHistory()  # each key's and user's hours, from the same usage
         self._thread = WorkerThread(
             self._flush_in_thread, "ratelimit-metrics-flush",
             every_s=lambda: float(self.config()["METRICS_FLUSH_INTERVAL_S"]))
@@ -115,6 +117,7 @@ class Flusher:
                 self.before_flush()
             client = self.client_provider()  # before taking: if it raises, nothing is lost
             pending = self.recorder.take_pending()
+            self.history.take(pending)  # before the usage is taken out of the minutes
             self.usage.take(pending)
             if not pending and not self.usage.waiting():
                 return 0
@@ -124,6 +127,7 @@ class Flusher:
             pipe = client.pipeline(transaction=False)
             self._queue(pipe, pending, now, errors - self._errors_flushed, period)
             self.usage.queue(pipe, self.config()["KEY_PREFIX"], USAGE_PENDING_TTL_S)
+            self.history.queue(pipe, self.config()["KEY_PREFIX"])
             sent = len(pipe)
             pipe.execute()
         except READ_ERRORS as exc:
@@ -137,6 +141,7 @@ class Flusher:
             self.unexpected(exc, "flushing metrics; the counts are kept for the next flush")
             return 0
         self.usage.acknowledged()
+        self.history.acknowledged()
         self._errors_flushed = errors
         self.last_flush_at = now
         self.last_error = ""
@@ -209,6 +214,7 @@ class Flusher:
         self.stop()
         self.recorder.clear()
         self.usage.clear()
+        self.history.clear()
         self.failing_since, self.last_error = None, ""
         self.autostart = autostart
 

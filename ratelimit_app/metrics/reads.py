@@ -127,6 +127,27 @@ class Reader:
                 for member, _score in ranked]
         return tables
 
+    def member_hours(self, ref, hours=24, now=None):
+        """Return what the hourly hot-key sets hold of the caller ``ref`` over the last
+        ``hours`` hours, oldest first: ``[{"hour": unix start, "requests", "denials"}]``. The
+        sets keep only the heaviest callers: an hour a caller was not among them reads 0."""
+        now = time.time() if now is None else now
+        last = int(now // 3600)
+        slots = list(range(last - hours + 1, last + 1))
+        prefix, pipe, metrics = self._prefix(), self._pipeline(), ("requests", "denials")
+        for metric in metrics:
+            for hour in slots:
+                pipe.zrange(fields.hot_key(prefix, metric, "hour", hour), 0, -1,
+                            withscores=True)
+        replies = iter(pipe.execute())
+        rows = [{"hour": hour * 3600, "requests": 0, "denials": 0} for hour in slots]
+        for metric in metrics:
+            for row in rows:
+                for member, score in next(replies):
+                    if fields.parse_member(member)[0] == ref:
+                        row[metric] += int(score)
+        return rows
+
     def near_limit(self, minutes=5, limit=20, now=None):
         """Return the latest near-limit sightings of the last ``minutes`` minutes, newest first:
         ``[{"member", "ref", "plan", "display", "rule", "remaining", "burst", "at"}]``, one per

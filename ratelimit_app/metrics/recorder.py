@@ -115,7 +115,8 @@ class PendingMinute:
         # decisions not yet added to the counts, by shape (see Recorder.record): one increment
         # per decision instead of one per count it adds to
         self.shapes = defaultdict(int)
-        # (day, caller, allowed, rule names, per-rule costs) -> decisions (see views/usage.py)
+        # (day, caller, allowed, rule names, per-rule costs | refusing rules) -> decisions
+        # (see usage.py)
         self.usage = defaultdict(int)
         self.by_tokens = SpaceSaving(capacity)
         self.by_denials = SpaceSaving(capacity)
@@ -250,11 +251,12 @@ class Recorder:
         member, caller = self._member(identity)
         if policies:  # it charged buckets (or was refused by them): usage for billing, per
             # caller (anonymous ones together: no key per IP address) and what each bucket
-            # charged (a refusal charged nothing: its costs are not needed)
+            # charged; a refusal charged nothing, and holds the rules that refused it instead
+            # (the caller's page counts refusals by rule, metrics/caller_history.py)
             if allowed and costs is None:
                 costs = tuple(map(cost_of, policies))
             pending.usage[(self._days.day_of(now), caller, allowed, names,
-                           costs if allowed else ())] += 1
+                           costs if allowed else decision.violated)] += 1
         tokens = decision.cost if allowed and policies else 0
         denials = 0 if allowed else 1
         pending.by_tokens.add(member, tokens, tokens, denials)

@@ -2,9 +2,9 @@
 its buckets charged and the requests allowed and refused.
 
 The Recorder counts every decision it sees (not a sample) by *shape*: ``(day, caller,
-allowed, rule names, per-rule costs)`` -> number of decisions, one dict increment per decision
-on the request path. ``usage_counts`` expands the shapes into records off it (the flush
-thread). Why the numbers equal what the buckets charged: a decision is all or nothing (one
+allowed, rule names, per-rule costs)`` -> number of decisions (a refused one holds the rules
+that refused it in place of its costs), one dict increment per decision on the request path.
+``usage_counts`` expands the shapes into records off it (the flush thread). Why the numbers equal what the buckets charged: a decision is all or nothing (one
 script call on a single node; on a cluster a refused multi-group decision refunds the groups
 that debited), so an allowed decision charged each of its buckets that bucket's cost
 (``PolicyStatus.cost``: an endpoint rule counts the call) and a refused one charged nothing.
@@ -70,8 +70,8 @@ def usage_caller(identity):
 def usage_counts(shapes):
     """Return ``{(day, ref, tenant, rule): [units, allowed, refused, display]}`` that the
     decision shapes ``{(day, caller, allowed, names, costs): decisions}`` add up to (``caller``
-    as ``usage_caller`` gives it; ``costs``: each rule's, in the order of ``names``; empty for a
-    refusal)."""
+    as ``usage_caller`` gives it; ``costs``: each rule's, in the order of ``names``; for a refusal
+    the names of the rules that refused it, unused here)."""
     records = defaultdict(lambda: [0, 0, 0, ""])
     for (day, (ref, tenant, display), allowed, names, costs), decisions in shapes.items():
         for index, name in enumerate(names):

@@ -1,4 +1,4 @@
-"""Template tags of the app's own admin pages (dashboard, inspector, simulator, new API key)."""
+"""Template tags of the app's own admin pages (dashboard, caller pages, simulator, new API key)."""
 
 import django
 from django import template

@@ -25,7 +25,7 @@ from ..helpers import limiter, poll_until
 
 DASHBOARD = "/admin/ratelimit_monitoring/dashboard/"
 DATA = DASHBOARD + "data.json"
-INSPECT = DASHBOARD + "inspect/"
+INSPECT = DASHBOARD + "callers/"  # the caller page (the inspector's old address redirects)
 RESET = DASHBOARD + "reset/"
 SCRAPER = "198.51.100.7"
 
@@ -170,7 +170,7 @@ def test_staff_without_the_view_permission_get_403(url):
 
 
 def test_inspector_shows_a_clients_buckets(admin_client_, traffic):
-    response = admin_client_.get(INSPECT, {"q": SCRAPER})
+    response = admin_client_.get(INSPECT, {"q": SCRAPER}, follow=True)
     rows = {row["rule"]: row for row in response.context["rows"]}
     assert rows["free-ip"]["tokens"] == 0 and rows["free-ip"]["capacity"] == 40
     assert 0 < rows["free-ip"]["full_in_s"] <= 120
@@ -198,16 +198,16 @@ def test_inspector_shows_a_credit_balance_beside_the_buckets(admin_client_):
 
 def test_inspector_finds_users_keys_and_explains_ambiguity(admin_client_, traffic):
     alice_key = ApiKey.objects.get(user__username="alice")
-    choices = admin_client_.get(INSPECT, {"q": "rk_"}).context["lookup"].choices
+    choices = admin_client_.get(INSPECT, {"q": "rk_"}, follow=True).context["lookup"].choices
     assert len(choices) == 5 and ("key:%d" % alice_key.id) in dict(choices)  # the demo's keys
     response = admin_client_.get(INSPECT, {"q": f"key:{alice_key.id}"})
     rows = {row["rule"]: row for row in response.context["rows"]}
     assert rows["free-user"]["tokens"] == 25 and rows["free-user"]["capacity"] == 30
     assert "free-ip" not in rows  # a key's IP buckets depend on where it calls from
-    user_rows = admin_client_.get(INSPECT, {"q": "alice"}).context["rows"]
+    user_rows = admin_client_.get(INSPECT, {"q": "alice"}, follow=True).context["rows"]
     assert {row["rule"] for row in user_rows} >= {"free-user", "free-reports"}
     missing = admin_client_.get(INSPECT, {"q": "{nobody}:x" * 50})
-    assert missing.status_code == 200 and b"No client matches" in missing.content
+    assert missing.status_code == 200 and b"No caller matches" in missing.content
 
 
 def test_demo_keys_have_distinct_prefixes_the_inspector_finds(admin_client_):
@@ -220,7 +220,7 @@ def test_demo_keys_have_distinct_prefixes_the_inspector_finds(admin_client_):
     for key in keys:
         # what an operator types: the bare prefix, or the dashboard's "key <prefix>…" label
         for query in (key.prefix, f"key {key.prefix}…"):
-            lookup = admin_client_.get(INSPECT, {"q": query}).context["lookup"]
+            lookup = admin_client_.get(INSPECT, {"q": query}, follow=True).context["lookup"]
             assert lookup.choices == [] and lookup.identity.api_key_id == key.id
             assert lookup.label.startswith(f"key {key.prefix}… ({key.user.username} /")
 
@@ -230,14 +230,14 @@ def test_reset_needs_post_csrf_confirmation_and_permission(demo, traffic, redis_
     client = signed_in(admin_user, enforce_csrf_checks=True)
     assert client.get(RESET).status_code == 405
     assert client.post(RESET, {"ref": f"ip:{SCRAPER}", "confirm": "yes"}).status_code == 403
-    page = client.get(INSPECT, {"q": SCRAPER})
+    page = client.get(INSPECT, {"q": SCRAPER}, follow=True)
     token = page.context["csrf_token"]
     confirm = client.post(RESET, {"ref": f"ip:{SCRAPER}", "csrfmiddlewaretoken": str(token)})
     assert confirm.status_code == 200 and b"Yes, reset" in confirm.content
     assert redis_client.keys(f"rl:{{{scope_token('ip', SCRAPER)}}}*")  # nothing deleted yet
 
     viewer = signed_in(make_user("viewer", perms=["view_dashboard"]), enforce_csrf_checks=True)
-    viewer_token = viewer.get(INSPECT, {"q": SCRAPER}).context["csrf_token"]
+    viewer_token = viewer.get(INSPECT, {"q": SCRAPER}, follow=True).context["csrf_token"]
     assert viewer.post(RESET, {"ref": f"ip:{SCRAPER}", "confirm": "yes",
                                "csrfmiddlewaretoken": str(viewer_token)}).status_code == 403
 
@@ -254,7 +254,7 @@ def test_reset_needs_post_csrf_confirmation_and_permission(demo, traffic, redis_
     assert limiter().read_version() != version  # workers drop stale local denials
     entry = LogEntry.objects.get()
     assert entry.user == admin_user and entry.object_repr == f"buckets of IP {SCRAPER}"
-    rows = client.get(INSPECT, {"q": SCRAPER}).context["rows"]
+    rows = client.get(INSPECT, {"q": SCRAPER}, follow=True).context["rows"]
     assert {row["rule"]: row["tokens"] for row in rows}["free-ip"] == 40
     assert Client().get("/api/items/", REMOTE_ADDR=SCRAPER).status_code == 200  # it may call again
 

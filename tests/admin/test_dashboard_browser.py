@@ -158,18 +158,18 @@ def test_live_refresh_updates_numbers_without_reloading(dashboard, live_server):
     assert errors == []
 
 
-def test_reset_from_the_inspector_empties_the_clients_buckets(dashboard, redis_server):
+def test_reset_from_the_callers_page_empties_its_buckets(dashboard, redis_server):
     page, errors = dashboard
     page.locator('[data-table="callers"] tbody tr').first.get_by_role("link").click()
-    free_ip = page.locator('[data-table="buckets"] tr[data-rule="free-ip"]')
+    free_ip = page.locator('[data-table="limits"] tr[data-rule="free-ip"]')
     expect(free_ip).to_have_attribute("data-capacity", "40")
     assert int(free_ip.get_attribute("data-tokens")) < 5  # drained (refills 1 per 3 s)
-    page.click("text=Reset this client's buckets…")
+    page.click("text=Reset this caller's buckets…")
     expect(page.get_by_text("Reset the buckets of")).to_be_visible()
     page.click("input[value='Yes, reset']")
     expect(page.locator(".messagelist")).to_contain_text("Reset the buckets of IP 127.0.0.1")
     expect(free_ip).to_have_attribute("data-tokens", "40")
-    page.screenshot(path=str(SCREENSHOTS / "inspector-after-reset.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "caller-after-reset.png"), full_page=True)
     token = scope_token("ip", "127.0.0.1")
     # (the proofs of the credentials used from the address stay: they limit no one, and a
     # reset must not lock a known key out of its address, see protection/failed_auth.py)
@@ -207,18 +207,19 @@ def test_no_card_clips_its_content_at_1300_px(dashboard):
     assert errors == []
 
 
-def test_dashboard_and_inspector_wear_the_admins_breadcrumbs_bar(dashboard, live_server):
+def test_dashboard_and_caller_page_wear_the_admins_breadcrumbs_bar(dashboard, live_server):
     """Django 6.1 styles only <ol class="breadcrumbs"> (up to 6.0 only <div class="breadcrumbs">):
-    the dashboard and the inspector must look like a stock admin page of the running version."""
+    the dashboard and a caller's page must look like a stock admin page of the running
+    version."""
     page, errors = dashboard
     on_dashboard = breadcrumbs_of(page)
     assert on_dashboard["links"] == ["Home", "Rate limits · Monitoring"]
     assert on_dashboard["text"].endswith("Dashboard")
     page.locator('[data-table="callers"] tbody tr').first.get_by_role("link").click()
-    expect(page.locator('[data-table="buckets"]')).to_be_visible()
+    expect(page.locator('[data-table="limits"]')).to_be_visible()
     in_inspector = breadcrumbs_of(page)
     assert in_inspector["links"] == ["Home", "Rate limits · Monitoring", "Dashboard"]
-    assert in_inspector["text"].endswith("Bucket inspector")
+    assert in_inspector["text"].endswith("127.0.0.1")
     page.goto(f"{live_server.url}/admin/ratelimit_app/rule/")  # Django's own changelist
     stock = breadcrumbs_of(page)["look"]
     assert stock["background"] != "rgba(0, 0, 0, 0)" and stock["rows"] == 1

@@ -1,5 +1,6 @@
-"""D5: no input to a staff view gives a 500 — the dashboard page and its JSON, the bucket
-inspector, the reset and the simulator, with odd Unicode, NUL, huge numbers and 4 kB strings."""
+"""D5: no input to a staff view gives a 500 — the dashboard page and its JSON, the caller
+search and its actions, the reset and the simulator, with odd Unicode, NUL, huge numbers and
+4 kB strings."""
 
 import io
 from urllib.parse import quote
@@ -47,17 +48,20 @@ def assert_no_500(response, what):
 
 def test_d5_superscript_digits_were_a_500_and_are_now_no_match(admin):
     for query in ("key:²", "user:²"):
-        response = admin.get(DASHBOARD + "inspect/", {"q": query})
-        assert response.status_code == 200 and b"No client matches" in response.content
+        response = admin.get(DASHBOARD + "callers/", {"q": query})
+        assert response.status_code == 200 and b"No caller matches" in response.content
         assert find_identity(query, limiter().snapshot()).identity is None
 
 
 @pytest.mark.parametrize("value", ODD)
 def test_d5_inspector_and_reset_answer_every_odd_input(admin, value):
-    assert_no_500(admin.get(DASHBOARD + "inspect/", {"q": value}), "inspect")
+    assert_no_500(admin.get(DASHBOARD + "callers/", {"q": value}), "inspect")
     for data in ({"ref": value}, {"ref": value, "confirm": "yes"}, {"ref": "ip:10.0.0.1",
                                                                    "confirm": value}):
         assert_no_500(admin.post(DASHBOARD + "reset/", data), ("reset", data))
+    for action, field in (("end-override", "override"), ("lift-ban", "ban")):
+        for data in ({"ref": value, field: "1"}, {"ref": "ip:10.0.0.1", field: value}):
+            assert_no_500(admin.post(f"{DASHBOARD}callers/{action}/", data), (action, data))
 
 
 @pytest.mark.parametrize("value", ODD)
@@ -79,7 +83,7 @@ def test_d5_simulator_answers_every_odd_field(admin, value):
 
 @pytest.mark.parametrize("raw", ["%ff%fe", "%00%00", "%c0%af", "%ed%a0%80", "key%3A%b2"])
 def test_d5_bytes_that_are_not_utf8_are_answered_too(admin, raw):
-    for url in (f"{DASHBOARD}inspect/?q={raw}", f"{DASHBOARD}data.json?window={raw}",
+    for url in (f"{DASHBOARD}callers/?q={raw}", f"{DASHBOARD}data.json?window={raw}",
                 f"{SIMULATE}?user={raw}&ip=203.0.113.10&endpoint=api:items&method=GET"):
         assert_no_500(admin.get(url), url)
     assert_no_500(admin.post(DASHBOARD + "reset/", f"ref={raw}&confirm=yes",
@@ -87,5 +91,5 @@ def test_d5_bytes_that_are_not_utf8_are_answered_too(admin, raw):
 
 
 def test_d5_a_long_query_is_cut_and_still_finds_nothing_quietly(admin):
-    response = admin.get(DASHBOARD + "inspect/", {"q": quote("x" * 4096)})
+    response = admin.get(DASHBOARD + "callers/", {"q": quote("x" * 4096)})
     assert response.status_code == 200 and len(response.context["lookup"].query) == 200

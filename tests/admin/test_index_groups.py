@@ -335,7 +335,7 @@ def test_the_apps_own_links_go_to_the_groups_pages(admin_client, admin_user):
     assert f'action="/admin/ratelimit_billing/creditaccount/{account.pk}/top-up/"' in html
     dashboard = admin_client.get("/admin/ratelimit_monitoring/dashboard/").content.decode()
     assert 'data-url="/admin/ratelimit_monitoring/dashboard/data.json"' in dashboard
-    assert 'action="/admin/ratelimit_monitoring/dashboard/inspect/"' in dashboard
+    assert 'action="/admin/ratelimit_monitoring/dashboard/callers/"' in dashboard
     override = IdentityOverride.objects.create(ip="10.0.0.1", exempt=True)
     change = admin_client.get(f"/admin/ratelimit_callers/identityoverride/{override.pk}/change/")
     assert 'href="/admin/ratelimit_monitoring/auditentry/?touched=' in change.content.decode()

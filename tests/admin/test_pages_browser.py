@@ -22,7 +22,7 @@ from django.urls import NoReverseMatch, reverse
 
 from ratelimit_app.config.rule_kinds import FORM_KINDS
 from ratelimit_app.admin.placement import admin_url_name
-from ratelimit_app.models import AuditEntry, CreditAccount, IdentityOverride, QuotaAlert
+from ratelimit_app.models import ApiKey, AuditEntry, CreditAccount, IdentityOverride, QuotaAlert
 
 from ..helpers import create_usage_records, limiter, poll_until
 
@@ -87,7 +87,9 @@ def registry_pages(superuser):
 
 def custom_pages():
     """Return the app's pages that are not a model admin's list, add or change page."""
-    inspector = reverse("admin:ratelimit_app_dashboard_inspect")
+    callers = reverse("admin:ratelimit_app_dashboard_caller")
+    erin_key = ApiKey.objects.get(user__username="erin")  # prepaid credits
+    dana = get_user_model().objects.get(username="dana")  # an override, a daily quota
     simulator = reverse("admin:ratelimit_app_rule_simulate")
     account = CreditAccount.objects.order_by("pk").first()
     entry = AuditEntry.objects.order_by("pk").first()
@@ -102,10 +104,13 @@ def custom_pages():
         # the caller's page links here, prefilled: the autocomplete and the sentence filled in
         AdminPage("override add for a caller", reverse(admin_url_name(IdentityOverride, "add"))
                   + f"?user={bob.pk}"),
-        AdminPage("inspector", inspector),
-        AdminPage("inspector of a client", f"{inspector}?q=alice"),
-        AdminPage("reset confirmation", f"{inspector}?q=alice",
-                  click="input[value^='Reset this client']"),
+        AdminPage("caller search", callers),
+        AdminPage("caller search with choices", f"{callers}?q=rk_"),
+        AdminPage("caller page of a key", f"{callers}?q=key%3A{erin_key.pk}"),
+        AdminPage("caller page of a user", f"{callers}?q=user%3A{dana.pk}"),
+        AdminPage("caller page of an address", f"{callers}?q=ip%3A127.0.0.1"),
+        AdminPage("reset confirmation", f"{callers}?q=user%3A{dana.pk}",
+                  click="input[value^='Reset this caller']"),
         AdminPage("simulator", simulator),
         AdminPage("simulator with a result",
                   f"{simulator}?user=alice&ip=203.0.113.7&endpoint=api%3Asearch&method=GET"),

@@ -367,7 +367,8 @@ def listed_schedules(html):
     """Return {key name: schedule state} of the API key list's rows in ``html``."""
     import re
 
-    return dict(re.findall(r'<td class="field-name">([^<]+)</td>.*?data-schedule="(\w+)"', html))
+    return dict(re.findall(r'<td class="field-name_cell"><a [^>]*>([^<]+)</a></td>'
+                           r'.*?data-schedule="(\w+)"', html))
 
 
 def test_the_admin_lists_and_filters_keys_by_the_schedule_of_their_plan(admin_client):

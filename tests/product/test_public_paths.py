@@ -109,7 +109,7 @@ def test_the_command_the_url_names_the_templates_and_the_logger():
     assert reverse("ratelimit_app:usage").endswith("/usage/")
     assert reverse("ratelimit_app:usage-records").endswith("/usage-records/")
     assert reverse("ratelimit_app:prometheus").endswith("/metrics/")
-    for template in ("ratelimit_app/dashboard.html", "ratelimit_app/inspector.html"):
+    for template in ("ratelimit_app/dashboard.html", "ratelimit_app/caller.html"):
         assert get_template(template)
     from ratelimit_app.runtime import limiter
 

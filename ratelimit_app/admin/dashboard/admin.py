@@ -1,6 +1,7 @@
 """``DashboardAdmin``: the dashboard as the changelist of the table-less ``Dashboard`` model.
 
 Hosting it in the admin gives it the admin's login, staff check, look, index link and history.
+The caller pages (admin/callers/views.py) are views of this admin too.
 Permissions: ``ratelimit_app.view_dashboard`` to see anything, ``ratelimit_app.reset_buckets``
 to reset a client's buckets. Every view goes through ``admin_site.admin_view`` (anonymous and
 non-staff users are sent to the admin login) and then checks the permission (403 otherwise).
@@ -16,9 +17,10 @@ from django.views.decorators.http import require_POST
 from ...conf import get_config
 from ...runtime.limiter import default_limiter
 from ...stores import StoreUnavailable
+from ..callers.views import CallerViews
 from ..readonly import ReadOnlyAdmin
 from .data import FRAGMENTS, dashboard_data, inspect_url
-from .inspector import bucket_rows, find_identity, reset_and_record
+from .inspector import find_identity, reset_and_record
 
 __all__ = ["DashboardAdmin"]
 
@@ -26,8 +28,9 @@ VIEW_PERMISSION = "ratelimit_app.view_dashboard"
 RESET_PERMISSION = "ratelimit_app.reset_buckets"
 
 
-class DashboardAdmin(ReadOnlyAdmin):
-    """No rows to add, change or delete: the changelist is the dashboard."""
+class DashboardAdmin(CallerViews, ReadOnlyAdmin):
+    """No rows to add, change or delete: the changelist is the dashboard. Its caller pages
+    (admin/callers/) are views of it too."""
 
     def has_module_permission(self, request):
         return request.user.has_perm(VIEW_PERMISSION)
@@ -40,7 +43,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         return [
             path("", wrap(self.changelist_view), name="ratelimit_app_dashboard_changelist"),
             path("data.json", wrap(self.data_view), name="ratelimit_app_dashboard_data"),
-            path("inspect/", wrap(self.inspect_view), name="ratelimit_app_dashboard_inspect"),
+            *self.caller_urls(),
             path("reset/", wrap(require_POST(self.reset_view)),
                  name="ratelimit_app_dashboard_reset"),
         ]
@@ -69,23 +72,6 @@ class DashboardAdmin(ReadOnlyAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
-    def inspect_view(self, request):
-        """Find a client and show its buckets (tokens, capacity, time to full)."""
-        self._require(request, VIEW_PERMISSION)
-        snapshot = default_limiter().snapshot()
-        lookup = find_identity(request.GET.get("q", ""), snapshot)
-        rows, exempt, error = [], False, ""
-        if lookup.identity is not None:
-            try:
-                rows, exempt = bucket_rows(lookup.identity, snapshot)
-            except StoreUnavailable as exc:
-                error = f"Redis is unavailable: {exc}"
-        context = {**self._context(request, "Bucket inspector"), "lookup": lookup,
-                   "rows": rows, "exempt": exempt, "error": error,
-                   "ref": lookup.identity.ref if lookup.identity else "",
-                   "confirm": False}
-        return TemplateResponse(request, "ratelimit_app/inspector.html", context)
-
     def reset_view(self, request):
         """POST without ``confirm``: the confirmation page. POST with it: delete the client's
         bucket keys, bump the config version and record the action in the admin history."""
@@ -98,8 +84,8 @@ class DashboardAdmin(ReadOnlyAdmin):
         ref = lookup.identity.ref
         if request.POST.get("confirm") != "yes":
             context = {**self._context(request, "Reset buckets?"), "lookup": lookup,
-                       "ref": ref, "confirm": True, "rows": [], "exempt": False, "error": ""}
-            return TemplateResponse(request, "ratelimit_app/inspector.html", context)
+                       "ref": ref}
+            return TemplateResponse(request, "ratelimit_app/caller_reset.html", context)
         try:
             message = reset_and_record(lookup, snapshot, request.user)
         except StoreUnavailable as exc:

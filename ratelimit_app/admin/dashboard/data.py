@@ -77,7 +77,9 @@ def rate(denied, total):
 
 
 def inspect_url(ref):
-    return reverse(admin_url_name(Dashboard, "inspect")) + "?" + urlencode({"q": ref})
+    """Return the page of the caller ``ref`` (``key:<id>``, ``user:<id>``, ``ip:<address>``;
+    any text the caller search takes): every page links to a caller through here."""
+    return reverse(admin_url_name(Dashboard, "caller")) + "?" + urlencode({"q": ref})
 
 
 def outcome_rows(items, dimension):

@@ -1,7 +1,8 @@
-"""The bucket inspector: find a client from what an operator types, show its buckets, reset them.
+"""Find a caller from what an operator types, read its buckets, reset them: for the caller's page
+(admin/callers/) and ``manage.py ratelimit inspect`` and ``reset``.
 
-A client is found by user name, API key prefix, IP address, or the ``ref`` a hot-key row links
-with (``user:<id>``, ``key:<id>``, ``ip:<address>``). Its identity comes from
+A client is found by user name or email, API key prefix or name, IP address, or the ``ref`` a
+hot-key row links with (``user:<id>``, ``key:<id>``, ``ip:<address>``). Its identity comes from
 ``identity.identify`` on a synthetic request, so plans, tenants and overrides resolve exactly as
 they do for its real requests; buckets are read with a non-debiting Lua call.
 """
@@ -12,6 +13,7 @@ import ipaddress
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
+from django.db.models import Q
 from django.http import HttpRequest
 
 from ...config.models import ApiKey
@@ -27,6 +29,8 @@ __all__ = ["Lookup", "find_identity", "bucket_rows", "acting_keys", "reset_bucke
            "reset_and_record"]
 
 MAX_QUERY_LENGTH = 200
+# matches listed when a query finds several callers
+MAX_CHOICES = 20
 # Scopes whose buckets belong to one client (global, plan and tenant buckets are shared).
 CLIENT_SCOPES = (Scope.USER, Scope.IP)
 
@@ -106,14 +110,35 @@ def find_identity(query, snapshot):
     if user is not None:
         lookup.identity, lookup.label = _user_identity(user, snapshot), user.get_username()
         return lookup
-    prefix = text.removeprefix("key ").rstrip("…").strip()[:ApiKey.PREFIX_LENGTH]
-    found = list(keys.filter(prefix__startswith=prefix).order_by("id")[:20]) if len(prefix) >= 3 \
-        else []
-    if len(found) == 1:
-        lookup.identity, lookup.label = _key_identity(found[0], snapshot), key_label(found[0])
+    users, found = _matching_users(User, text), _matching_keys(keys, text)
+    if len(users) + len(found) == 1:
+        if users:
+            lookup.identity = _user_identity(users[0], snapshot)
+            lookup.label = users[0].get_username()
+        else:
+            lookup.identity, lookup.label = _key_identity(found[0], snapshot), key_label(found[0])
     else:
-        lookup.choices = [(f"key:{k.id}", key_label(k)) for k in found]
+        lookup.choices = [(f"user:{u.pk}", f"user {u.get_username()}") for u in users] + \
+                         [(f"key:{k.id}", key_label(k)) for k in found]
     return lookup
+
+
+def _matching_users(User, text):
+    """The users whose email is ``text`` (any case), at most MAX_CHOICES."""
+    email = User.get_email_field_name()
+    if "@" not in text or not any(f.name == email for f in User._meta.get_fields()):
+        return []
+    return list(User.objects.filter(**{f"{email}__iexact": text}).order_by("pk")[:MAX_CHOICES])
+
+
+def _matching_keys(keys, text):
+    """The API keys whose prefix starts with ``text`` (3 characters at least) or whose name is
+    ``text`` (any case), at most MAX_CHOICES."""
+    prefix = text.removeprefix("key ").rstrip("…").strip()[:ApiKey.PREFIX_LENGTH]
+    wanted = Q(name__iexact=text)
+    if len(prefix) >= 3:
+        wanted |= Q(prefix__startswith=prefix)
+    return list(keys.filter(wanted).order_by("id")[:MAX_CHOICES])
 
 
 def _client_buckets(identity, snapshot):
@@ -148,6 +173,10 @@ def bucket_rows(identity, snapshot, endpoint=None, method="GET"):
             "capacity": status.burst, "percent": _percent(status),
             "full_in_s": status.full_s, "rate": _pace(rule, status),
             "own": rule.scope in CLIENT_SCOPES, "cost": costs.get(bucket.id),
+            # for the caller's page (admin/callers/): the rule's row, its kind, its reset
+            "rule_id": rule.id, "calendar": rule.calendar, "credits": rule.credits,
+            "refill": rule.refill, "reset_s": status.reset_s, "shadow": rule.shadow,
+            "numbers": (rule.rate, rule.period_s, rule.burst),
         })
     return rows, False
 
