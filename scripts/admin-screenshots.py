@@ -38,6 +38,11 @@ PAGES = {
     "dashboard": ("/admin/ratelimit_monitoring/dashboard/", None),
     # dana's key after the traffic: her daily quota's run-out, her user's launch-week override
     "caller": ("/admin/ratelimit_monitoring/dashboard/callers/?q=rk_dana_", None),
+    # bob's page, Override…, 7 days: the form's sentence before saving
+    "override": ("/admin/ratelimit_monitoring/dashboard/callers/?q=bob",
+                 lambda page: _override_for_a_week(page)),
+    "ban-rule": ("/admin/ratelimit_protection/banrule/add/?kind=statuses",
+                 lambda page: _type_ban_rule(page)),
 }
 # Every page in light mode, these in dark mode too (the docs show one of each kind of page).
 DARK_TOO = ("token-bucket", "dashboard", "caller")
@@ -75,6 +80,25 @@ def _type_calendar_quota(page):
     page.select_option("#id_calendar_period", "month")
     page.wait_for_function(
         "document.querySelector('#rule-in-words').textContent.startsWith('10,000')")
+
+
+def _override_for_a_week(page):
+    page.click("a[data-action=override]")
+    page.fill("#id_duration_0", "7")
+    page.wait_for_function(
+        "document.querySelector('#rule-in-words').textContent.includes('until')")
+
+
+def _type_ban_rule(page):
+    page.fill("#id_name", "vault-scanner")
+    page.fill("#id_statuses", "404")
+    page.fill("#id_threshold", "20")
+    page.fill("#id_window_s_0", "1")
+    page.select_option("#id_window_s_1", "minute")
+    page.fill("#id_ban_s_0", "10")
+    page.select_option("#id_ban_s_1", "minute")
+    page.wait_for_function(
+        "document.querySelector('#rule-in-words').textContent.startsWith('Ban a client IP')")
 
 
 def _free_port():

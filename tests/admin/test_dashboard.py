@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 from django.test import Client, override_settings
 
 import ratelimit_app.admin.dashboard.admin  # noqa: F401  (registers the dashboard with the admin)
-from ratelimit_app.admin.dashboard.charts import count_axis, requests_chart
+from ratelimit_app.admin.dashboard.charts import count_axis, requests_chart, since_traffic
 from ratelimit_app.admin.dashboard.data import dashboard_data
 from ratelimit_app.decision.buckets import pack_value
 from ratelimit_app.decision.keys import bucket_key, scope_token
@@ -124,7 +124,8 @@ def test_dashboard_page_holds_chart_tables_and_health(admin_client_, traffic):
     assert response.status_code == 200
     html = response.content.decode()
     bars = re.findall(r'data-allowed="(\d+)" data-denied="(\d+)"', html)
-    assert len(bars) == 60 and sum(int(d) for _a, d in bars) == traffic
+    # the minutes since the traffic began (just now), at least the last 15
+    assert len(bars) == 15 and sum(int(d) for _a, d in bars) == traffic
     assert "Requests per minute" in html and "Time (UTC)" in html  # labelled axes
     assert 'rel="icon" href="data:,"' in html
     assert f'data-identity="ip:{SCRAPER}"' in html
@@ -365,6 +366,20 @@ def test_count_chart_ticks_are_whole_numbers(busiest):
     assert values[0] == 0 and len(values) == 5 and values[-1] >= busiest
     steps = {b - a for a, b in zip(values, values[1:])}
     assert len(steps) == 1 and steps.pop() >= 1  # evenly spaced whole steps
+
+
+def test_the_requests_chart_starts_where_the_traffic_began_showing_at_least_15_minutes():
+    """Light traffic in the last minutes is spread over the chart, not one bar at its edge."""
+    def bars(busy_minutes):
+        series = [{"minute": 60 * i, "allowed": int(i in busy_minutes), "denied": 0}
+                  for i in range(60)]
+        return re.findall(r'data-minute="[^"]*" data-allowed="(\d+)"', str(requests_chart(series)))
+
+    assert len(bars({59})) == 15  # traffic only now: the last 15 minutes
+    assert len(bars({40, 59})) == 20  # from the first busy minute
+    assert len(bars({3})) == 57 and bars({3})[0] == "1"
+    assert len(bars(set())) == 15  # no traffic at all: an empty quarter hour
+    assert len(since_traffic([{"allowed": 0, "denied": 1}] * 5)) == 5  # a short series whole
 
 
 def test_count_axis_tops_stay_close_to_the_busiest_minute():

@@ -63,7 +63,9 @@ def dashboard(live_server, page, settings):
 def test_dashboard_shows_real_data_without_console_errors(dashboard):
     page, errors = dashboard
     bars = page.locator(".rl-chart .rl-bar")
-    expect(bars).to_have_count(60)
+    # the minutes since the traffic began (a minute or two here), at least the last 15
+    expect(bars).not_to_have_count(0)
+    assert 15 <= bars.count() <= 17
     allowed = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.allowed)"))
     denied = sum(int(v) for v in bars.evaluate_all("els => els.map(e => e.dataset.denied)"))
     assert allowed + denied == 120 and denied > 0

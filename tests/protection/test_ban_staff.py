@@ -46,7 +46,7 @@ def test_the_dashboard_lists_the_bans_in_force(banned_scraper):
     assert "Banned now" in data["html"]["bans"] and SCRAPER in data["html"]["bans"]
     [entry] = data["ban_log"]
     assert entry["what"] == f"scrapers banned 1 caller: {SCRAPER}"
-    assert "Ban log" in data["html"]["bans"] and entry["what"] in data["html"]["bans"]
+    assert "Ban log" in data["html"]["ban_log"] and entry["what"] in data["html"]["ban_log"]
 
 
 def test_the_dashboard_and_the_command_count_the_bans_without_a_row(banned_scraper, settings):

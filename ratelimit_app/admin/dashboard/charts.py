@@ -13,11 +13,14 @@ from django.utils.safestring import mark_safe
 
 from .rates import duration_words, range_summary
 
-__all__ = ["requests_chart", "rate_chart", "count_axis"]
+__all__ = ["requests_chart", "since_traffic", "rate_chart", "count_axis"]
 
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 24, 44
 Y_TICKS = 4
+# the requests chart spans the minutes since traffic began, never fewer than these: light or
+# recent traffic is spread over the chart instead of being one bar against its right edge
+MIN_MINUTES_SHOWN = 15
 
 
 def _whole_steps():
@@ -49,12 +52,22 @@ def _minute_label(unix_s):
     return timezone.localtime(moment).strftime("%H:%M")
 
 
+def since_traffic(series, least=MIN_MINUTES_SHOWN):
+    """Return the tail of ``series`` (oldest minute first) from its first minute with traffic,
+    at least its last ``least`` minutes (all of it when it is that short)."""
+    first = next((index for index, row in enumerate(series)
+                  if row["allowed"] or row["denied"]), len(series))
+    return series[min(first, max(0, len(series) - least)):]
+
+
 def requests_chart(series):
-    """Return the SVG (safe HTML) of ``series`` as ``metrics.read_series`` returns it.
+    """Return the SVG (safe HTML) of ``series`` as ``metrics.read_series`` returns it, from
+    the minute its traffic began (``since_traffic``).
 
     Every bar is a ``<g class="rl-bar">`` carrying ``data-minute``, ``data-allowed`` and
     ``data-denied`` (and a ``<title>`` tooltip), so tests and people can read the numbers.
     """
+    series = since_traffic(series)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     top, step = count_axis(max((row["allowed"] + row["denied"] for row in series), default=0))
     slot = plot_w / max(1, len(series))
@@ -85,7 +98,7 @@ def requests_chart(series):
             label, row["allowed"], row["denied"], label, row["allowed"], row["denied"],
             _px(x), _px(allowed_top), _px(bar_w), _px(TOP + plot_h - allowed_top),
             _px(x), _px(denied_top), _px(bar_w), _px(allowed_top - denied_top)))
-        if index % 10 == 0 or index == len(series) - 1:
+        if index % max(1, len(series) // 6) == 0 or index == len(series) - 1:
             ticks.append(format_html(
                 '<text class="rl-tick" x="{}" y="{}" text-anchor="middle">{}</text>',
                 _px(x + bar_w / 2), TOP + plot_h + 16, label))
@@ -107,9 +120,9 @@ def requests_chart(series):
         WIDTH - RIGHT - 190, WIDTH - RIGHT - 176, WIDTH - RIGHT - 100, WIDTH - RIGHT - 86)
     return format_html(
         '<svg class="rl-chart" viewBox="0 0 {} {}" role="img" '
-        'aria-label="Requests per minute over the last hour, allowed and denied">'
+        'aria-label="Requests per minute over the last {} minutes, allowed and denied">'
         '{}{}{}{}{}</svg>',
-        WIDTH, HEIGHT, mark_safe("".join(grid)), mark_safe("".join(bars)),
+        WIDTH, HEIGHT, len(series), mark_safe("".join(grid)), mark_safe("".join(bars)),
         mark_safe("".join(ticks)), axes, legend)
 
 
