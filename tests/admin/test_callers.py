@@ -197,7 +197,8 @@ def test_end_an_override_now_from_the_callers_page(admin_client):
     dana = get_user_model().objects.get(username="dana")
     override = IdentityOverride.objects.get(user=dana)  # the demo's launch week
     page = admin_client.get(CALLERS, {"q": f"user:{dana.pk}"})
-    assert [row["id"] for row in page.context["overrides"]] == [override.pk]
+    assert [(row["id"], row["limit"]) for row in page.context["overrides"]] == [
+        (override.pk, "× 2")]  # the demo's launch week doubles her studio-minute
     assert page.context["override_add_url"].endswith(f"/identityoverride/add/?user={dana.pk}")
     response = admin_client.post(CALLERS + "end-override/",
                                  {"ref": f"user:{dana.pk}", "override": override.pk})
@@ -211,6 +212,10 @@ def test_end_an_override_now_from_the_callers_page(admin_client):
     admin_client.post(CALLERS + "end-override/", {"ref": f"user:{dana.pk}", "override": other.pk})
     other.refresh_from_db()
     assert other.ends_at is None
+    # an override without a reason, on alice's own page
+    page = admin_client.get(CALLERS, {"q": f"user:{alice.pk}"})
+    assert page.status_code == 200
+    assert [(row["limit"], row["why"]) for row in page.context["overrides"]] == [("exempt", "")]
 
 
 def test_links_prefill_the_simulator_and_the_usage_page(admin_client):

@@ -21,7 +21,7 @@ from ...business.credits.rules import AccountRules
 from ...business.usage.models import UsageRecord
 from ...conf import get_config
 from ...config.models import Ban, IdentityOverride
-from ...config.wording import count, per_period
+from ...config.override_words import treatment_words
 from ...decision.keys import bucket_key
 from ...decision.scopes import Scope
 from ...runtime.limiter import default_limiter
@@ -59,24 +59,15 @@ def overrides_of(caller, now):
         Q(ends_at__isnull=True) | Q(ends_at__gt=now)).select_related("rule")
 
 
-def _limit_words(override):
-    if override.exempt:
-        return "exempt from every limit"
-    if override.rate is None:
-        return "—"
-    return (f"{count(override.rate)} {per_period(override.period_s or 1)}, bursts up to "
-            f"{count(override.burst or override.rate)}")
-
-
 def override_rows(caller, now):
     """Return the caller's overrides as dicts: ``id``, ``rule``, ``users`` (a key's user's
     override, not the key's own), ``limit`` (in words),
     ``starts``/``ends`` (text), ``why`` and ``url`` (its change page)."""
     return [{"id": o.pk, "rule": str(o.rule) if o.rule else "every user, key or IP rule",
              "users": caller.kind == "key" and o.user_id is not None,
-             "limit": _limit_words(o), "starts": moment(o.starts_at) if o.starts_at else "",
+             "limit": treatment_words(o), "starts": moment(o.starts_at) if o.starts_at else "",
              "ends": moment(o.ends_at) if o.ends_at else "no end",
-             "why": o.reason or o.note or "",
+             "why": o.reason,
              "url": reverse(admin_url_name(IdentityOverride, "change"), args=[quote(o.pk)])}
             for o in overrides_of(caller, now)]
 
