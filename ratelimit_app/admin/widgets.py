@@ -1,6 +1,7 @@
 """Widgets of the app's admin forms that the stock admin leaves without an accessible name."""
 
 from django.contrib.admin.widgets import AdminSplitDateTime, AutocompleteSelect
+from django.core.exceptions import ValidationError
 from django.db import models
 
 __all__ = ["LabelledSplitDateTime", "LABELLED_DATETIMES", "LabelledAutocompleteSelect"]
@@ -42,3 +43,18 @@ class LabelledAutocompleteSelect(AutocompleteSelect):
         attrs = super().build_attrs(base_attrs, extra_attrs=extra_attrs)
         attrs["data-placeholder"] = self.placeholder  # (the stock one sets it to "")
         return attrs
+
+    def optgroups(self, name, value, attr=None):
+        # A value the remote key cannot hold (a prefill such as ``?user=abc``) selects
+        # nothing: the stock widget would put it in its query and fail the page with a 500.
+        target = self.field.target_field
+        return super().optgroups(name, [v for v in value if _holds(target, v)], attr)
+
+
+def _holds(field, value):
+    """True when the model ``field`` can hold ``value`` (empty values included)."""
+    try:
+        field.to_python(value)
+    except ValidationError:
+        return False
+    return True

@@ -219,3 +219,21 @@ def test_a_saved_overrides_page_shows_its_factor_and_treatment_as_typed(admin_cl
     assert form["factor"].value() == "1.5" and form["treatment"].value() == "factor"
     assert page.context["override_words"].startswith("bob: 900 requests per minute, bursts "
                                                      "up to 300")
+
+
+@pytest.mark.parametrize("junk", ["abc", "²", "1.5"])
+def test_a_caller_that_is_no_id_selects_nothing_instead_of_failing_the_page(admin_client, bob,
+                                                                              junk):
+    """A prefill or a post whose user or API key is not an id (a hand-edited link) gets the
+    page, nothing chosen, and on save the picker's own error; never a 500."""
+    for name in ("user", "api_key"):
+        response = admin_client.get(reverse(ADD), {name: junk})
+        assert response.status_code == 200
+        select = re.search(rf'<select name="{name}".*?</select>', response.content.decode(),
+                           re.S).group(0)
+        assert "<option" in select and " selected" not in select
+    response = admin_client.post(reverse(ADD), post_data(user=junk, duration_0=7))
+    assert response.status_code == 200
+    assert errors(response)["user"] == [
+        "Select a valid choice. That choice is not one of the available choices."]
+    assert not IdentityOverride.objects.exists()
