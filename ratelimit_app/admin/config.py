@@ -443,9 +443,11 @@ class RuleAdmin(AuditedAdminMixin, admin.ModelAdmin):
         """The read-only “what would this request do” page (staff who may view rules)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        # the callers picked by search, as on the overrides' form
+        pickers = caller_pickers(self.admin_site, request)
         # the caller's page links here with the caller alone: a prefilled form, not yet run
-        form = SimulatorForm(request.GET) if "endpoint" in request.GET else \
-            SimulatorForm(initial=request.GET.dict() or None)
+        form = SimulatorForm(request.GET, pickers=pickers) if "endpoint" in request.GET else \
+            SimulatorForm(initial=request.GET.dict() or None, pickers=pickers)
         result = simulate(**form.cleaned_data) if form.is_bound and form.is_valid() else None
         context = {
             **self.admin_site.each_context(request),
@@ -611,9 +613,9 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     form = OverrideForm
     change_form_template = "admin/ratelimit_app/identityoverride/change_form.html"
-    # the sentence names the caller and leads (the link to the override's page); one line each
-    # for the rule, where the dates stand and why beside it
-    list_display = ["sentence", "rule_cell", schedule_cell, "why", "caller_page"]
+    # the sentence names the caller and the rules and leads (the link to the override's page);
+    # where the dates stand, why, and the caller's page beside it
+    list_display = ["sentence", schedule_cell, "why", "caller_page"]
     list_display_links = ["sentence"]
     list_filter = ["exempt", ScheduleFilter, "rule"]
     list_select_related = ["user", "api_key", "rule"]
@@ -628,10 +630,6 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
         if override.user_id:
             return caller_link(ref_of_user(override.user_id), "page")
         return caller_link(f"ip:{limited_ip(override.ip) or override.ip}", "page")
-
-    @admin.display(description="rule", ordering="rule__name")
-    def rule_cell(self, override):
-        return override.rule or "every user, key or IP rule"
 
     @admin.display(description="override")
     def sentence(self, override):
@@ -713,6 +711,19 @@ class IdentityOverrideAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 # What an empty caller picker says (its accessible name until a caller is chosen).
 CALLER_SEARCH_WORDS = {"user": "Search users by name", "api_key": "Search keys by prefix or name"}
+
+
+def caller_pickers(site, request):
+    """Return the overrides' form's search pickers of a user and an API key (``{"user":
+    widget, "api_key": widget}``, those whose admin has search_fields) for another form that
+    names a caller (the simulator's); {} without an overrides' admin on ``site``."""
+    override_admin = next((model_admin for model, model_admin in site._registry.items()
+                           if issubclass(model, IdentityOverride)), None)
+    if override_admin is None:
+        return {}
+    fields = override_admin.model._meta
+    return {name: override_admin.formfield_for_dbfield(fields.get_field(name), request).widget
+            for name in override_admin.get_autocomplete_fields(request)}
 
 
 def _searchable(site, field_name):

@@ -5,6 +5,8 @@ those messages reach the operator (on the main form and on every inline row), ad
 that only make sense across the rows of one plan page, and offer real endpoints, not free text.
 """
 
+import re
+
 from django import forms
 from django.contrib.auth import get_user_model
 from django.core.validators import MinValueValidator
@@ -218,18 +220,71 @@ class EndpointCostInlineFormSet(BaseInlineFormSet):
             seen.add((cost.endpoint, cost.method))
 
 
-class SimulatorForm(forms.Form):
-    """Who calls which endpoint with which method: the input of ``simulator.simulate``."""
+def user_named(text):
+    """Return the User whose user name is ``text``, or raise ValidationError saying so."""
+    User = get_user_model()
+    try:
+        return User._default_manager.get(**{User.USERNAME_FIELD: text})
+    except User.DoesNotExist:
+        raise forms.ValidationError(f"No user named “{text}”.") from None
 
-    user = forms.CharField(
-        label="User", required=False, max_length=150,
-        help_text="User name of a signed-in caller. Empty: an anonymous caller (unless an API "
-                  "key is chosen).")
-    # typed, not picked from a select: a select of every key does not scale past a few hundred
-    api_key = forms.CharField(
-        label="API key", required=False, max_length=200,
-        help_text="The key's prefix as the API keys list shows it (“rk_bob_p”), or the whole "
-                  "key. The request carries this key, as in the API key header.")
+
+def key_typed(text):
+    """Return the ApiKey whose whole key or prefix is ``text``, or raise ValidationError."""
+    typed = text.rstrip("…").strip()
+    keys = ApiKey.objects.select_related("user")
+    whole = keys.filter(digest=hash_api_key(typed)).first()
+    if whole is not None:
+        return whole
+    matching = list(keys.filter(prefix=typed)[:2])
+    if not matching:
+        raise forms.ValidationError(f"No API key starts with “{typed}”: type the prefix "
+                                    f"the API keys list shows, or the whole key.")
+    if len(matching) > 1:
+        raise forms.ValidationError(f"More than one API key starts with “{typed}”: type "
+                                    f"the whole key.")
+    return matching[0]
+
+
+def is_row_id(text):
+    """True when ``text`` is a database id: ASCII digits ("²" is no id), few enough for any
+    database's integer column."""
+    return re.fullmatch(r"[0-9]{1,18}", text) is not None
+
+
+class CallerField(forms.ModelChoiceField):
+    """A user or an API key: picked by search (its id), or named in the query string as the
+    simulator's links and bookmarks name it (a user name, a key's prefix or the whole key:
+    ``find``)."""
+
+    def __init__(self, queryset, find, **kwargs):
+        super().__init__(queryset, required=False, **kwargs)
+        self.find = find
+
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        text = str(value).strip()
+        if is_row_id(text):  # as the picker sends it
+            return super().to_python(text)
+        return self.find(text)
+
+
+class SimulatorForm(forms.Form):
+    """Who calls which endpoint with which method: the input of ``simulator.simulate``.
+
+    ``pickers`` ({"user": widget, "api_key": widget}, from the overrides' admin): the callers
+    are picked by search, as on the overrides' form; without them they are typed."""
+
+    user = CallerField(
+        get_user_model()._default_manager.all(), user_named, label="User",
+        widget=forms.TextInput,
+        help_text="A signed-in caller. Empty: an anonymous caller (unless an API key is chosen).")
+    api_key = CallerField(
+        ApiKey.objects.select_related("user"), key_typed, label="API key",
+        widget=forms.TextInput,
+        help_text="The request carries this key, as in the API key header (typed: its prefix "
+                  "as the API keys list shows it, or the whole key).")
     ip = forms.GenericIPAddressField(
         label="Client IP", initial="203.0.113.10",
         help_text="The address the request comes from (after trusted proxies).")
@@ -240,21 +295,30 @@ class SimulatorForm(forms.Form):
         label="User-Agent", required=False, max_length=500,
         help_text="The request's User-Agent header, for the lists' User-Agent entries.")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, pickers=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["endpoint"] = EndpointField(
             help_text="The URL name of the view the request goes to.")
+        for name, widget in (pickers or {}).items():
+            self.fields[name].widget = widget
+            self._name_to_id(name)
 
-    def clean_user(self):
-        """Return the User with this user name, or None for an empty field."""
-        username = self.cleaned_data["user"].strip()
-        if not username:
-            return None
-        User = get_user_model()
+    def _name_to_id(self, name):
+        """A caller named in the query string (``?user=alice``) is shown chosen in its picker,
+        which knows rows by id; a name that finds no row is left for the field's error."""
+        source = self.data if self.is_bound else self.initial
+        value = str(source.get(name) or "").strip()
+        if not value or is_row_id(value):
+            return
         try:
-            return User._default_manager.get(**{User.USERNAME_FIELD: username})
-        except User.DoesNotExist:
-            raise forms.ValidationError(f"No user named “{username}”.") from None
+            row = self.fields[name].find(value)
+        except forms.ValidationError:
+            return
+        if self.is_bound:
+            self.data = self.data.copy()
+            self.data[name] = str(row.pk)
+        else:
+            self.initial = {**self.initial, name: str(row.pk)}
 
     # the page's two fieldsets, as an admin form lays out its fields
     fieldsets = (("Caller", ("user", "api_key", "ip", "user_agent")),
@@ -263,24 +327,6 @@ class SimulatorForm(forms.Form):
     def grouped_fields(self):
         """Return ``[(heading, [bound field, ...]), ...]`` in the order of ``fieldsets``."""
         return [(heading, [self[name] for name in names]) for heading, names in self.fieldsets]
-
-    def clean_api_key(self):
-        """Return the ApiKey whose whole key or prefix was typed, or None for an empty field."""
-        typed = self.cleaned_data["api_key"].strip().rstrip("…").strip()
-        if not typed:
-            return None
-        keys = ApiKey.objects.select_related("user")
-        whole = keys.filter(digest=hash_api_key(typed)).first()
-        if whole is not None:
-            return whole
-        matching = list(keys.filter(prefix=typed)[:2])
-        if not matching:
-            raise forms.ValidationError(f"No API key starts with “{typed}”: type the prefix "
-                                        f"the API keys list shows, or the whole key.")
-        if len(matching) > 1:
-            raise forms.ValidationError(f"More than one API key starts with “{typed}”: type "
-                                        f"the whole key.")
-        return matching[0]
 
     def clean(self):
         cleaned = super().clean()

@@ -1,5 +1,6 @@
 """Widgets of the app's admin forms that the stock admin leaves without an accessible name."""
 
+from django import forms
 from django.contrib.admin.widgets import AdminSplitDateTime, AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -38,6 +39,12 @@ class LabelledAutocompleteSelect(AutocompleteSelect):
     def __init__(self, field, admin_site, placeholder, **kwargs):
         super().__init__(field, admin_site, **kwargs)
         self.placeholder = placeholder
+
+    @property
+    def media(self):
+        # caller_pickers.js names select2's box by the field's label (an empty box has no
+        # name of its own): wherever the picker is, the overrides' form or the simulator
+        return super().media + forms.Media(js=["ratelimit_app/caller_pickers.js"])
 
     def build_attrs(self, base_attrs, extra_attrs=None):
         attrs = super().build_attrs(base_attrs, extra_attrs=extra_attrs)

@@ -46,7 +46,9 @@ def test_simulator_round_trip_from_the_rule_list(signed_in_page):
     page = signed_in_page
     page.goto(f"{page.base}/admin/ratelimit_app/rule/")
     page.click("text=Simulate a request")
-    page.fill("#id_user", "alice")
+    page.click(".field-user .select2-selection")  # the user picker: search, pick
+    page.fill(".select2-search__field", "ali")
+    page.click(".select2-results__option:has-text('alice')")
     page.fill("#id_ip", "203.0.113.7")
     page.select_option("#id_endpoint", "api:search")
     page.select_option("#id_method", "GET")

@@ -223,7 +223,8 @@ def test_links_prefill_the_simulator_and_the_usage_page(admin_client):
     context = admin_client.get(CALLERS, {"q": f"key:{key.pk}"}).context
     simulator = admin_client.get(context["simulate_url"])
     form = simulator.context["form"]
-    assert not form.is_bound and form.initial["api_key"] == key.prefix  # prefilled, not run
+    assert not form.is_bound and form.initial["api_key"] == str(key.pk)  # prefilled, not run
+    assert f'<option value="{key.pk}" selected>' in simulator.content.decode()
     assert f"caller=key%3A{key.pk}" in context["usage"]["url"] or \
         f"caller=key:{key.pk}" in context["usage"]["url"]
     usage = admin_client.get(context["usage"]["url"])

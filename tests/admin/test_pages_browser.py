@@ -237,8 +237,10 @@ def test_the_theme_toggles_dark_mode_colours_the_dashboard_as_the_dark_preferenc
 
 # Tab from the top of the page at most this many times (the dashboard has fewer controls).
 MAX_TABS = 150
+# (a select that Django's autocomplete replaced is reached as its box, a [tabindex] element)
 FOCUSABLE = ("#content a[href], #content button, #content input:not([type=hidden]), "
-             "#content select, #content textarea, #content [tabindex]:not([tabindex='-1'])")
+             "#content select:not(.select2-hidden-accessible), #content textarea, "
+             "#content [tabindex]:not([tabindex='-1'])")
 KEYBOARD_PAGES = {
     "dashboard": "/admin/ratelimit_app/dashboard/",
     "simulator with a result": "/admin/ratelimit_app/rule/simulate/?user=alice&ip=203.0.113.7"

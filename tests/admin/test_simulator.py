@@ -1,5 +1,7 @@
 """The “what would this request do” simulator: right buckets, levels and cost, and no debit."""
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -250,18 +252,28 @@ def test_the_simulator_words_each_limit_as_the_rules_list_does(demo, admin_clien
     assert "<td>10 requests to api:search per minute, bursts up to 10</td>" in html
 
 
-def test_a_caller_is_given_by_its_keys_prefix_or_whole_key_never_picked_from_every_key(
+def test_a_caller_is_picked_by_search_or_named_by_its_keys_prefix_never_listed_whole(
         demo, admin_client):
+    """The user and key pickers are Django's autocomplete (the overrides' form's): the page
+    lists no key; a link or bookmark may still name the key by prefix or whole key, or the
+    user by name, and the picker shows it chosen."""
     carol = demo_key("carol")
-    for typed in (carol.prefix, f"{carol.prefix}…", "rk_carol_enterprise"):
-        response = admin_client.get(SIMULATOR_URL, {"api_key": typed, "ip": IP,
+    for given in (str(carol.pk), carol.prefix, f"{carol.prefix}…", "rk_carol_enterprise"):
+        response = admin_client.get(SIMULATOR_URL, {"api_key": given, "ip": IP,
                                                     "endpoint": "api:reports", "method": "POST"})
-        assert response.context["form"].errors == {}, typed
-        assert response.context["result"].identity.kind == "key", typed
-        assert response.context["result"].identity.plan == "enterprise", typed
+        assert response.context["form"].errors == {}, given
+        assert response.context["result"].identity.kind == "key", given
+        assert response.context["result"].identity.plan == "enterprise", given
+        assert re.search(rf'<option value="{carol.pk}" selected>[^<]*</option>',
+                         response.content.decode()), given
     html = admin_client.get(SIMULATOR_URL).content.decode()
-    assert 'name="api_key"' in html and '<select name="api_key"' not in html
-    assert carol.prefix not in html  # no key is listed on the page
+    picker = re.search(r'<select name="api_key".*?</select>', html, re.S).group(0)
+    assert "admin-autocomplete" in picker and 'data-field-name="api_key"' in picker
+    assert re.findall(r"<option[^>]*>", picker) == ['<option value="">']  # no key listed
+    assert carol.prefix not in html
+    alice = user("alice")
+    response = admin_client.get(SIMULATOR_URL, {"user": "alice"})  # the caller page's link
+    assert f'<option value="{alice.pk}" selected>alice</option>' in response.content.decode()
 
 
 def test_page_without_a_query_shows_the_empty_form(admin_client):

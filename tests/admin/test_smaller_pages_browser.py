@@ -53,7 +53,8 @@ def test_the_rules_list_fits_1280_with_its_filters_beside_it_and_a_status_word(s
     assert page.problems == []
 
 
-def test_the_simulator_is_an_admin_form_and_finds_a_caller_by_its_keys_prefix(signed_in_page):
+def test_the_simulator_is_an_admin_form_and_picks_a_caller_by_searching_its_keys_prefix(
+        signed_in_page):
     page = signed_in_page
     page.set_viewport_size({"width": 1280, "height": 800})
     carol = ApiKey.objects.get(user__username="carol", name="demo")
@@ -63,13 +64,16 @@ def test_the_simulator_is_an_admin_form_and_finds_a_caller_by_its_keys_prefix(si
     expect(page.locator("#simulator-form fieldset.module.aligned h2")).to_have_count(2)
     headings = page.locator("#simulator-form fieldset.module.aligned h2").all_inner_texts()
     assert [h.strip().upper() for h in headings] == ["CALLER", "REQUEST"]
-    assert page.locator("#simulator-form select#id_api_key").count() == 0
+    # a search picker (Django's autocomplete), not a select of every key
+    assert page.locator("#simulator-form select#id_api_key option").count() == 1
     # each help text sits under its own field, as on the admin's forms
     field = page.locator("#id_ip").bounding_box()
     helptext = page.locator("#id_ip_helptext").bounding_box()
     assert abs(helptext["x"] - field["x"]) <= 10 and helptext["y"] > field["y"]  # (its padding)
 
-    page.fill("#id_api_key", carol.prefix)
+    page.click(".field-api_key .select2-selection")
+    page.fill(".select2-search__field", carol.prefix[:6])
+    page.click(f".select2-results__option:has-text('{carol.prefix}')")
     page.select_option("#id_endpoint", "api:items")
     page.click("input[value=Simulate]")
     page.wait_for_selector("#simulation-buckets")

@@ -27,11 +27,12 @@ __all__ = ["caller_page", "simulate_params"]
 
 
 def simulate_params(caller):
-    """The simulator's GET parameters that prefill its form with ``caller``."""
+    """The simulator's GET parameters that prefill its form with ``caller`` (its pickers take
+    ids)."""
     if caller.kind == "key" and caller.api_key is not None:
-        return {"api_key": caller.api_key.prefix}
+        return {"api_key": caller.api_key.pk}
     if caller.kind == "user" and caller.user is not None:
-        return {"user": caller.user.get_username()}
+        return {"user": caller.user.pk}
     return {"ip": caller.identity.ip.partition("/")[0]}
 
 
