@@ -94,7 +94,7 @@ def test_the_admin_lists_keys_by_the_schedule_of_their_plan_and_the_dashboard_th
     listed = {}
     for row in page.locator("#result_list tbody tr").all():
         schedules = row.locator(".ratelimit-schedule")  # none: no plan of its own
-        listed[row.locator("td.field-name").inner_text()] = \
+        listed[row.locator("td.field-name_cell").inner_text()] = \
             schedules.get_attribute("data-schedule") if schedules.count() else None
     assert listed == {"active": "active", "scheduled": "scheduled", "expired": "expired",
                       "permanent": "permanent", "demo": None}
