@@ -60,8 +60,10 @@ def test_the_simulator_is_an_admin_form_and_picks_a_caller_by_searching_its_keys
     carol = ApiKey.objects.get(user__username="carol", name="demo")
     page.goto(f"{page.base}/admin/ratelimit_app/rule/")
     page.click("text=Simulate a request")
-    # (the click loads the simulator: wait for its form before reading it)
+    # (the click loads the simulator: wait for its form, and for its style sheets before
+    # measuring where its fields are)
     expect(page.locator("#simulator-form fieldset.module.aligned h2")).to_have_count(2)
+    page.wait_for_load_state("load")
     headings = page.locator("#simulator-form fieldset.module.aligned h2").all_inner_texts()
     assert [h.strip().upper() for h in headings] == ["CALLER", "REQUEST"]
     # a search picker (Django's autocomplete), not a select of every key
