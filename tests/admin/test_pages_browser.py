@@ -180,6 +180,9 @@ def content_width(page):
 
 def serious_violations(page):
     """Return ``[(rule id, impact, [targets])]`` of axe's serious and critical violations."""
+    # colours read mid-transition (a scheme switched on an open page) are neither theme's
+    page.wait_for_function(
+        "document.getAnimations().every(animation => animation.playState !== 'running')")
     results = Axe().run(page, options=AXE_OPTIONS).response
     return [(v["id"], v["impact"], [" ".join(map(str, n["target"])) for n in v["nodes"]])
             for v in results["violations"] if v["impact"] in SERIOUS]
