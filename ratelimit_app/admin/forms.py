@@ -9,7 +9,7 @@ import re
 
 from django import forms
 from django.contrib.auth import get_user_model
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, ProhibitNullCharactersValidator
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html
 
@@ -259,7 +259,13 @@ class CallerField(forms.ModelChoiceField):
 
     def __init__(self, queryset, find, **kwargs):
         super().__init__(queryset, required=False, **kwargs)
-        self.find = find
+        self.find_row = find
+
+    def find(self, text):
+        """Return the row ``text`` names (``find``), or raise ValidationError; a NUL is
+        refused first, as a text field refuses it (PostgreSQL cannot even look it up)."""
+        ProhibitNullCharactersValidator()(text)
+        return self.find_row(text)
 
     def to_python(self, value):
         if value in self.empty_values:
