@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ...business.credits.figures import CreditFigures
-from ...business.credits.ledger import state_of, stored_states
+from ...business.credits.ledger import state_of
 from ...business.credits.models import CreditAccount
 from ...business.credits.rules import AccountRules
 from ...business.usage.models import UsageRecord
@@ -24,8 +24,7 @@ from ...config.models import Ban, IdentityOverride
 from ...config.override_words import treatment_words
 from ...decision.keys import bucket_key
 from ...decision.scopes import Scope
-from ...runtime.limiter import default_limiter
-from ...stores.base import READ_ERRORS
+from ..dashboard.data import live_credit_states
 from ..list_cells import moment
 from ..placement import admin_url_name
 
@@ -82,11 +81,7 @@ def credit_rows(caller, snapshot):
     accounts = list(CreditAccount.objects.filter(ref__in=refs).order_by("ref"))
     if not accounts:
         return []
-    try:
-        live = stored_states(default_limiter().store.metrics_client(),
-                             get_config()["KEY_PREFIX"], [a.ref for a in accounts])
-    except READ_ERRORS:
-        live = {}
+    live = live_credit_states(accounts)
     rules = AccountRules(snapshot)
     rows = []
     for account in accounts:

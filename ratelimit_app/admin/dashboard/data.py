@@ -76,6 +76,16 @@ def rate(denied, total):
     return round(100 * denied / total, 1) if total else 0.0
 
 
+def live_credit_states(accounts):
+    """Return the live balances in Redis of the credit ``accounts``, by ref; {} while Redis
+    cannot be read (the pages then show each account's last checkpoint)."""
+    try:
+        return stored_states(default_limiter().store.metrics_client(),
+                             get_config()["KEY_PREFIX"], [a.ref for a in accounts])
+    except READ_ERRORS:
+        return {}
+
+
 def inspect_url(ref):
     """Return the page of the caller ``ref`` (``key:<id>``, ``user:<id>``, ``ip:<address>``;
     any text the caller search takes): every page links to a caller through here."""
@@ -287,11 +297,7 @@ def credit_rows():
                     .order_by("left", "ref")[:CREDIT_ACCOUNTS_SHOWN])
     if not accounts:
         return []
-    try:
-        live = stored_states(default_limiter().store.metrics_client(),
-                             get_config()["KEY_PREFIX"], [a.ref for a in accounts])
-    except READ_ERRORS:
-        live = {}  # the checkpoint's numbers (the health panel says Redis is down)
+    live = live_credit_states(accounts)
     rules = _account_rules()
     rows = []
     for account in accounts:
